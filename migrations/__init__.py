@@ -1,0 +1,1 @@
+"""Alembic migrations of the reflexdb schema (installed as ``reflexdb.migrations``)."""

@@ -1,0 +1,27 @@
+"""reflexdb: asynchronous off-policy RL for language models around a PostgreSQL experience store.
+
+The public Python API of the store::
+
+    from reflexdb import Store, GroupIn, TrajectoryIn, TurnIn, TaskIn
+"""
+
+from .errors import DatabaseUnavailable, InvalidGroup, NotFound, ReflexdbError, SchemaOutdated
+from .records import (
+    Group,
+    GroupIn,
+    PolicyVersion,
+    TaskIn,
+    Trajectory,
+    TrajectoryIn,
+    Turn,
+    TurnIn,
+    WrittenGroup,
+)
+from .store import Store
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "DatabaseUnavailable", "Group", "GroupIn", "InvalidGroup", "NotFound", "PolicyVersion", "ReflexdbError",
+    "SchemaOutdated", "Store", "TaskIn", "Trajectory", "TrajectoryIn", "Turn", "TurnIn", "WrittenGroup",
+]

@@ -1,0 +1,42 @@
+"""Exceptions with messages meant for people: the CLI prints them without a traceback."""
+
+from __future__ import annotations
+
+
+class ReflexdbError(Exception):
+    """Base class: an error whose message alone tells the user what is wrong and what to do."""
+
+    exit_code = 1
+
+
+class DatabaseUnavailable(ReflexdbError):
+    """The configured PostgreSQL server cannot be reached or refused the connection."""
+
+    exit_code = 3
+
+
+class SchemaOutdated(ReflexdbError):
+    """The database schema is older (or newer) than this code expects."""
+
+    exit_code = 4
+
+
+class InvalidGroup(ReflexdbError, ValueError):
+    """A group handed to the store is inconsistent; nothing of it was written.
+
+    Attributes:
+        field: dotted path of the offending field, e.g. ``trajectories[3].logprobs``.
+    """
+
+    exit_code = 5
+
+    def __init__(self, field: str, problem: str):
+        self.field = field
+        self.problem = problem
+        super().__init__(f"invalid group: {field}: {problem}")
+
+
+class NotFound(ReflexdbError, LookupError):
+    """A run, group, trajectory or policy version that does not exist was asked for."""
+
+    exit_code = 6

@@ -1,0 +1,197 @@
+"""Typed records going into and coming out of the store.
+
+Inputs (``*In``) are what collectors build; the store validates them (:mod:`reflexdb.validate`)
+before anything is written. Outputs are frozen dataclasses with token payloads as numpy arrays.
+Shapes: ``T`` = response tokens, ``P`` = prompt tokens, ``D`` = embedding dimension.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import numpy as np
+
+
+@dataclass
+class TurnIn:
+    """One turn of a trajectory.
+
+    Args:
+        role: ``system`` | ``user`` | ``assistant`` | ``tool`` | ``observation``.
+        text: the turn's text.
+        token_start, token_end: the turn's span ``[start, end)`` in ``response_ids``; ``None`` for
+            turns inside the prompt.
+        trainable: whether the turn's tokens may carry loss (assistant turns, by default).
+        tool_error: the turn is a tool call whose execution failed (CLEANER).
+    """
+
+    role: str
+    text: str
+    token_start: int | None = None
+    token_end: int | None = None
+    trainable: bool | None = None
+    tool_error: bool = False
+
+
+@dataclass
+class TrajectoryIn:
+    """One sampled trajectory, as a collector hands it to :meth:`Store.write_group`.
+
+    Args:
+        response_ids: `[T]` int token ids generated (and, in multi-turn trajectories, the
+            observation tokens between assistant turns; ``loss_mask`` tells them apart).
+        logprobs: `[T]` float log pi_beh of each response token under the sampling distribution.
+        prompt_ids: `[P]` int prompt token ids.
+        reward: the scalar reward, or ``None`` if the reward function failed (give ``error``).
+        correct: whether the answer was verified correct (``None`` if unknown).
+        turns: the conversation; spans index ``response_ids``.
+        token_policy_versions: `[T]` policy version that produced each token; defaults to the
+            trajectory's ``policy_version`` (or the group's).
+        loss_mask: `[T]` bool, tokens that may carry loss; defaults to the trainable turns' spans,
+            or every token when no turn has a span.
+        embedding: `[D]` float mean-pooled last-layer hidden state over the response tokens.
+        confidence: defaults to ``exp(mean(logprobs))`` (NexGRPO's l(o)).
+        origin: ``base`` | ``distilled`` | ``guided_retry`` | ``hinted`` | ``purified`` | ``raw`` |
+            ``replayed``.
+        parent_trajectory_id, reflection_id, hint_id: lineage.
+    """
+
+    response_ids: Any
+    logprobs: Any
+    prompt_ids: Any = ()
+    reward: float | None = None
+    correct: bool | None = None
+    turns: list[TurnIn] = field(default_factory=list)
+    truncated: bool | None = None
+    finish_reason: str = "stop"
+    extracted_answer: str | None = None
+    confidence: float | None = None
+    origin: str = "base"
+    parent_trajectory_id: int | None = None
+    reflection_id: int | None = None
+    hint_id: int | None = None
+    policy_version: int | None = None
+    token_policy_versions: Any = None
+    loss_mask: Any = None
+    embedding: Any = None
+    error: str | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class GroupIn:
+    """A group of trajectories sampled for one task, written atomically.
+
+    Args:
+        run_id, task_id: where it belongs.
+        policy_version: the version that generated the group's on-policy samples.
+        trajectories: the members, in order (``index_in_group`` is their position).
+        workflow: the workflow that produced it (``group``, ``r3l``, ``lte``, ``cleaner``, ...).
+        kind: ``fresh`` | ``replay`` | ``hinted`` | ``retry`` | ``eval``.
+        embedding_model, embedding_layer: where the trajectories' embeddings come from.
+    """
+
+    run_id: int
+    task_id: int
+    policy_version: int
+    trajectories: list[TrajectoryIn]
+    workflow: str = "group"
+    kind: str = "fresh"
+    collector: str | None = None
+    embedding_model: str = "unknown"
+    embedding_layer: int = -1
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class TaskIn:
+    """A task to add to a run."""
+
+    prompt: str
+    ground_truth: str | None = None
+    dataset: str = "default"
+    split: str = "train"
+    task_key: str | None = None  # defaults to a hash of the prompt
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class WrittenGroup:
+    """Ids assigned to a group written by :meth:`Store.write_group`."""
+
+    group_id: int
+    trajectory_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Turn:
+    turn_index: int
+    role: str
+    text: str
+    token_start: int | None
+    token_end: int | None
+    trainable: bool
+    tool_error: bool
+
+
+@dataclass(frozen=True)
+class Trajectory:
+    """A stored trajectory. Payload fields are ``None`` unless read with ``payloads=True``."""
+
+    id: int
+    group_id: int
+    run_id: int
+    task_id: int
+    index_in_group: int
+    origin: str
+    parent_trajectory_id: int | None
+    reflection_id: int | None
+    hint_id: int | None
+    policy_version: int
+    reward: float | None
+    correct: bool | None
+    truncated: bool
+    finish_reason: str
+    extracted_answer: str | None
+    confidence: float | None
+    num_turns: int
+    response_length: int
+    times_sampled: int
+    error: str | None
+    meta: dict[str, Any]
+    created_at: datetime
+    prompt_ids: np.ndarray | None = None  # [P] int32
+    response_ids: np.ndarray | None = None  # [T] int32
+    logprobs: np.ndarray | None = None  # [T] float32
+    token_policy_versions: np.ndarray | None = None  # [T] int32
+    loss_mask: np.ndarray | None = None  # [T] bool
+    embedding: np.ndarray | None = None  # [D] float32
+    turns: tuple[Turn, ...] = ()
+
+
+@dataclass(frozen=True)
+class Group:
+    id: int
+    run_id: int
+    task_id: int
+    workflow: str
+    kind: str
+    policy_version: int
+    size: int
+    collector: str | None
+    meta: dict[str, Any]
+    created_at: datetime
+    trajectories: tuple[Trajectory, ...] = ()
+
+
+@dataclass(frozen=True)
+class PolicyVersion:
+    run_id: int
+    version: int
+    checkpoint_uri: str
+    sha256: str | None
+    step: int
+    meta: dict[str, Any]
+    created_at: datetime

@@ -1,0 +1,316 @@
+"""The experience store's tables, declared once in SQLAlchemy Core.
+
+Alembic migrations (``migrations/versions``) create and evolve the real schema; this module is
+the declaration that ``tests/test_migrations.py`` compares a migrated database against. Change
+both together.
+
+Layout rules:
+- Narrow, scannable rows (``trajectories``, ``groups``) are separate from wide payloads
+  (``token_payloads``, ``embeddings``) so views that scan outcomes never touch token arrays.
+- Arrays are native PostgreSQL arrays (``int4[]``, ``float4[]``, ``bool[]``): compact on disk
+  (no per-element overhead for fixed-width types) and queryable with ``unnest``/``array_length``.
+- Every column is queryable: no pickled blobs. ``meta`` columns are JSONB for small extras.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    CheckConstraint,
+    Column,
+    DateTime,
+    Float,
+    ForeignKey,
+    ForeignKeyConstraint,
+    Identity,
+    Index,
+    Integer,
+    MetaData,
+    PrimaryKeyConstraint,
+    SmallInteger,
+    Table,
+    Text,
+    UniqueConstraint,
+    func,
+    text,
+)
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB, REAL
+
+metadata = MetaData(
+    naming_convention={
+        "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+        "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+        "ck": "ck_%(table_name)s_%(constraint_name)s",
+        "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+        "pk": "pk_%(table_name)s",
+    }
+)
+
+#: Values allowed in ``groups.kind``.
+GROUP_KINDS = ("fresh", "replay", "hinted", "retry", "eval")
+#: Values allowed in ``trajectories.origin`` (METHODS.md: base, distilled, guided retry, hinted,
+#: purified, replayed; ``raw`` is CLEANER's unpurified parent).
+ORIGINS = ("base", "distilled", "guided_retry", "hinted", "purified", "raw", "replayed")
+#: Values allowed in ``turns.role``.
+ROLES = ("system", "user", "assistant", "tool", "observation")
+#: Values allowed in ``trajectories.finish_reason``.
+FINISH_REASONS = ("stop", "length", "error", "abort")
+#: Values allowed in ``hints.kind`` (LTE, METHODS.md §2).
+HINT_KINDS = ("concise", "wrong_answers", "concise_wrong_answers")
+
+
+def _in(column: str, values: tuple[str, ...]) -> str:
+    return f"{column} IN ({', '.join(repr(v) for v in values)})"
+
+
+def _now() -> Column:
+    return Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now())
+
+
+runs = Table(
+    "runs",
+    metadata,
+    Column("id", BigInteger, Identity(), primary_key=True),
+    Column("name", Text, nullable=False, unique=True),
+    Column("algorithm", Text),
+    Column("config", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+    # Fixed on the first group written with an embedding; later vectors must match it.
+    Column("embedding_dim", Integer),
+    Column("embedding_model", Text),
+    _now(),
+)
+
+# Per-run settings the SQL views read (e.g. NexGRPO's confidence gate), so views stay plain
+# views a person can SELECT from. One row per key; value is JSON (number, string, bool, ...).
+run_settings = Table(
+    "run_settings",
+    metadata,
+    Column("run_id", BigInteger, ForeignKey("runs.id", ondelete="CASCADE"), nullable=False),
+    Column("key", Text, nullable=False),
+    Column("value", JSONB, nullable=False),
+    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    PrimaryKeyConstraint("run_id", "key"),
+)
+
+tasks = Table(
+    "tasks",
+    metadata,
+    Column("id", BigInteger, Identity(), primary_key=True),
+    Column("run_id", BigInteger, ForeignKey("runs.id", ondelete="CASCADE"), nullable=False),
+    Column("dataset", Text, nullable=False),
+    Column("split", Text, nullable=False, server_default="train"),
+    # The task's identity inside its dataset (line number, hash, generator seed...).
+    Column("task_key", Text, nullable=False),
+    Column("prompt", Text, nullable=False),
+    Column("ground_truth", Text),
+    Column("meta", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+    # NexGRPO soft retirement (METHODS.md §3).
+    Column("retired", Boolean, nullable=False, server_default=text("false")),
+    Column("retired_at", DateTime(timezone=True)),
+    # Work claiming by collectors (FOR UPDATE SKIP LOCKED).
+    Column("claimed_by", Text),
+    Column("claimed_at", DateTime(timezone=True)),
+    Column("times_collected", Integer, nullable=False, server_default=text("0")),
+    _now(),
+    UniqueConstraint("run_id", "dataset", "split", "task_key"),
+    Index(None, "run_id", "split", "retired"),
+)
+
+policy_versions = Table(
+    "policy_versions",
+    metadata,
+    Column("run_id", BigInteger, ForeignKey("runs.id", ondelete="CASCADE"), nullable=False),
+    Column("version", Integer, nullable=False),
+    Column("checkpoint_uri", Text, nullable=False),
+    Column("sha256", Text),
+    Column("step", Integer, nullable=False, server_default=text("0")),
+    Column("meta", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+    _now(),
+    PrimaryKeyConstraint("run_id", "version"),
+    CheckConstraint("version >= 0", name="version_nonnegative"),
+)
+
+groups = Table(
+    "groups",
+    metadata,
+    Column("id", BigInteger, Identity(), primary_key=True),
+    Column("run_id", BigInteger, ForeignKey("runs.id", ondelete="CASCADE"), nullable=False),
+    Column("task_id", BigInteger, ForeignKey("tasks.id", ondelete="CASCADE"), nullable=False),
+    Column("workflow", Text, nullable=False, server_default="group"),
+    Column("kind", Text, nullable=False, server_default="fresh"),
+    # The policy version the group's on-policy samples were generated with.
+    Column("policy_version", Integer, nullable=False),
+    Column("size", SmallInteger, nullable=False),
+    Column("collector", Text),
+    Column("meta", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+    _now(),
+    CheckConstraint(_in("kind", GROUP_KINDS), name="kind"),
+    CheckConstraint("size > 0", name="size_positive"),
+    Index(None, "run_id", "id"),
+    Index(None, "task_id"),
+)
+
+trajectories = Table(
+    "trajectories",
+    metadata,
+    Column("id", BigInteger, Identity(), primary_key=True),
+    Column("group_id", BigInteger, ForeignKey("groups.id", ondelete="CASCADE"), nullable=False),
+    # run_id and task_id repeat the group's so pool views scan one table.
+    Column("run_id", BigInteger, ForeignKey("runs.id", ondelete="CASCADE"), nullable=False),
+    Column("task_id", BigInteger, ForeignKey("tasks.id", ondelete="CASCADE"), nullable=False),
+    Column("index_in_group", SmallInteger, nullable=False),
+    Column("origin", Text, nullable=False, server_default="base"),
+    # Lineage: distilled / guided retry -> base, purified -> raw, replayed -> stored original.
+    Column("parent_trajectory_id", BigInteger, ForeignKey("trajectories.id", ondelete="SET NULL")),
+    # R3L retries and LTE hinted rollouts name the reflection / hint that produced them.
+    Column("reflection_id", BigInteger),
+    Column("hint_id", BigInteger),
+    Column("policy_version", Integer, nullable=False),
+    Column("reward", Float),  # NULL when the reward function failed (see error)
+    Column("correct", Boolean),
+    Column("truncated", Boolean, nullable=False, server_default=text("false")),
+    Column("finish_reason", Text, nullable=False, server_default="stop"),
+    Column("extracted_answer", Text),
+    # exp(mean token log-prob under the behaviour policy), NexGRPO's confidence.
+    Column("confidence", Float),
+    Column("num_turns", SmallInteger, nullable=False, server_default=text("1")),
+    Column("response_length", Integer, nullable=False),
+    Column("times_sampled", Integer, nullable=False, server_default=text("0")),
+    Column("error", Text),
+    Column("meta", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+    _now(),
+    UniqueConstraint("group_id", "index_in_group"),
+    CheckConstraint(_in("origin", ORIGINS), name="origin"),
+    CheckConstraint(_in("finish_reason", FINISH_REASONS), name="finish_reason"),
+    CheckConstraint("reward IS NULL OR reward = reward", name="reward_not_nan"),
+    CheckConstraint("confidence IS NULL OR (confidence >= 0 AND confidence <= 1)", name="confidence_range"),
+    ForeignKeyConstraint(["reflection_id"], ["reflections.id"], ondelete="SET NULL", use_alter=True),
+    ForeignKeyConstraint(["hint_id"], ["hints.id"], ondelete="SET NULL", use_alter=True),
+    Index(None, "task_id", "correct"),
+    Index(None, "run_id", "id"),
+    Index(None, "parent_trajectory_id"),
+)
+
+turns = Table(
+    "turns",
+    metadata,
+    Column("trajectory_id", BigInteger, ForeignKey("trajectories.id", ondelete="CASCADE"), nullable=False),
+    Column("turn_index", SmallInteger, nullable=False),
+    Column("role", Text, nullable=False),
+    Column("text", Text, nullable=False),
+    # [token_start, token_end) in the trajectory's response_ids; NULL for turns that are part of
+    # the prompt (the system and first user message).
+    Column("token_start", Integer),
+    Column("token_end", Integer),
+    Column("trainable", Boolean, nullable=False, server_default=text("false")),
+    Column("tool_error", Boolean, nullable=False, server_default=text("false")),
+    PrimaryKeyConstraint("trajectory_id", "turn_index"),
+    CheckConstraint(_in("role", ROLES), name="role"),
+    CheckConstraint("token_start IS NULL OR (token_start >= 0 AND token_end >= token_start)", name="span"),
+)
+
+token_payloads = Table(
+    "token_payloads",
+    metadata,
+    Column("trajectory_id", BigInteger, ForeignKey("trajectories.id", ondelete="CASCADE"), primary_key=True),
+    Column("prompt_ids", ARRAY(Integer), nullable=False),
+    Column("response_ids", ARRAY(Integer), nullable=False),
+    # log pi_beh(o_t) of each response token, as sampled (see docs/store.md).
+    Column("logprobs", ARRAY(REAL), nullable=False),
+    # Policy version that produced each response token (partial rollouts can span versions).
+    Column("token_policy_versions", ARRAY(Integer), nullable=False),
+    Column("loss_mask", ARRAY(Boolean), nullable=False),
+)
+
+embeddings = Table(
+    "embeddings",
+    metadata,
+    Column("trajectory_id", BigInteger, ForeignKey("trajectories.id", ondelete="CASCADE"), primary_key=True),
+    Column("model", Text, nullable=False),
+    Column("layer", Integer, nullable=False),
+    Column("dim", Integer, nullable=False),
+    Column("vector", ARRAY(REAL), nullable=False),
+    CheckConstraint("array_length(vector, 1) = dim", name="dim_matches"),
+)
+
+reflections = Table(
+    "reflections",
+    metadata,
+    Column("id", BigInteger, Identity(), primary_key=True),
+    # The trajectory reflected on (R3L base trajectory).
+    Column("trajectory_id", BigInteger, ForeignKey("trajectories.id", ondelete="CASCADE"), nullable=False),
+    Column("raw_text", Text, nullable=False),
+    Column("parsed", JSONB),
+    # retry_from_step: the assistant turn the retry restarts from (0 = initial strategy).
+    Column("pivot", Integer),
+    Column("outcome", Text),
+    Column("root_cause", Text),
+    Column("valid", Boolean, nullable=False),
+    Column("policy_version", Integer),
+    _now(),
+    CheckConstraint(
+        "outcome IS NULL OR outcome IN ('success', 'success_but_inefficient', 'failure')", name="outcome"
+    ),
+    Index(None, "trajectory_id"),
+)
+
+hints = Table(
+    "hints",
+    metadata,
+    Column("id", BigInteger, Identity(), primary_key=True),
+    # The none-pass group the hint was built from (LTE).
+    Column("group_id", BigInteger, ForeignKey("groups.id", ondelete="CASCADE"), nullable=False),
+    Column("task_id", BigInteger, ForeignKey("tasks.id", ondelete="CASCADE"), nullable=False),
+    Column("kind", Text, nullable=False),
+    Column("wrong_answers", ARRAY(Text), nullable=False, server_default=text("'{}'::text[]")),
+    Column("hinted_prompt", Text, nullable=False),
+    _now(),
+    CheckConstraint(_in("kind", HINT_KINDS), name="kind"),
+    Index(None, "group_id"),
+)
+
+# CLEANER rollbacks: one row per failed tool call that was rolled back in a purified trajectory.
+purifications = Table(
+    "purifications",
+    metadata,
+    Column("trajectory_id", BigInteger, ForeignKey("trajectories.id", ondelete="CASCADE"), nullable=False),
+    Column("turn_index", SmallInteger, nullable=False),
+    Column("attempts", SmallInteger, nullable=False),
+    Column("recovered", Boolean, nullable=False),
+    Column("similarity", Float),
+    Column("replacement", Text),  # shallow | deep | NULL when not recovered
+    Column("error_text", Text),
+    Column("failed_code", Text),
+    Column("corrected_code", Text),
+    PrimaryKeyConstraint("trajectory_id", "turn_index"),
+    CheckConstraint("replacement IS NULL OR replacement IN ('shallow', 'deep')", name="replacement"),
+)
+
+learner_steps = Table(
+    "learner_steps",
+    metadata,
+    Column("id", BigInteger, Identity(), primary_key=True),
+    Column("run_id", BigInteger, ForeignKey("runs.id", ondelete="CASCADE"), nullable=False),
+    Column("step", Integer, nullable=False),
+    # The policy version the learner's weights had when the step started.
+    Column("policy_version", Integer, nullable=False),
+    Column("loss", Float),
+    Column("metrics", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+    _now(),
+    UniqueConstraint("run_id", "step"),
+)
+
+consumption = Table(
+    "consumption",
+    metadata,
+    Column("step_id", BigInteger, ForeignKey("learner_steps.id", ondelete="CASCADE"), nullable=False),
+    Column("trajectory_id", BigInteger, ForeignKey("trajectories.id", ondelete="CASCADE"), nullable=False),
+    Column("group_id", BigInteger, ForeignKey("groups.id", ondelete="CASCADE"), nullable=False),
+    PrimaryKeyConstraint("step_id", "trajectory_id"),
+    Index(None, "trajectory_id"),
+    Index(None, "group_id"),
+)
+
+#: Views created by migrations from ``reflexdb/sql/views/<name>.sql``, in creation order.
+VIEWS = ("failures", "group_stats", "staleness")

@@ -1,0 +1,85 @@
+"""Where reflexdb keeps its files and which database it talks to.
+
+Resolution order for the database URL:
+1. ``REFLEXDB_DATABASE_URL`` in the environment;
+2. ``database_url`` in the config file ``$REFLEXDB_HOME/config.toml``;
+3. otherwise an embedded PostgreSQL in ``$REFLEXDB_HOME/pgdata`` (see :mod:`reflexdb.embedded`).
+
+``REFLEXDB_HOME`` defaults to ``~/.reflexdb``.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+from sqlalchemy.engine import make_url
+
+from .errors import ReflexdbError
+
+ENV_URL = "REFLEXDB_DATABASE_URL"
+ENV_HOME = "REFLEXDB_HOME"
+
+
+def home() -> Path:
+    """The directory holding the embedded database, FAISS indexes and the config file."""
+    return Path(os.environ.get(ENV_HOME) or Path.home() / ".reflexdb").expanduser().resolve()
+
+
+def config_file() -> Path:
+    return home() / "config.toml"
+
+
+@dataclass(frozen=True)
+class DatabaseTarget:
+    """Which PostgreSQL to use: an explicit URL, or the embedded server in ``pgdata``."""
+
+    url: str | None
+    pgdata: Path
+
+    @property
+    def embedded(self) -> bool:
+        return self.url is None
+
+
+def resolve_target(url: str | None = None) -> DatabaseTarget:
+    """Decide which database to use (argument, environment, config file, embedded)."""
+    url = url or os.environ.get(ENV_URL) or None
+    if url is None and config_file().exists():
+        try:
+            data = tomllib.loads(config_file().read_text())
+        except tomllib.TOMLDecodeError as exc:
+            raise ReflexdbError(f"config file {config_file()} is not valid TOML: {exc}") from None
+        url = data.get("database_url") or None
+    return DatabaseTarget(url=normalize_url(url) if url else None, pgdata=home() / "pgdata")
+
+
+def normalize_url(url: str) -> str:
+    """Accept ``postgres://`` and ``postgresql://`` and make them use the psycopg 3 driver."""
+    try:
+        parsed = make_url(url)
+    except Exception:
+        raise ReflexdbError(f"not a database URL: {mask_url(url)!r} (expected postgresql://user@host:port/dbname)") from None
+    if parsed.drivername in ("postgres", "postgresql", "postgresql+psycopg"):
+        parsed = parsed.set(drivername="postgresql+psycopg")
+    else:
+        raise ReflexdbError(
+            f"unsupported database URL scheme {parsed.drivername!r} in {mask_url(url)}: reflexdb needs PostgreSQL"
+        )
+    return parsed.render_as_string(hide_password=False)
+
+
+def mask_url(url: str) -> str:
+    """The URL with its password replaced by ``***`` (safe to print and log)."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:
+        # Unparseable: mask anything between ':' and '@' after the scheme.
+        head, sep, tail = url.partition("://")
+        if "@" in tail:
+            cred, _, rest = tail.rpartition("@")
+            user = cred.split(":", 1)[0]
+            return f"{head}{sep}{user}:***@{rest}"
+        return url

@@ -1,0 +1,103 @@
+-- Hot queries of the store, loaded by name (reflexdb.sqlfile.load_queries). Each block starts
+-- with "-- name: <name>" and a line saying what it does. Parameters use psycopg's %(name)s style.
+
+-- name: insert_group
+-- Insert a group, queue its NOTIFY (delivered at commit) and reserve ids for its trajectories.
+WITH g AS (
+    INSERT INTO groups (run_id, task_id, workflow, kind, policy_version, size, collector, meta)
+    VALUES (%(run_id)s, %(task_id)s, %(workflow)s, %(kind)s, %(policy_version)s, %(size)s,
+            %(collector)s, %(meta)s)
+    RETURNING id
+), n AS (
+    SELECT pg_notify('reflexdb_groups',
+                     json_build_object('run_id', %(run_id)s::bigint, 'group_id', g.id)::text)
+    FROM g
+)
+SELECT g.id, nextval(pg_get_serial_sequence('trajectories', 'id'))
+FROM g, n, generate_series(1, %(size)s)
+ORDER BY 2;
+
+-- name: claim_embedding_dim
+-- Fix a run's embedding dimension on its first vector; returns the run's dimension either way.
+WITH upd AS (
+    UPDATE runs SET embedding_dim = %(dim)s, embedding_model = %(model)s
+    WHERE id = %(run_id)s AND embedding_dim IS NULL
+    RETURNING embedding_dim
+)
+SELECT embedding_dim FROM upd
+UNION ALL
+SELECT embedding_dim FROM runs WHERE id = %(run_id)s AND NOT EXISTS (SELECT 1 FROM upd);
+
+-- name: select_groups
+-- Groups by id.
+SELECT id, run_id, task_id, workflow, kind, policy_version, size, collector, meta, created_at
+FROM groups WHERE id = ANY(%(ids)s);
+
+-- name: select_trajectories_of_groups
+-- The trajectories of some groups, in group order.
+SELECT id, group_id, run_id, task_id, index_in_group, origin, parent_trajectory_id, reflection_id,
+       hint_id, policy_version, reward, correct, truncated, finish_reason, extracted_answer,
+       confidence, num_turns, response_length, times_sampled, error, meta, created_at
+FROM trajectories WHERE group_id = ANY(%(ids)s)
+ORDER BY group_id, index_in_group;
+
+-- name: select_trajectories
+-- Trajectories by id.
+SELECT id, group_id, run_id, task_id, index_in_group, origin, parent_trajectory_id, reflection_id,
+       hint_id, policy_version, reward, correct, truncated, finish_reason, extracted_answer,
+       confidence, num_turns, response_length, times_sampled, error, meta, created_at
+FROM trajectories WHERE id = ANY(%(ids)s);
+
+-- name: select_payloads
+-- Token payloads by trajectory id (read with a binary cursor: arrays load as numpy).
+SELECT trajectory_id, prompt_ids, response_ids, logprobs, token_policy_versions, loss_mask
+FROM token_payloads WHERE trajectory_id = ANY(%(ids)s);
+
+-- name: select_embeddings
+-- Embedding vectors by trajectory id (binary cursor).
+SELECT trajectory_id, vector FROM embeddings WHERE trajectory_id = ANY(%(ids)s);
+
+-- name: select_turns
+-- Turns by trajectory id, in order.
+SELECT trajectory_id, turn_index, role, text, token_start, token_end, trainable, tool_error
+FROM turns WHERE trajectory_id = ANY(%(ids)s)
+ORDER BY trajectory_id, turn_index;
+
+-- name: groups_after
+-- Ids of a run's groups newer than a given id (the learner's wake-up check).
+SELECT id FROM groups WHERE run_id = %(run_id)s AND id > %(after)s ORDER BY id LIMIT %(limit)s;
+
+-- name: latest_policy
+-- The newest policy version of a run.
+SELECT run_id, version, checkpoint_uri, sha256, step, meta, created_at
+FROM policy_versions WHERE run_id = %(run_id)s ORDER BY version DESC LIMIT 1;
+
+-- name: insert_policy
+-- Publish a policy version and wake the collectors (NOTIFY is delivered at commit).
+WITH p AS (
+    INSERT INTO policy_versions (run_id, version, checkpoint_uri, sha256, step, meta)
+    VALUES (%(run_id)s, %(version)s, %(checkpoint_uri)s, %(sha256)s, %(step)s, %(meta)s)
+    RETURNING run_id, version, checkpoint_uri, sha256, step, meta, created_at
+), n AS (
+    SELECT pg_notify('reflexdb_policy',
+                     json_build_object('run_id', p.run_id, 'version', p.version)::text)
+    FROM p
+)
+SELECT p.* FROM p, n;
+
+-- name: record_step
+-- Record a learner step and the trajectories it consumed; bump their times_sampled.
+WITH s AS (
+    INSERT INTO learner_steps (run_id, step, policy_version, loss, metrics)
+    VALUES (%(run_id)s, %(step)s, %(policy_version)s, %(loss)s, %(metrics)s)
+    RETURNING id
+), c AS (
+    INSERT INTO consumption (step_id, trajectory_id, group_id)
+    SELECT s.id, t.id, t.group_id FROM s, trajectories t WHERE t.id = ANY(%(ids)s)
+    RETURNING trajectory_id
+), u AS (
+    UPDATE trajectories SET times_sampled = times_sampled + 1
+    WHERE id IN (SELECT trajectory_id FROM c)
+    RETURNING id
+)
+SELECT s.id, (SELECT count(*) FROM u) FROM s;

@@ -1,0 +1,467 @@
+"""The experience store: the one channel between collectors and the learner.
+
+Typical use::
+
+    from reflexdb import Store, GroupIn, TrajectoryIn
+
+    with Store.open() as store:                   # embedded server unless a URL is configured
+        run = store.create_run("demo")
+        [task] = store.add_tasks(run, [TaskIn(prompt="2+3=?", ground_truth="5")])
+        written = store.write_group(GroupIn(run_id=run, task_id=task, policy_version=0,
+                                            trajectories=[TrajectoryIn(...), ...]))
+        [group] = store.read_groups([written.group_id])   # payloads as numpy arrays
+
+A group is written in one transaction with binary COPY: it becomes visible all at once or not
+at all. ``NOTIFY reflexdb_groups`` / ``reflexdb_policy`` wake waiting processes; waits always
+poll as well, so a lost notification delays a waiter but never stalls it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from collections.abc import Iterable, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import psycopg
+from psycopg.types.json import Jsonb
+from sqlalchemy import func, select, text
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.engine import Engine
+
+from . import migrate, schema
+from .db import connect_raw, make_engine
+from .errors import InvalidGroup, NotFound, ReflexdbError
+from .records import (
+    Group,
+    GroupIn,
+    PolicyVersion,
+    TaskIn,
+    Trajectory,
+    Turn,
+    WrittenGroup,
+)
+from .sqlfile import load_queries
+from .validate import PreparedGroup, prepare_group
+
+log = logging.getLogger(__name__)
+Q = load_queries()
+
+GROUPS_CHANNEL = "reflexdb_groups"
+POLICY_CHANNEL = "reflexdb_policy"
+
+_TRAJ_COLUMNS = (
+    "id", "group_id", "run_id", "task_id", "index_in_group", "origin", "parent_trajectory_id",
+    "reflection_id", "hint_id", "policy_version", "reward", "correct", "truncated", "finish_reason",
+    "extracted_answer", "confidence", "num_turns", "response_length", "error", "meta",
+)
+_TRAJ_TYPES = (
+    "int8", "int8", "int8", "int8", "int2", "text", "int8", "int8", "int8", "int4", "float8", "bool",
+    "bool", "text", "text", "float8", "int2", "int4", "text", "jsonb",
+)
+_TURN_COLUMNS = ("trajectory_id", "turn_index", "role", "text", "token_start", "token_end", "trainable", "tool_error")
+_TURN_TYPES = ("int8", "int2", "text", "text", "int4", "int4", "bool", "bool")
+_PAYLOAD_COLUMNS = ("trajectory_id", "prompt_ids", "response_ids", "logprobs", "token_policy_versions", "loss_mask")
+_PAYLOAD_TYPES = ("int8", "int4[]", "int4[]", "float4[]", "int4[]", "bool[]")
+_EMBED_COLUMNS = ("trajectory_id", "model", "layer", "dim", "vector")
+_EMBED_TYPES = ("int8", "text", "int4", "int4", "float4[]")
+
+
+def _copy_sql(table: str, columns: Sequence[str]) -> str:
+    return f"COPY {table} ({', '.join(columns)}) FROM STDIN (FORMAT BINARY)"
+
+
+def copy_rows(cur: psycopg.Cursor, table: str, columns: Sequence[str], types: Sequence[str], rows: Iterable) -> None:
+    """Binary COPY ``rows`` into ``table``; numpy arrays go through :mod:`reflexdb.codecs`."""
+    with cur.copy(_copy_sql(table, columns)) as cp:
+        cp.set_types(list(types))
+        for row in rows:
+            cp.write_row(row)
+
+
+class Store:
+    """A connection to the experience store (one SQLAlchemy engine, pooled).
+
+    Args:
+        engine: an engine from :func:`reflexdb.db.make_engine`.
+        synchronous_commit: ``False`` (default) lets group writes return before the WAL is
+            flushed to disk: a crash can lose the last few hundred milliseconds of groups, but a
+            group is still all-or-nothing. ``True`` waits for the flush (PostgreSQL's default).
+    """
+
+    def __init__(self, engine: Engine, *, synchronous_commit: bool = False):
+        self.engine = engine
+        self.url = engine.url.render_as_string(hide_password=False)
+        self.synchronous_commit = synchronous_commit
+        self._embedding_dims: dict[int, int] = {}
+
+    @classmethod
+    def open(cls, url: str | None = None, *, check_schema: bool = True, **kwargs) -> Store:
+        """Connect to ``url`` (default: the configured database or the embedded server).
+
+        Raises:
+            DatabaseUnavailable: the server cannot be reached.
+            SchemaOutdated: the schema is not at this code's revision (run ``reflexdb db upgrade``).
+        """
+        engine = make_engine(url)
+        if check_schema:
+            try:
+                migrate.check_current(engine)
+            except ReflexdbError:
+                engine.dispose()
+                raise
+        return cls(engine, **kwargs)
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    @contextmanager
+    def _raw(self):
+        """A pooled psycopg connection inside one transaction (commit on success)."""
+        with self.engine.begin() as conn:
+            yield conn.connection.driver_connection
+
+    # ------------------------------------------------------------------ runs and settings
+
+    def create_run(self, name: str, *, algorithm: str | None = None, config: dict | None = None) -> int:
+        """Create run ``name`` if it does not exist; return its id."""
+        stmt = (
+            pg_insert(schema.runs)
+            .values(name=name, algorithm=algorithm, config=config or {})
+            .on_conflict_do_nothing(index_elements=["name"])
+        )
+        with self.engine.begin() as conn:
+            conn.execute(stmt)
+            return conn.execute(select(schema.runs.c.id).where(schema.runs.c.name == name)).scalar_one()
+
+    def run_id(self, name: str) -> int:
+        with self.engine.connect() as conn:
+            rid = conn.execute(select(schema.runs.c.id).where(schema.runs.c.name == name)).scalar()
+        if rid is None:
+            raise NotFound(f"no run named {name!r}")
+        return rid
+
+    def set_settings(self, run_id: int, settings: dict[str, Any]) -> None:
+        """Upsert per-run settings (read by the SQL views). Values must be JSON-serialisable."""
+        if not settings:
+            return
+        rows = [{"run_id": run_id, "key": k, "value": v} for k, v in settings.items()]
+        stmt = pg_insert(schema.run_settings).values(rows)
+        stmt = stmt.on_conflict_do_update(
+            index_elements=["run_id", "key"], set_={"value": stmt.excluded.value, "updated_at": func.now()}
+        )
+        with self.engine.begin() as conn:
+            conn.execute(stmt)
+
+    def get_settings(self, run_id: int) -> dict[str, Any]:
+        t = schema.run_settings
+        with self.engine.connect() as conn:
+            return dict(conn.execute(select(t.c.key, t.c.value).where(t.c.run_id == run_id)).all())
+
+    # ------------------------------------------------------------------ tasks
+
+    def add_tasks(self, run_id: int, tasks: Iterable[TaskIn]) -> list[int]:
+        """Add tasks to a run (idempotent on ``(dataset, split, task_key)``); return their ids in order."""
+        rows = []
+        for task in tasks:
+            key = task.task_key or hashlib.sha256(task.prompt.encode()).hexdigest()[:32]
+            rows.append(
+                {"run_id": run_id, "dataset": task.dataset, "split": task.split, "task_key": key,
+                 "prompt": task.prompt, "ground_truth": task.ground_truth, "meta": task.meta}
+            )
+        if not rows:
+            return []
+        t = schema.tasks
+        with self.engine.begin() as conn:
+            for start in range(0, len(rows), 5000):
+                conn.execute(pg_insert(t).values(rows[start : start + 5000]).on_conflict_do_nothing())
+            found = conn.execute(
+                text(
+                    "SELECT k.id FROM unnest(CAST(:ds AS text[]), CAST(:sp AS text[]), CAST(:ky AS text[])) "
+                    "WITH ORDINALITY AS x(ds, sp, ky, i) "
+                    "JOIN tasks k ON k.run_id = :run AND k.dataset = x.ds AND k.split = x.sp AND k.task_key = x.ky "
+                    "ORDER BY x.i"
+                ),
+                {"run": run_id, "ds": [r["dataset"] for r in rows], "sp": [r["split"] for r in rows],
+                 "ky": [r["task_key"] for r in rows]},
+            ).scalars().all()
+        return list(found)
+
+    # ------------------------------------------------------------------ writing groups
+
+    def write_group(self, group: GroupIn) -> WrittenGroup:
+        """Validate and write one group atomically (binary COPY, one transaction).
+
+        Raises:
+            InvalidGroup: naming the offending field; nothing of the group is written.
+        """
+        return self.write_groups([group])[0]
+
+    def write_groups(self, groups: Sequence[GroupIn]) -> list[WrittenGroup]:
+        """Write several groups in one transaction: all become visible together, or none."""
+        prepared = [prepare_group(g) for g in groups]
+        try:
+            with self._raw() as conn:
+                if not self.synchronous_commit:
+                    conn.execute("SET LOCAL synchronous_commit = off")
+                cur = conn.cursor()
+                return [self._write_prepared(cur, p) for p in prepared]
+        except psycopg.errors.ForeignKeyViolation as exc:
+            raise InvalidGroup(_fk_field(exc), f"refers to a row that does not exist ({exc.diag.message_detail})") from None
+        except psycopg.errors.CheckViolation as exc:
+            raise InvalidGroup(exc.diag.constraint_name or "?", exc.diag.message_primary or str(exc)) from None
+
+    def _check_embedding_dim(self, cur: psycopg.Cursor, p: PreparedGroup) -> None:
+        if p.embedding_dim is None:
+            return
+        run_id = p.src.run_id
+        dim = self._embedding_dims.get(run_id)
+        if dim is None:
+            row = cur.execute(
+                Q["claim_embedding_dim"], {"dim": p.embedding_dim, "model": p.src.embedding_model, "run_id": run_id}
+            ).fetchone()
+            if row is None:
+                raise InvalidGroup("run_id", f"run {run_id} does not exist")
+            dim = self._embedding_dims[run_id] = row[0]
+        if dim != p.embedding_dim:
+            i = next(i for i, t in enumerate(p.trajectories) if t.embedding is not None)
+            raise InvalidGroup(
+                f"trajectories[{i}].embedding", f"dimension {p.embedding_dim} != the run's embedding dimension {dim}"
+            )
+
+    def _write_prepared(self, cur: psycopg.Cursor, p: PreparedGroup) -> WrittenGroup:
+        g = p.src
+        self._check_embedding_dim(cur, p)
+        rows = cur.execute(
+            Q["insert_group"],
+            {"run_id": g.run_id, "task_id": g.task_id, "workflow": g.workflow, "kind": g.kind,
+             "policy_version": int(g.policy_version), "size": len(p.trajectories), "collector": g.collector,
+             "meta": Jsonb(g.meta)},
+        ).fetchall()
+        group_id = rows[0][0]
+        ids = [r[1] for r in rows]
+        traj_rows, turn_rows, payload_rows, embed_rows = [], [], [], []
+        for i, (tid, t) in enumerate(zip(ids, p.trajectories)):
+            s = t.src
+            traj_rows.append((
+                tid, group_id, g.run_id, g.task_id, i, s.origin, s.parent_trajectory_id, s.reflection_id,
+                s.hint_id, t.policy_version, t.reward, s.correct, t.truncated, s.finish_reason,
+                s.extracted_answer, t.confidence, max(1, len(t.turns)), t.response_ids.shape[0], s.error,
+                Jsonb(s.meta),
+            ))
+            for k, u in enumerate(t.turns):
+                turn_rows.append((tid, k, u.role, u.text, u.token_start, u.token_end, u.trainable, u.tool_error))
+            payload_rows.append((tid, t.prompt_ids, t.response_ids, t.logprobs, t.token_policy_versions, t.loss_mask))
+            if t.embedding is not None:
+                embed_rows.append((tid, g.embedding_model, g.embedding_layer, t.embedding.shape[0], t.embedding))
+        copy_rows(cur, "trajectories", _TRAJ_COLUMNS, _TRAJ_TYPES, traj_rows)
+        if turn_rows:
+            copy_rows(cur, "turns", _TURN_COLUMNS, _TURN_TYPES, turn_rows)
+        copy_rows(cur, "token_payloads", _PAYLOAD_COLUMNS, _PAYLOAD_TYPES, payload_rows)
+        if embed_rows:
+            copy_rows(cur, "embeddings", _EMBED_COLUMNS, _EMBED_TYPES, embed_rows)
+        return WrittenGroup(group_id, tuple(ids))
+
+    # ------------------------------------------------------------------ reading
+
+    def read_groups(
+        self, group_ids: Sequence[int], *, payloads: bool = True, turns: bool = True, embeddings: bool = False
+    ) -> list[Group]:
+        """Read groups with their trajectories, in the order of ``group_ids``.
+
+        Raises:
+            NotFound: a group id does not exist.
+        """
+        ids = [int(i) for i in group_ids]
+        if not ids:
+            return []
+        with self._raw() as conn:
+            cur = conn.cursor(binary=True)
+            grows = {r[0]: r for r in cur.execute(Q["select_groups"], {"ids": ids}).fetchall()}
+            missing = [i for i in ids if i not in grows]
+            if missing:
+                raise NotFound(f"no group with id {missing[0]}" + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
+            trows = cur.execute(Q["select_trajectories_of_groups"], {"ids": ids}).fetchall()
+            trajs = self._assemble(cur, trows, payloads, turns, embeddings)
+        by_group: dict[int, list[Trajectory]] = {}
+        for t in trajs:
+            by_group.setdefault(t.group_id, []).append(t)
+        return [Group(*grows[i], trajectories=tuple(by_group.get(i, ()))) for i in ids]
+
+    def read_trajectories(
+        self, trajectory_ids: Sequence[int], *, payloads: bool = True, turns: bool = True, embeddings: bool = False
+    ) -> list[Trajectory]:
+        """Read trajectories by id, in the order given.
+
+        Raises:
+            NotFound: an id does not exist.
+        """
+        ids = [int(i) for i in trajectory_ids]
+        if not ids:
+            return []
+        with self._raw() as conn:
+            cur = conn.cursor(binary=True)
+            trows = cur.execute(Q["select_trajectories"], {"ids": ids}).fetchall()
+            found = {r[0] for r in trows}
+            missing = [i for i in ids if i not in found]
+            if missing:
+                raise NotFound(f"no trajectory with id {missing[0]}")
+            trajs = {t.id: t for t in self._assemble(cur, trows, payloads, turns, embeddings)}
+        return [trajs[i] for i in ids]
+
+    def _assemble(self, cur, trows, payloads: bool, turns: bool, embeddings: bool) -> list[Trajectory]:
+        ids = [r[0] for r in trows]
+        extra: dict[int, dict[str, Any]] = {i: {} for i in ids}
+        if payloads and ids:
+            for tid, *arrays in cur.execute(Q["select_payloads"], {"ids": ids}):
+                extra[tid].update(zip(_PAYLOAD_COLUMNS[1:], arrays))
+        if embeddings and ids:
+            for tid, vector in cur.execute(Q["select_embeddings"], {"ids": ids}):
+                extra[tid]["embedding"] = vector
+        if turns and ids:
+            acc: dict[int, list[Turn]] = {}
+            for tid, *fields in cur.execute(Q["select_turns"], {"ids": ids}):
+                acc.setdefault(tid, []).append(Turn(*fields))
+            for tid, ts in acc.items():
+                extra[tid]["turns"] = tuple(ts)
+        # the SELECT's column order is Trajectory's field order
+        return [Trajectory(*r, **extra[r[0]]) for r in trows]
+
+    # ------------------------------------------------------------------ policy versions
+
+    def publish_policy(
+        self, run_id: int, version: int, checkpoint_uri: str, *, sha256: str | None = None, step: int = 0,
+        meta: dict | None = None,
+    ) -> PolicyVersion:
+        """Record a new policy version and NOTIFY collectors (delivered when the row commits)."""
+        with self._raw() as conn:
+            try:
+                row = conn.execute(
+                    Q["insert_policy"],
+                    {"run_id": run_id, "version": version, "checkpoint_uri": checkpoint_uri, "sha256": sha256,
+                     "step": step, "meta": Jsonb(meta or {})},
+                ).fetchone()
+            except psycopg.errors.UniqueViolation:
+                raise ReflexdbError(f"run {run_id} already has policy version {version}") from None
+            except psycopg.errors.ForeignKeyViolation:
+                raise NotFound(f"no run with id {run_id}") from None
+        return PolicyVersion(*row)
+
+    def latest_policy(self, run_id: int) -> PolicyVersion | None:
+        with self._raw() as conn:
+            row = conn.execute(Q["latest_policy"], {"run_id": run_id}).fetchone()
+        return PolicyVersion(*row) if row else None
+
+    def get_policy(self, run_id: int, version: int) -> PolicyVersion:
+        t = schema.policy_versions
+        with self.engine.connect() as conn:
+            row = conn.execute(select(t).where(t.c.run_id == run_id, t.c.version == version)).first()
+        if row is None:
+            raise NotFound(f"run {run_id} has no policy version {version}")
+        return PolicyVersion(*row)
+
+    # ------------------------------------------------------------------ waiting
+
+    def wait_for_groups(
+        self, run_id: int, after_group_id: int, *, min_count: int = 1, timeout: float | None = None,
+        poll_interval: float = 2.0, limit: int = 10_000,
+    ) -> list[int]:
+        """Block until the run has ``min_count`` groups with id > ``after_group_id``.
+
+        Returns the ids found (possibly fewer than ``min_count`` if ``timeout`` expired).
+        """
+
+        def check(conn):
+            rows = conn.execute(Q["groups_after"], {"run_id": run_id, "after": after_group_id, "limit": limit})
+            ids = [r[0] for r in rows]
+            return ids if len(ids) >= min_count else None, ids
+
+        return self._wait(GROUPS_CHANNEL, check, timeout, poll_interval)
+
+    def wait_for_policy(
+        self, run_id: int, after_version: int, *, timeout: float | None = None, poll_interval: float = 2.0
+    ) -> PolicyVersion | None:
+        """Block until the run has a policy version newer than ``after_version``; ``None`` on timeout."""
+
+        def check(conn):
+            row = conn.execute(Q["latest_policy"], {"run_id": run_id}).fetchone()
+            pv = PolicyVersion(*row) if row and row[1] > after_version else None
+            return pv, pv
+
+        return self._wait(POLICY_CHANNEL, check, timeout, poll_interval)
+
+    def _wait(self, channel: str, check, timeout: float | None, poll_interval: float):
+        """LISTEN on ``channel`` and re-run ``check`` on every notification or poll tick.
+
+        ``check(conn)`` returns ``(result_if_done_or_None, partial_result)``.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        conn = connect_raw(self.url, autocommit=True)
+        try:
+            conn.execute(f"LISTEN {channel}")
+            while True:
+                done, partial = check(conn)
+                if done is not None:
+                    return done
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    return partial
+                wait = poll_interval if remaining is None else min(poll_interval, remaining)
+                for _ in conn.notifies(timeout=wait, stop_after=1):
+                    pass
+        finally:
+            conn.close()
+
+    # ------------------------------------------------------------------ learner consumption
+
+    def record_step(
+        self, run_id: int, step: int, policy_version: int, trajectory_ids: Sequence[int], *,
+        loss: float | None = None, metrics: dict[str, float] | None = None,
+    ) -> int:
+        """Record learner step ``step`` and the trajectories it consumed; return the step's row id.
+
+        Raises:
+            NotFound: a trajectory id does not exist (nothing is recorded).
+            ReflexdbError: the run already has this step.
+        """
+        ids = sorted({int(i) for i in trajectory_ids})
+        with self._raw() as conn:
+            try:
+                step_id, n = conn.execute(
+                    Q["record_step"],
+                    {"run_id": run_id, "step": step, "policy_version": policy_version, "loss": loss,
+                     "metrics": Jsonb(metrics or {}), "ids": ids},
+                ).fetchone()
+            except psycopg.errors.UniqueViolation:
+                raise ReflexdbError(f"run {run_id} already recorded step {step}") from None
+            if n != len(ids):
+                raise NotFound(f"{len(ids) - n} of the {len(ids)} consumed trajectory ids do not exist")
+        return step_id
+
+    # ------------------------------------------------------------------ inspection
+
+    def table_counts(self) -> dict[str, int]:
+        """Exact row counts of every table."""
+        names = [t.name for t in schema.metadata.sorted_tables]
+        sql = " UNION ALL ".join(f"SELECT '{n}', count(*) FROM {n}" for n in names)
+        with self.engine.connect() as conn:
+            return dict(conn.execute(text(sql)).all())
+
+
+def _fk_field(exc: psycopg.errors.ForeignKeyViolation) -> str:
+    detail = exc.diag.message_detail or ""
+    for name in ("task_id", "run_id", "parent_trajectory_id", "reflection_id", "hint_id"):
+        if f"({name})" in detail:
+            return name if name in ("task_id", "run_id") else f"trajectories[].{name}"
+    return exc.diag.constraint_name or "foreign key"
+
+
+__all__ = ["Store", "copy_rows", "GROUPS_CHANNEL", "POLICY_CHANNEL"]
