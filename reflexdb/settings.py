@@ -74,7 +74,7 @@ def normalize_url(url: str) -> str:
 def mask_url(url: str) -> str:
     """The URL with its password replaced by ``***`` (safe to print and log)."""
     try:
-        return make_url(url).render_as_string(hide_password=True)
+        return make_url(url).render_as_string(hide_password=True).replace("+psycopg://", "://", 1)
     except Exception:
         # Unparseable: mask anything between ':' and '@' after the scheme.
         head, sep, tail = url.partition("://")

@@ -1,0 +1,54 @@
+"""The ``reflexdb`` command: a Typer app whose commands live one group per module.
+
+Errors meant for people (:class:`~reflexdb.errors.ReflexdbError`) are printed as one message with
+a non-zero exit code; set ``REFLEXDB_DEBUG=1`` (or pass ``--debug``) to see the traceback.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import typer
+
+from reflexdb.errors import ReflexdbError
+
+from . import db, query, similar
+
+app = typer.Typer(
+    name="reflexdb",
+    help="Asynchronous off-policy RL for language models around a PostgreSQL experience database.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+app.add_typer(db.app, name="db")
+app.command("sql")(query.sql)
+app.command("psql")(query.psql)
+app.command("similar")(similar.similar)
+
+
+@app.callback()
+def _root(
+    debug: bool = typer.Option(False, "--debug", envvar="REFLEXDB_DEBUG", help="Show tracebacks on errors."),
+) -> None:
+    if debug:
+        os.environ["REFLEXDB_DEBUG"] = "1"
+
+
+def main() -> None:
+    """Console-script entry point."""
+    try:
+        app()
+    except ReflexdbError as exc:
+        if os.environ.get("REFLEXDB_DEBUG") not in (None, "", "0"):
+            raise
+        typer.secho(f"error: {exc}", err=True, fg=typer.colors.RED)
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        typer.secho("interrupted", err=True)
+        sys.exit(130)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,174 @@
+"""What the ``reflexdb db``, ``sql`` and ``psql`` commands do, as plain functions."""
+
+from __future__ import annotations
+
+import datetime as dt
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+from decimal import Decimal
+
+import numpy as np
+from sqlalchemy import inspect, text
+from sqlalchemy.exc import DBAPIError
+
+from . import embedded, migrate, schema
+from .db import database_url, libpq_url, make_engine
+from .errors import ReflexdbError
+from .settings import mask_url, resolve_target
+
+
+def _engine(url: str | None):
+    return make_engine(database_url(resolve_target(url)))
+
+
+def upgrade(url: str | None, revision: str = "head") -> tuple[str | None, str | None]:
+    """Migrate to ``revision``; return (revision before, revision after)."""
+    engine = _engine(url)
+    try:
+        with engine.connect() as conn:
+            before = migrate.current_revision(conn)
+        migrate.upgrade(engine, revision)
+        with engine.connect() as conn:
+            return before, migrate.current_revision(conn)
+    finally:
+        engine.dispose()
+
+
+def downgrade(url: str | None, revision: str) -> tuple[str | None, str | None]:
+    engine = _engine(url)
+    try:
+        with engine.connect() as conn:
+            before = migrate.current_revision(conn)
+        migrate.downgrade(engine, revision)
+        with engine.connect() as conn:
+            return before, migrate.current_revision(conn)
+    finally:
+        engine.dispose()
+
+
+@dataclass
+class Status:
+    fields: dict[str, str]
+    counts: dict[str, int] = field(default_factory=dict)
+
+
+def status(url: str | None) -> Status:
+    """URL (masked), server, schema revision against the code's head, row counts, data size."""
+    target = resolve_target(url)
+    engine = make_engine(database_url(target))
+    try:
+        with engine.connect() as conn:
+            current = migrate.current_revision(conn)
+            version = conn.execute(text("SHOW server_version")).scalar()
+            size = conn.execute(text("SELECT pg_size_pretty(pg_database_size(current_database()))")).scalar()
+            existing = set(inspect(conn).get_table_names())
+            names = [t.name for t in schema.metadata.sorted_tables if t.name in existing]
+            counts = {}
+            if names:
+                sql = " UNION ALL ".join(f"SELECT '{n}', count(*) FROM {n}" for n in names)
+                counts = dict(conn.execute(text(sql)).all())
+    finally:
+        engine.dispose()
+    head = migrate.head_revision()
+    if current == head:
+        rev = f"{current} (up to date)"
+    elif current is None:
+        rev = f"none: run `reflexdb db upgrade` (code is at {head})"
+    else:
+        rev = f"{current}: run `reflexdb db upgrade` (code is at {head})"
+    fields = {
+        "database": mask_url(engine.url.render_as_string(hide_password=False)),
+        "server": f"PostgreSQL {version}" + (" (embedded)" if target.embedded else ""),
+    }
+    if target.embedded:
+        fields["data directory"] = str(target.pgdata)
+    fields["schema revision"] = rev
+    fields["data size"] = size
+    return Status(fields, counts)
+
+
+def stop_embedded() -> bool:
+    return embedded.stop(resolve_target().pgdata)
+
+
+@dataclass
+class SqlResult:
+    columns: list[str]
+    rows: list[tuple]
+    status: str
+
+
+def run_sql(url: str | None, query: str, *, write: bool = False) -> SqlResult:
+    """Run ``query`` in one transaction (read-only unless ``write``) and fetch every row."""
+    engine = _engine(url)
+    try:
+        with engine.connect() as conn:
+            raw = conn.connection.driver_connection
+            try:
+                with raw.transaction():
+                    if not write:
+                        raw.execute("SET TRANSACTION READ ONLY")
+                    cur = raw.execute(query)
+                    columns = [d.name for d in cur.description] if cur.description else []
+                    rows = cur.fetchall() if cur.description else []
+                    status = "" if cur.description else (cur.statusmessage or "")
+            except DBAPIError as exc:  # pragma: no cover - raw psycopg raises its own errors
+                raise ReflexdbError(str(exc.orig)) from None
+            except Exception as exc:
+                import psycopg
+
+                if not isinstance(exc, psycopg.Error):
+                    raise
+                msg = (exc.diag.message_primary if getattr(exc, "diag", None) else None) or str(exc)
+                hint = ""
+                if isinstance(exc, psycopg.errors.ReadOnlySqlTransaction):
+                    hint = " (the transaction is read-only: pass --write to change data)"
+                raise ReflexdbError(f"SQL error: {msg}{hint}") from None
+    finally:
+        engine.dispose()
+    return SqlResult(columns, rows, status)
+
+
+def _cell(value, max_width: int) -> str:
+    if value is None:
+        s = ""
+    elif isinstance(value, float):
+        s = f"{value:.6g}"
+    elif isinstance(value, (dt.datetime, dt.date, Decimal)):
+        s = str(value)
+    elif isinstance(value, np.ndarray):
+        s = "{" + ",".join(str(x) for x in value[:50].tolist()) + (",…" if value.shape[0] > 50 else "") + "}"
+    else:
+        s = str(value)
+    s = s.replace("\n", "↵")
+    if max_width and len(s) > max_width:
+        s = s[: max_width - 1] + "…"
+    return s
+
+
+def format_table(columns: list[str], rows: list[tuple], *, max_width: int = 60) -> str:
+    """psql-style aligned table with a row count footer."""
+    if not columns:
+        return ""
+    cells = [[_cell(v, max_width) for v in row] for row in rows]
+    widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)]
+    numeric = [all(isinstance(row[i], (int, float, Decimal)) or row[i] is None for row in rows) and rows
+               for i in range(len(columns))]
+    lines = [" | ".join(c.center(w) for c, w in zip(columns, widths)).rstrip()]
+    lines.append("-+-".join("-" * w for w in widths))
+    for r in cells:
+        lines.append(" | ".join(
+            (v.rjust(w) if numeric[i] else v.ljust(w)) for i, (v, w) in enumerate(zip(r, widths))
+        ).rstrip())
+    lines.append(f"({len(rows)} row{'s' if len(rows) != 1 else ''})")
+    return "\n".join(lines)
+
+
+def psql(url: str | None, args: list[str]) -> int:
+    """Run psql (from PATH, else the embedded server's) on the database; return its exit code."""
+    target = resolve_target(url)
+    full = libpq_url(database_url(target))
+    make_engine(full.replace("postgresql://", "postgresql+psycopg://", 1)).dispose()  # clear error if unreachable
+    exe = shutil.which("psql") or str(embedded.psql_path())
+    return subprocess.call([exe, full, *args])
