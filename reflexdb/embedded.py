@@ -92,8 +92,8 @@ def _ensure_database(admin_url: str) -> None:
         if conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (DATABASE,)).fetchone() is None:
             try:
                 conn.execute(f'CREATE DATABASE "{DATABASE}"')
-            except psycopg.errors.DuplicateDatabase:
-                pass  # another process created it first
+            except (psycopg.errors.DuplicateDatabase, psycopg.errors.UniqueViolation):
+                pass  # another process created it at the same moment
 
 
 def stop(pgdata: Path) -> bool:

@@ -227,7 +227,7 @@ class Store:
         if dim is None:
             row = cur.execute(
                 Q["claim_embedding_dim"], {"dim": p.embedding_dim, "model": p.src.embedding_model, "run_id": run_id}
-            ).fetchone()
+            ).fetchone() or cur.execute(Q["run_embedding_dim"], {"run_id": run_id}).fetchone()
             if row is None:
                 raise InvalidGroup("run_id", f"run {run_id} does not exist")
             dim = self._embedding_dims[run_id] = row[0]

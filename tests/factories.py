@@ -9,8 +9,11 @@ from reflexdb import GroupIn, TaskIn, TrajectoryIn, TurnIn
 
 def make_trajectory(rng: np.random.Generator, *, T: int = 50, P: int = 12, dim: int | None = 16, reward: float = 1.0,
                     correct: bool | None = True, text: str = "The answer is 5.", **kw) -> TrajectoryIn:
-    """A single-turn trajectory of ``T`` response tokens with an embedding of ``dim`` (or none)."""
-    return TrajectoryIn(
+    """A single-turn trajectory of ``T`` response tokens with an embedding of ``dim`` (or none).
+
+    Keyword arguments override any field of :class:`TrajectoryIn`.
+    """
+    fields = dict(
         prompt_ids=rng.integers(0, 49152, P),
         response_ids=rng.integers(0, 49152, T),
         logprobs=-rng.random(T).astype(np.float32),
@@ -19,8 +22,9 @@ def make_trajectory(rng: np.random.Generator, *, T: int = 50, P: int = 12, dim: 
         turns=[TurnIn("user", "What is 2+3?"), TurnIn("assistant", text, 0, T)],
         embedding=None if dim is None else rng.standard_normal(dim).astype(np.float32),
         extracted_answer="5" if correct else "7",
-        **kw,
     )
+    fields.update(kw)
+    return TrajectoryIn(**fields)
 
 
 def make_group(rng: np.random.Generator, run_id: int, task_id: int, *, size: int = 4, version: int = 0,

@@ -18,15 +18,15 @@ FROM g, n, generate_series(1, %(size)s)
 ORDER BY 2;
 
 -- name: claim_embedding_dim
--- Fix a run's embedding dimension on its first vector; returns the run's dimension either way.
-WITH upd AS (
-    UPDATE runs SET embedding_dim = %(dim)s, embedding_model = %(model)s
-    WHERE id = %(run_id)s AND embedding_dim IS NULL
-    RETURNING embedding_dim
-)
-SELECT embedding_dim FROM upd
-UNION ALL
-SELECT embedding_dim FROM runs WHERE id = %(run_id)s AND NOT EXISTS (SELECT 1 FROM upd);
+-- Fix a run's embedding dimension on its first vector (no row back when it was already set).
+UPDATE runs SET embedding_dim = %(dim)s, embedding_model = %(model)s
+WHERE id = %(run_id)s AND embedding_dim IS NULL
+RETURNING embedding_dim;
+
+-- name: run_embedding_dim
+-- A run's embedding dimension. Its own statement, so READ COMMITTED takes a fresh snapshot and
+-- sees a dimension another writer committed while claim_embedding_dim waited for the row lock.
+SELECT embedding_dim FROM runs WHERE id = %(run_id)s;
 
 -- name: select_groups
 -- Groups by id.

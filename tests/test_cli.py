@@ -1,0 +1,80 @@
+"""The CLI as a user runs it: `reflexdb db`, `sql`, `psql` (subprocesses on a real database)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from .factories import make_group, setup_run
+
+REFLEXDB = [sys.executable, "-m", "reflexdb.cli.main"]
+
+
+def run_cli(args, url, tmp_path, check=True):
+    env = dict(os.environ, REFLEXDB_DATABASE_URL=url, REFLEXDB_HOME=str(tmp_path))
+    proc = subprocess.run(REFLEXDB + args, env=env, capture_output=True, text=True, timeout=120)
+    if check:
+        assert proc.returncode == 0, proc.stderr
+    return proc
+
+
+def test_console_script_is_installed():
+    assert shutil.which("reflexdb") or os.path.exists(os.path.join(os.path.dirname(sys.executable), "reflexdb"))
+
+
+def test_db_upgrade_and_status(empty_db_url, tmp_path):
+    out = run_cli(["db", "upgrade"], empty_db_url, tmp_path).stdout
+    assert "schema upgraded (empty) -> 0001" in out
+    assert "schema already at 0001" in run_cli(["db", "upgrade"], empty_db_url, tmp_path).stdout
+    status = run_cli(["db", "status"], empty_db_url, tmp_path).stdout
+    assert "schema revision: 0001 (up to date)" in status
+    assert "trajectories" in status and "data size:" in status
+
+
+def test_db_status_masks_password(store, db_url, tmp_path):
+    # Same server, same database, with a password in the URL: trust auth ignores it.
+    from sqlalchemy.engine import make_url
+
+    url = make_url(db_url).set(password="hunter2").render_as_string(hide_password=False)
+    proc = run_cli(["db", "status"], url, tmp_path)
+    assert "hunter2" not in proc.stdout and ":***@" in proc.stdout
+
+
+def test_db_downgrade_needs_yes(db_url, tmp_path):
+    proc = run_cli(["db", "downgrade", "base"], db_url, tmp_path, check=False)
+    assert proc.returncode != 0  # no confirmation on a closed stdin
+    out = run_cli(["db", "downgrade", "base", "--yes"], db_url, tmp_path).stdout
+    assert "0001 -> (empty)" in out
+
+
+def test_sql_prints_table_and_is_read_only(store, db_url, tmp_path):
+    run, tasks = setup_run(store)
+    store.write_group(make_group(np.random.default_rng(0), run, tasks[0], size=4, n_correct=1))
+    out = run_cli(["sql", "SELECT class, n_correct, pass_rate FROM group_stats"], db_url, tmp_path).stdout
+    lines = out.splitlines()
+    assert lines[0].split("|")[0].strip() == "class"
+    assert "some-pass" in lines[2] and "0.25" in lines[2]
+    assert lines[-1] == "(1 row)"
+    proc = run_cli(["sql", "DELETE FROM trajectories"], db_url, tmp_path, check=False)
+    assert proc.returncode != 0 and "--write" in proc.stderr and "Traceback" not in proc.stderr
+    assert store.table_counts()["trajectories"] == 4
+    out = run_cli(["sql", "--write", "DELETE FROM turns"], db_url, tmp_path).stdout
+    assert "DELETE 8" in out
+    assert store.table_counts()["turns"] == 0
+
+
+def test_sql_error_is_one_line(db_url, tmp_path):
+    proc = run_cli(["sql", "SELECT * FROM no_such_table"], db_url, tmp_path, check=False)
+    assert proc.returncode == 1
+    assert 'relation "no_such_table" does not exist' in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_psql_runs_on_the_database(store, db_url, tmp_path):
+    setup_run(store, "psql-run")
+    proc = run_cli(["psql", "--", "-At", "-c", "SELECT name FROM runs"], db_url, tmp_path)
+    assert proc.stdout.strip() == "psql-run"
