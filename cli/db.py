@@ -54,3 +54,12 @@ def status(url: str = URL_OPTION) -> None:
 def stop() -> None:
     """Stop the embedded PostgreSQL server now (it also stops when its last user exits)."""
     typer.echo("embedded server stopped" if admin.stop_embedded() else "embedded server was not running")
+
+
+@app.command()
+def url(
+    url: str = URL_OPTION,
+    bin_dir: bool = typer.Option(False, "--bin-dir", help="Print the embedded PostgreSQL's bin directory instead."),
+) -> None:
+    """Print the database URL in the form psql and pg_dump accept (starts the embedded server)."""
+    typer.echo(admin.bin_dir() if bin_dir else admin.libpq_url_for(url))

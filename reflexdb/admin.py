@@ -167,8 +167,17 @@ def format_table(columns: list[str], rows: list[tuple], *, max_width: int = 60) 
 
 def psql(url: str | None, args: list[str]) -> int:
     """Run psql (from PATH, else the embedded server's) on the database; return its exit code."""
-    target = resolve_target(url)
-    full = libpq_url(database_url(target))
-    make_engine(full.replace("postgresql://", "postgresql+psycopg://", 1)).dispose()  # clear error if unreachable
+    full = libpq_url_for(url)  # a clear error if unreachable
     exe = shutil.which("psql") or str(embedded.psql_path())
     return subprocess.call([exe, full, *args])
+
+
+def libpq_url_for(url: str | None) -> str:
+    """The configured database's URL for libpq tools, checked to be reachable."""
+    full = database_url(resolve_target(url))
+    make_engine(full).dispose()
+    return libpq_url(full)
+
+
+def bin_dir() -> str:
+    return str(embedded.psql_path().parent)

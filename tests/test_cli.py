@@ -78,3 +78,14 @@ def test_psql_runs_on_the_database(store, db_url, tmp_path):
     setup_run(store, "psql-run")
     proc = run_cli(["psql", "--", "-At", "-c", "SELECT name FROM runs"], db_url, tmp_path)
     assert proc.stdout.strip() == "psql-run"
+
+
+def test_db_url_feeds_libpq_tools(store, db_url, tmp_path):
+    setup_run(store, "dumped-run")
+    url = run_cli(["db", "url"], db_url, tmp_path).stdout.strip()
+    assert url.startswith("postgresql://")
+    bindir = run_cli(["db", "url", "--bin-dir"], db_url, tmp_path).stdout.strip()
+    dump = subprocess.run([os.path.join(bindir, "pg_dump"), "--data-only", "-t", "runs", url],
+                          capture_output=True, text=True, timeout=60)
+    assert dump.returncode == 0, dump.stderr
+    assert "dumped-run" in dump.stdout
