@@ -312,5 +312,30 @@ consumption = Table(
     Index(None, "group_id"),
 )
 
+# One row per collector process: liveness (heartbeat) and the run's collection statistics.
+collectors = Table(
+    "collectors",
+    metadata,
+    Column("id", BigInteger, Identity(), primary_key=True),
+    Column("run_id", BigInteger, ForeignKey("runs.id", ondelete="CASCADE"), nullable=False),
+    Column("name", Text, nullable=False),
+    Column("host", Text, nullable=False),
+    Column("pid", Integer, nullable=False),
+    Column("engine", Text, nullable=False),
+    Column("model", Text, nullable=False),
+    Column("policy_version", Integer),
+    Column("status", Text, nullable=False, server_default="running"),
+    Column("groups_written", Integer, nullable=False, server_default=text("0")),
+    Column("trajectories_written", Integer, nullable=False, server_default=text("0")),
+    Column("tokens_generated", BigInteger, nullable=False, server_default=text("0")),
+    Column("reward_errors", Integer, nullable=False, server_default=text("0")),
+    Column("skipped_rows", Integer, nullable=False, server_default=text("0")),
+    Column("started_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("last_seen", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("stopped_at", DateTime(timezone=True)),
+    CheckConstraint("status IN ('running', 'stopped', 'failed')", name="status"),
+    UniqueConstraint("run_id", "name"),
+)
+
 #: Views created by migrations from ``reflexdb/sql/views/<name>.sql``, in creation order.
 VIEWS = ("failures", "group_stats", "staleness")

@@ -133,12 +133,15 @@ def test_schema_missing_or_old_says_upgrade(empty_db_url, db_url):
     engine.dispose()
 
 
-def test_schema_behind_head_says_upgrade(empty_db_url, monkeypatch):
+def test_schema_behind_head_says_upgrade(empty_db_url):
     engine = make_engine(empty_db_url)
-    migrate.upgrade(engine)
-    monkeypatch.setattr(migrate, "head_revision", lambda: "0002")  # the code moved on
-    with pytest.raises(SchemaOutdated, match="at revision 0001 but this code needs 0002: run `reflexdb db upgrade`"):
+    migrate.upgrade(engine, "0001")  # a database left by an older release
+    head = migrate.head_revision()
+    assert head != "0001"
+    with pytest.raises(SchemaOutdated, match=f"at revision 0001 but this code needs {head}: run `reflexdb db upgrade`"):
         Store.open(empty_db_url)
+    migrate.upgrade(engine)
+    Store.open(empty_db_url).close()
     engine.dispose()
 
 

@@ -10,6 +10,8 @@ import sys
 import numpy as np
 import pytest
 
+from reflexdb import migrate
+
 from .factories import make_group, setup_run
 
 REFLEXDB = [sys.executable, "-m", "reflexdb.cli.main"]
@@ -28,11 +30,12 @@ def test_console_script_is_installed():
 
 
 def test_db_upgrade_and_status(empty_db_url, tmp_path):
+    head = migrate.head_revision()
     out = run_cli(["db", "upgrade"], empty_db_url, tmp_path).stdout
-    assert "schema upgraded (empty) -> 0001" in out
-    assert "schema already at 0001" in run_cli(["db", "upgrade"], empty_db_url, tmp_path).stdout
+    assert f"schema upgraded (empty) -> {head}" in out
+    assert f"schema already at {head}" in run_cli(["db", "upgrade"], empty_db_url, tmp_path).stdout
     status = run_cli(["db", "status"], empty_db_url, tmp_path).stdout
-    assert "schema revision: 0001 (up to date)" in status
+    assert f"schema revision: {head} (up to date)" in status
     assert "trajectories" in status and "data size:" in status
 
 
@@ -49,7 +52,7 @@ def test_db_downgrade_needs_yes(db_url, tmp_path):
     proc = run_cli(["db", "downgrade", "base"], db_url, tmp_path, check=False)
     assert proc.returncode != 0  # no confirmation on a closed stdin
     out = run_cli(["db", "downgrade", "base", "--yes"], db_url, tmp_path).stdout
-    assert "0001 -> (empty)" in out
+    assert f"{migrate.head_revision()} -> (empty)" in out
 
 
 def test_sql_prints_table_and_is_read_only(store, db_url, tmp_path):
