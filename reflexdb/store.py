@@ -197,15 +197,20 @@ class Store:
 
     # ------------------------------------------------------------------ writing groups
 
-    def write_group(self, group: GroupIn) -> WrittenGroup:
+    def write_group(self, group: GroupIn, *, complete_claim: str | None = None) -> WrittenGroup:
         """Validate and write one group atomically (binary COPY, one transaction).
+
+        Args:
+            group: the group.
+            complete_claim: a collector name; in the same transaction, release that collector's
+                claim on the group's task and count the collection (``tasks.times_collected``).
 
         Raises:
             InvalidGroup: naming the offending field; nothing of the group is written.
         """
-        return self.write_groups([group])[0]
+        return self.write_groups([group], complete_claim=complete_claim)[0]
 
-    def write_groups(self, groups: Sequence[GroupIn]) -> list[WrittenGroup]:
+    def write_groups(self, groups: Sequence[GroupIn], *, complete_claim: str | None = None) -> list[WrittenGroup]:
         """Write several groups in one transaction: all become visible together, or none."""
         prepared = [prepare_group(g) for g in groups]
         try:
@@ -213,7 +218,10 @@ class Store:
                 if not self.synchronous_commit:
                     conn.execute("SET LOCAL synchronous_commit = off")
                 cur = conn.cursor()
-                return [self._write_prepared(cur, p) for p in prepared]
+                written = [self._write_prepared(cur, p) for p in prepared]
+                if complete_claim is not None:
+                    cur.execute(Q["complete_claims"], {"ids": [g.task_id for g in groups], "collector": complete_claim})
+                return written
         except psycopg.errors.ForeignKeyViolation as exc:
             raise InvalidGroup(_fk_field(exc), f"refers to a row that does not exist ({exc.diag.message_detail})") from None
         except psycopg.errors.CheckViolation as exc:

@@ -101,3 +101,10 @@ WITH s AS (
     RETURNING id
 )
 SELECT s.id, (SELECT count(*) FROM u) FROM s;
+
+-- name: complete_claims
+-- A collector finished tasks: release its claims and count the collections (same transaction as
+-- the groups, so a task is counted exactly when its group exists).
+UPDATE tasks
+SET claimed_by = NULL, claimed_at = NULL, times_collected = times_collected + 1
+WHERE id = ANY(%(ids)s) AND claimed_by = %(collector)s;
