@@ -1,0 +1,57 @@
+-- Queries of the collector's work protocol (reflexdb.work), loaded by name.
+
+-- name: claim_tasks
+-- Claim up to n tasks of a run for one collector: the least-collected first (epochs), in a
+-- pseudo-random order within an epoch, skipping tasks another collector holds (SKIP LOCKED
+-- never waits; a claim older than the TTL is treated as abandoned by a dead collector).
+WITH c AS (
+    SELECT id FROM tasks
+    WHERE run_id = %(run_id)s AND split = %(split)s
+      AND (NOT retired OR %(include_retired)s)
+      AND times_collected < %(max_collections)s
+      AND (claimed_by IS NULL OR claimed_at < now() - make_interval(secs => %(ttl)s))
+    ORDER BY times_collected, hashtext(id::text || ':' || times_collected::text), id
+    LIMIT %(n)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE tasks t SET claimed_by = %(collector)s, claimed_at = now()
+FROM c WHERE t.id = c.id
+RETURNING t.id, t.dataset, t.split, t.task_key, t.prompt, t.ground_truth, t.meta, t.times_collected;
+
+-- name: release_claims
+-- Give back a collector's claims without counting a collection (shutdown, abandoned group).
+UPDATE tasks SET claimed_by = NULL, claimed_at = NULL
+WHERE run_id = %(run_id)s AND claimed_by = %(collector)s;
+
+-- name: register_collector
+-- Register (or re-register after a restart) a collector process under its name.
+INSERT INTO collectors (run_id, name, host, pid, engine, model, policy_version)
+VALUES (%(run_id)s, %(name)s, %(host)s, %(pid)s, %(engine)s, %(model)s, %(policy_version)s)
+ON CONFLICT (run_id, name) DO UPDATE
+SET host = EXCLUDED.host, pid = EXCLUDED.pid, engine = EXCLUDED.engine, model = EXCLUDED.model,
+    policy_version = EXCLUDED.policy_version, status = 'running', started_at = now(),
+    last_seen = now(), stopped_at = NULL
+RETURNING id;
+
+-- name: collector_progress
+-- Heartbeat: add this interval's counts to a collector's statistics.
+UPDATE collectors
+SET last_seen = now(), policy_version = %(policy_version)s,
+    groups_written = groups_written + %(groups)s,
+    trajectories_written = trajectories_written + %(trajectories)s,
+    tokens_generated = tokens_generated + %(tokens)s,
+    reward_errors = reward_errors + %(reward_errors)s,
+    skipped_rows = skipped_rows + %(skipped_rows)s
+WHERE id = %(id)s;
+
+-- name: collector_stopped
+-- Mark a collector as stopped (clean exit) or failed.
+UPDATE collectors SET status = %(status)s, stopped_at = now(), last_seen = now() WHERE id = %(id)s;
+
+-- name: produced_groups
+-- On-policy groups of a run written so far, plus groups other collectors hold claims for (in
+-- flight): the admission check counts both.
+SELECT
+    (SELECT count(*) FROM groups WHERE run_id = %(run_id)s AND kind = 'fresh'),
+    (SELECT count(*) FROM tasks WHERE run_id = %(run_id)s AND claimed_by IS NOT NULL
+       AND claimed_by <> %(collector)s AND claimed_at >= now() - make_interval(secs => %(ttl)s));

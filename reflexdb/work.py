@@ -1,0 +1,106 @@
+"""The collector's side of the work protocol: claims, admission control, liveness.
+
+- **Claims**: a collector claims a task (``FOR UPDATE SKIP LOCKED``) before sampling its group,
+  so several collectors never work on the same task at once; writing the group releases the
+  claim and counts the collection in the same transaction (``Store.write_group(...,
+  complete_claim=name)``). A claim older than ``claim_ttl_s`` is considered abandoned (a collector
+  died) and can be taken by another.
+- **Admission control** (AReaL's ``max_head_offpolicyness``): the n-th on-policy group of a run
+  is consumed by learner step ``n // groups_per_step``, which trains policy version
+  ``(n // groups_per_step) // publish_every`` (one version every ``publish_every`` steps). A
+  collector holding version ``v`` starts group ``n`` only if that consumption version minus ``v``
+  is at most ``eta``; otherwise it waits for a newer policy. Staleness is bounded by construction
+  instead of by dropping data afterwards.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+from typing import Any
+
+from .sqlfile import load_queries
+from .store import Store
+
+W = load_queries("work.sql")
+
+
+@dataclass(frozen=True)
+class ClaimedTask:
+    id: int
+    dataset: str
+    split: str
+    task_key: str
+    prompt: str
+    ground_truth: str | None
+    meta: dict[str, Any]
+    times_collected: int
+
+
+def claim_tasks(
+    store: Store, run_id: int, collector: str, n: int = 1, *, split: str = "train",
+    max_collections: int = 2**31 - 1, claim_ttl_s: float = 600.0, include_retired: bool = False,
+) -> list[ClaimedTask]:
+    """Claim up to ``n`` tasks for ``collector`` (possibly none, if all are taken or done)."""
+    with store._raw() as conn:
+        rows = conn.execute(
+            W["claim_tasks"],
+            {"run_id": run_id, "split": split, "max_collections": max_collections, "ttl": claim_ttl_s, "n": n,
+             "collector": collector, "include_retired": include_retired},
+        ).fetchall()
+    return [ClaimedTask(*r) for r in rows]
+
+
+def release_claims(store: Store, run_id: int, collector: str) -> None:
+    """Release every claim ``collector`` holds, without counting a collection."""
+    with store._raw() as conn:
+        conn.execute(W["release_claims"], {"run_id": run_id, "collector": collector})
+
+
+def register_collector(store: Store, run_id: int, name: str, *, engine: str, model: str,
+                       policy_version: int | None) -> int:
+    with store._raw() as conn:
+        return conn.execute(
+            W["register_collector"],
+            {"run_id": run_id, "name": name, "host": socket.gethostname(), "pid": os.getpid(), "engine": engine,
+             "model": model, "policy_version": policy_version},
+        ).fetchone()[0]
+
+
+def report_progress(store: Store, collector_id: int, *, policy_version: int | None, groups: int = 0,
+                    trajectories: int = 0, tokens: int = 0, reward_errors: int = 0, skipped_rows: int = 0) -> None:
+    with store._raw() as conn:
+        conn.execute(
+            W["collector_progress"],
+            {"id": collector_id, "policy_version": policy_version, "groups": groups, "trajectories": trajectories,
+             "tokens": tokens, "reward_errors": reward_errors, "skipped_rows": skipped_rows},
+        )
+
+
+def mark_stopped(store: Store, collector_id: int, status: str = "stopped") -> None:
+    with store._raw() as conn:
+        conn.execute(W["collector_stopped"], {"id": collector_id, "status": status})
+
+
+@dataclass(frozen=True)
+class Admission:
+    allowed: bool
+    next_group: int  # run-wide index of the group about to start
+    consume_version: int  # the learner version expected to consume it
+    staleness: int  # consume_version - the collector's version
+
+
+def admission(
+    store: Store, run_id: int, collector: str, *, policy_version: int, eta: int, groups_per_step: int,
+    publish_every: int, claim_ttl_s: float = 600.0,
+) -> Admission:
+    """May ``collector`` (holding ``policy_version``) start another on-policy group now?"""
+    with store._raw() as conn:
+        written, in_flight = conn.execute(
+            W["produced_groups"], {"run_id": run_id, "collector": collector, "ttl": claim_ttl_s}
+        ).fetchone()
+    n = written + in_flight
+    consume_version = (n // max(1, groups_per_step)) // max(1, publish_every)
+    stale = consume_version - policy_version
+    return Admission(stale <= eta, n, consume_version, stale)
