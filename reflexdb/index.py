@@ -1,0 +1,569 @@
+"""FAISS index of trajectory embeddings, one per run, kept in step with PostgreSQL.
+
+The ``embeddings`` table is the source of truth; the index is a cache of it on local disk::
+
+    index = EmbeddingIndex.open(store, run_id)     # the persisted index, or an empty one
+    index.catch_up()                               # add vectors committed since, drop deleted ones
+    [hits] = index.search(vector, k=5)             # cosine similarity, exact
+    hits = index.search_trajectory(tid, k=5, restrict_to=failure_ids)
+
+Vectors are L2-normalised and kept in ``IndexIDMap2(IndexFlatIP(D))`` keyed by trajectory id, so
+inner product is cosine similarity and search is exact: an index caught up in many steps and one
+rebuilt from the table return the same neighbours. Ties in cosine are broken by the smaller
+trajectory id, so results do not depend on the order vectors were added.
+
+Files live in ``$REFLEXDB_HOME/faiss/<database>/run-<id>.faiss`` with a JSON sidecar
+``run-<id>.json`` naming the database and run they were built from (see docs/faiss.md).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import tempfile
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import faiss
+import numpy as np
+import psycopg
+
+from . import settings
+from .errors import NotFound, ReflexdbError
+
+log = logging.getLogger(__name__)
+
+#: Version of the on-disk layout; a sidecar with another version is ignored (and rebuilt).
+FORMAT_VERSION = 1
+#: Restricted searches over fewer ids than this reconstruct the subset and brute-force it;
+#: larger subsets scan the whole index with an ``IDSelectorBatch``.
+BRUTE_FORCE_MAX = 2048
+#: Rows of ``embeddings`` fetched per query while catching up.
+FETCH_CHUNK = 4096
+
+# Inline rather than in reflexdb/sql/: these are index plumbing, not part of the query surface.
+_SQL_SYSTEM_ID = "SELECT system_identifier FROM pg_control_system()"
+_SQL_DATABASE = "SELECT current_database(), (SELECT oid FROM pg_database WHERE datname = current_database())"
+_SQL_RUN = "SELECT created_at FROM runs WHERE id = %(run_id)s"
+# array_agg keeps millions of ids to one binary value (decoded straight into numpy by codecs).
+_SQL_RUN_IDS = """
+    SELECT coalesce(array_agg(e.trajectory_id), '{}'::int8[])
+    FROM embeddings e JOIN trajectories t ON t.id = e.trajectory_id
+    WHERE t.run_id = %(run_id)s
+"""
+_SQL_VECTORS = "SELECT trajectory_id, vector FROM embeddings WHERE trajectory_id = ANY(%(ids)s)"
+_SQL_TRAJECTORY = """
+    SELECT t.run_id, e.vector
+    FROM trajectories t LEFT JOIN embeddings e ON e.trajectory_id = t.id
+    WHERE t.id = %(id)s
+"""
+
+_EMPTY_IDS = np.empty(0, dtype=np.int64)
+
+
+@dataclass(frozen=True)
+class Neighbor:
+    """One search result: a trajectory and its cosine similarity to the query."""
+
+    trajectory_id: int
+    cosine: float
+
+
+@dataclass(frozen=True)
+class DatabaseIdentity:
+    """Which database an index was built from.
+
+    Attributes:
+        folder: directory name under ``$REFLEXDB_HOME/faiss``: the database name and a short
+            hash of the cluster's system identifier (or of host/port when that is not readable).
+        name: ``current_database()``.
+        oid: the database's oid; it changes when a database is dropped and created again under
+            the same name, which must not reuse the old index.
+    """
+
+    folder: str
+    name: str
+    oid: int
+
+
+# ---------------------------------------------------------------------------- database plumbing
+
+
+@contextmanager
+def _snapshot(store) -> Iterator[psycopg.Cursor]:
+    """A binary cursor inside one read-only REPEATABLE READ transaction.
+
+    Every query through it sees the same committed state, so one catch-up moves the index from
+    one consistent state of the table to another. ``float4[]``/``int8[]`` load as numpy arrays.
+    """
+    conn = store.engine.connect().execution_options(isolation_level="REPEATABLE READ", postgresql_readonly=True)
+    with conn:
+        cur = conn.connection.driver_connection.cursor(binary=True)
+        try:
+            yield cur
+        finally:
+            cur.close()
+
+
+def database_identity(store) -> DatabaseIdentity:
+    """Identify the database behind ``store`` (see :class:`DatabaseIdentity`)."""
+    with store.engine.connect() as conn:
+        raw = conn.connection.driver_connection
+        try:
+            system_id = str(raw.execute(_SQL_SYSTEM_ID).fetchone()[0])
+        except psycopg.Error:
+            # pg_control_system() can be revoked from ordinary roles: fall back to the address.
+            raw.rollback()
+            url = store.engine.url
+            system_id = f"{url.host or 'localhost'}:{url.port or 5432}"
+        name, oid = raw.execute(_SQL_DATABASE).fetchone()
+        raw.rollback()
+    digest = hashlib.sha256(f"{system_id}/{name}".encode()).hexdigest()[:12]
+    safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", name)[:40] or "db"
+    return DatabaseIdentity(folder=f"{safe}-{digest}", name=name, oid=int(oid))
+
+
+def default_directory(store) -> Path:
+    """``$REFLEXDB_HOME/faiss/<database>``: where a database's run indexes live by default."""
+    return settings.home() / "faiss" / database_identity(store).folder
+
+
+def run_of_trajectory(store, trajectory_id: int) -> int:
+    """The run a trajectory belongs to.
+
+    Raises:
+        NotFound: no trajectory has this id.
+    """
+    with _snapshot(store) as cur:
+        row = cur.execute(_SQL_TRAJECTORY, {"id": int(trajectory_id)}).fetchone()
+    if row is None:
+        raise NotFound(f"no trajectory with id {trajectory_id}")
+    return row[0]
+
+
+def _run_embedding_ids(cur: psycopg.Cursor, run_id: int) -> np.ndarray:
+    """Sorted ids of the run's trajectories that have an embedding, as seen by ``cur``'s snapshot."""
+    ids = cur.execute(_SQL_RUN_IDS, {"run_id": run_id}).fetchone()[0]
+    return np.unique(np.asarray(ids, dtype=np.int64))
+
+
+def _as_ids(ids: Iterable[int] | np.ndarray | None) -> np.ndarray:
+    """Sorted unique int64 ids from any iterable of integers."""
+    if ids is None:
+        return _EMPTY_IDS
+    if not isinstance(ids, np.ndarray):
+        ids = np.fromiter((int(i) for i in ids), dtype=np.int64)
+    return np.unique(ids.astype(np.int64, copy=False))
+
+
+def _normalised(vectors: Any) -> np.ndarray:
+    """A C-contiguous float32 copy of ``vectors`` `[N, D]` with unit rows (zero rows stay zero)."""
+    x = np.array(vectors, dtype=np.float32, order="C", copy=True)
+    faiss.normalize_L2(x)
+    return x
+
+
+def _write_atomically(path: Path, write: Callable[[str], None]) -> None:
+    """Write ``path`` through a temporary file in the same directory and ``os.replace`` it.
+
+    Readers see the old file or the new one, never a partial write; concurrent writers each
+    replace the file whole (the last one wins, and both wrote a consistent state).
+    """
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        write(tmp)
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+# ---------------------------------------------------------------------------- the index
+
+
+class EmbeddingIndex:
+    """Exact cosine-similarity index over one run's trajectory embeddings.
+
+    Use :meth:`open`, not the constructor. Not thread-safe; processes may share the files.
+
+    Attributes:
+        run_id: the run indexed.
+        directory: where ``run-<id>.faiss`` and ``run-<id>.json`` are kept.
+        brute_force_max: restricted searches over fewer ids brute-force the subset.
+    """
+
+    def __init__(self, store, run_id: int, directory: Path, stamp: dict[str, Any], index=None):
+        self.store = store
+        self.run_id = run_id
+        self.directory = directory
+        self.brute_force_max = BRUTE_FORCE_MAX
+        # What the sidecar must match for the files to be this run's (see _load).
+        self._stamp = stamp
+        self._index = index
+        self._sorted_ids: np.ndarray | None = None
+
+    @classmethod
+    def open(cls, store, run_id: int, directory: Path | None = None) -> EmbeddingIndex:
+        """The run's persisted index, or an empty one if none was saved (call :meth:`catch_up`).
+
+        Args:
+            store: a :class:`~reflexdb.store.Store`.
+            run_id: the run whose embeddings to index.
+            directory: where the files live; default :func:`default_directory`.
+
+        Raises:
+            NotFound: the run does not exist.
+        """
+        run_id = int(run_id)
+        identity = database_identity(store)
+        with _snapshot(store) as cur:
+            row = cur.execute(_SQL_RUN, {"run_id": run_id}).fetchone()
+        if row is None:
+            raise NotFound(f"no run with id {run_id}")
+        stamp = {"run_id": run_id, "run_created_at": row[0].isoformat(), "database": identity.name,
+                 "database_oid": identity.oid}
+        directory = Path(directory) if directory is not None else settings.home() / "faiss" / identity.folder
+        index = cls(store, run_id, directory, stamp)
+        index._index = index._load()
+        return index
+
+    # ------------------------------------------------------------------ properties
+
+    @property
+    def dim(self) -> int | None:
+        """Dimension of the run's embeddings; ``None`` until the first one is indexed."""
+        return None if self._index is None else self._index.d
+
+    @property
+    def path(self) -> Path:
+        return self.directory / f"run-{self.run_id}.faiss"
+
+    @property
+    def sidecar_path(self) -> Path:
+        return self.directory / f"run-{self.run_id}.json"
+
+    def __len__(self) -> int:
+        return 0 if self._index is None else self._index.ntotal
+
+    def __repr__(self) -> str:
+        return f"EmbeddingIndex(run_id={self.run_id}, dim={self.dim}, size={len(self)}, path={str(self.path)!r})"
+
+    def ids(self) -> np.ndarray:
+        """Sorted trajectory ids in the index `[N]` int64 (a cached array: do not modify)."""
+        if self._sorted_ids is None:
+            if self._index is None:
+                self._sorted_ids = _EMPTY_IDS
+            else:
+                self._sorted_ids = np.sort(faiss.vector_to_array(self._index.id_map).astype(np.int64))
+        return self._sorted_ids
+
+    def __contains__(self, trajectory_id: int) -> bool:
+        ids = self.ids()
+        i = int(np.searchsorted(ids, trajectory_id))
+        return i < ids.size and int(ids[i]) == int(trajectory_id)
+
+    # ------------------------------------------------------------------ keeping up with the table
+
+    def catch_up(self) -> int:
+        """Make the index equal to the run's rows in ``embeddings`` now; persist; return how many were added.
+
+        Compares the full set of ids, not a high-water mark: ids come from a sequence but
+        transactions commit in any order, so a smaller id can appear after a larger one was
+        indexed. Rows deleted from the table are removed from the index. Vectors are assumed
+        immutable (the store only inserts them); after changing one in place, call :meth:`rebuild`.
+
+        Raises:
+            ReflexdbError: the run's embeddings have different dimensions.
+        """
+        with _snapshot(self.store) as cur:
+            present = _run_embedding_ids(cur, self.run_id)
+            ours = self.ids()
+            missing = np.setdiff1d(present, ours, assume_unique=True)
+            stale = np.setdiff1d(ours, present, assume_unique=True)
+            if stale.size:
+                self._index.remove_ids(faiss.IDSelectorBatch(stale))
+                self._sorted_ids = None
+            added = self._add_from_table(cur, missing)
+        if added or stale.size or (self._index is not None and not self.path.exists()):
+            self._persist()
+        if added or stale.size:
+            log.info("run %d index: +%d -%d, %d vectors", self.run_id, added, stale.size, len(self))
+        return added
+
+    def rebuild(self) -> None:
+        """Rebuild the index from the table, from scratch, and persist it."""
+        self._index = None
+        self._sorted_ids = None
+        with _snapshot(self.store) as cur:
+            self._add_from_table(cur, _run_embedding_ids(cur, self.run_id))
+        self._persist()
+
+    def _add_from_table(self, cur: psycopg.Cursor, ids: np.ndarray) -> int:
+        """Fetch the vectors of ``ids`` in chunks and add them; return how many were added."""
+        added = 0
+        for start in range(0, ids.size, FETCH_CHUNK):
+            rows = cur.execute(_SQL_VECTORS, {"ids": ids[start : start + FETCH_CHUNK]}).fetchall()
+            if not rows:
+                continue
+            rows.sort(key=lambda r: r[0])  # add in id order: rebuilds lay out the same way
+            self._add(np.array([r[0] for r in rows], dtype=np.int64), self._stack(rows))
+            added += len(rows)
+        return added
+
+    def _stack(self, rows: list[tuple[int, np.ndarray]]) -> np.ndarray:
+        """Stack fetched vectors into `[N, D]`, checking one dimension across the run."""
+        expected = self.dim if len(self) else rows[0][1].shape[0]
+        for tid, vector in rows:
+            if vector.shape[0] != expected:
+                raise ReflexdbError(
+                    f"run {self.run_id} mixes embedding dimensions: trajectory {tid} has {vector.shape[0]}, "
+                    f"others have {expected}; delete the odd vectors, then rebuild the index"
+                )
+        return np.stack([r[1] for r in rows])
+
+    def _add(self, ids: np.ndarray, vectors: np.ndarray) -> None:
+        if self._index is None or (self._index.ntotal == 0 and self._index.d != vectors.shape[1]):
+            self._index = faiss.IndexIDMap2(faiss.IndexFlatIP(vectors.shape[1]))
+        self._index.add_with_ids(_normalised(vectors), ids)
+        self._sorted_ids = None
+
+    # ------------------------------------------------------------------ files
+
+    def _load(self):
+        """The persisted index if its files exist and belong to this run of this database, else None."""
+        if not self.path.exists():
+            return None
+        try:
+            meta = json.loads(self.sidecar_path.read_text())
+        except (OSError, ValueError) as exc:
+            log.warning("ignoring %s: unreadable sidecar (%s); catch_up() will rebuild it", self.path, exc)
+            return None
+        if meta.get("format") != FORMAT_VERSION or meta.get("stamp") != self._stamp:
+            log.warning("ignoring %s: built from another database, run or format; catch_up() will rebuild it",
+                        self.path)
+            return None
+        try:
+            index = faiss.read_index(str(self.path))
+        except RuntimeError as exc:
+            log.warning("ignoring %s: unreadable (%s); catch_up() will rebuild it", self.path, exc)
+            return None
+        if not isinstance(index, faiss.IndexIDMap2):
+            log.warning("ignoring %s: not an IndexIDMap2; catch_up() will rebuild it", self.path)
+            return None
+        return index
+
+    def _persist(self) -> None:
+        """Write the index, then the sidecar, each atomically (no index: remove stale files)."""
+        if self._index is None:
+            self.path.unlink(missing_ok=True)
+            self.sidecar_path.unlink(missing_ok=True)
+            return
+        self.directory.mkdir(parents=True, exist_ok=True)
+        _write_atomically(self.path, lambda tmp: faiss.write_index(self._index, tmp))
+        meta = {
+            "format": FORMAT_VERSION,
+            "stamp": self._stamp,
+            "metric": "cosine",
+            "index": "IDMap2,Flat (inner product of L2-normalised vectors)",
+            "dim": self.dim,
+            # informational: the ids inside the .faiss file are authoritative
+            "count": len(self),
+            "faiss_version": faiss.__version__,
+            "written_at": datetime.now(timezone.utc).isoformat(),
+        }
+
+        def write_meta(tmp: str) -> None:
+            Path(tmp).write_text(json.dumps(meta, indent=2) + "\n")
+
+        _write_atomically(self.sidecar_path, write_meta)
+
+    # ------------------------------------------------------------------ search
+
+    def search(
+        self, query: Any, k: int, *, restrict_to: Iterable[int] | None = None, exclude: Iterable[int] = ()
+    ) -> list[list[Neighbor]]:
+        """The ``k`` nearest indexed trajectories to each query, by cosine similarity.
+
+        Args:
+            query: `[D]` or `[Q, D]` float vectors (normalised here; need not be unit length).
+            k: neighbours per query; fewer come back when fewer candidates exist.
+            restrict_to: only consider these trajectory ids (ids not in the index are ignored).
+            exclude: never return these ids.
+
+        Returns:
+            One list per query row, best first; equal cosines in increasing trajectory id.
+
+        Raises:
+            ReflexdbError: ``k < 1``, or the query's shape or dimension does not fit the index.
+        """
+        if k < 1:
+            raise ReflexdbError(f"k must be at least 1, got {k}")
+        q = self._queries(query)
+        if len(self) == 0:
+            return [[] for _ in range(q.shape[0])]
+        excluded = np.intersect1d(_as_ids(exclude), self.ids(), assume_unique=True)
+        if restrict_to is None:
+            return self._top_k(partial(self._index.search, q), q.shape[0], k, len(self), excluded)
+        subset = np.intersect1d(_as_ids(restrict_to), self.ids(), assume_unique=True)
+        subset = np.setdiff1d(subset, excluded, assume_unique=True)
+        if subset.size == 0:
+            return [[] for _ in range(q.shape[0])]
+        method = self._search_subset if subset.size < self.brute_force_max else self._search_selected
+        return self._top_k(partial(method, q, subset=subset), q.shape[0], k, subset.size, _EMPTY_IDS)
+
+    def search_trajectory(
+        self, trajectory_id: int, k: int, *, restrict_to: Iterable[int] | None = None
+    ) -> list[Neighbor]:
+        """The ``k`` trajectories nearest to a stored trajectory's embedding, itself excluded.
+
+        The vector comes from the index, or from the table when the index has not caught up yet.
+
+        Raises:
+            NotFound: no such trajectory, it belongs to another run, or it has no embedding.
+        """
+        return self.search(self._vector_of(int(trajectory_id)), k, restrict_to=restrict_to,
+                           exclude=(trajectory_id,))[0]
+
+    def _vector_of(self, trajectory_id: int) -> np.ndarray:
+        if trajectory_id in self:
+            return self._index.reconstruct(trajectory_id)
+        with _snapshot(self.store) as cur:
+            row = cur.execute(_SQL_TRAJECTORY, {"id": trajectory_id}).fetchone()
+        if row is None:
+            raise NotFound(f"no trajectory with id {trajectory_id}")
+        run_id, vector = row
+        if run_id != self.run_id:
+            raise NotFound(f"trajectory {trajectory_id} belongs to run {run_id}, not run {self.run_id}")
+        if vector is None:
+            raise NotFound(f"trajectory {trajectory_id} has no embedding")
+        return vector
+
+    def _queries(self, query: Any) -> np.ndarray:
+        """Check and normalise queries into `[Q, D]` float32."""
+        q = np.asarray(query, dtype=np.float32)
+        if q.ndim == 1:
+            q = q[None, :]
+        if q.ndim != 2:
+            raise ReflexdbError(f"a query must be a [D] vector or a [Q, D] matrix, got shape {q.shape}")
+        if self.dim is not None and q.shape[1] != self.dim:
+            raise ReflexdbError(
+                f"query has dimension {q.shape[1]}, but run {self.run_id}'s embeddings have dimension {self.dim}"
+            )
+        if not np.isfinite(q).all():
+            raise ReflexdbError("query contains NaN or infinite values")
+        return _normalised(q)
+
+    def _search_selected(self, q: np.ndarray, n: int, subset: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Search the whole index, letting through only ``subset`` (sorted ids)."""
+        selector = faiss.IDSelectorBatch(subset)  # IndexIDMap2 translates it to internal positions
+        return self._index.search(q, n, params=faiss.SearchParameters(sel=selector))
+
+    def _search_subset(self, q: np.ndarray, n: int, subset: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Reconstruct ``subset``'s vectors and brute-force them: much faster for small subsets."""
+        vectors = self._index.reconstruct_batch(subset)  # [S, D], stored normalised
+        distances = np.empty((q.shape[0], n), dtype=np.float32)
+        positions = np.empty((q.shape[0], n), dtype=np.int64)
+        # FAISS switches to BLAS once queries x D reaches this threshold; BLAS rounds differently
+        # from the kernel that selector searches always use. Staying below it keeps both paths'
+        # cosines bit-identical.
+        step = max(1, (faiss.cvar.distance_compute_blas_threshold - 1) // q.shape[1])
+        for s in range(0, q.shape[0], step):
+            distances[s : s + step], positions[s : s + step] = faiss.knn(
+                q[s : s + step], vectors, n, metric=faiss.METRIC_INNER_PRODUCT
+            )
+        return distances, np.where(positions >= 0, subset[positions], -1)
+
+    @staticmethod
+    def _top_k(
+        raw: Callable[[int], tuple[np.ndarray, np.ndarray]], nq: int, k: int, available: int, excluded: np.ndarray
+    ) -> list[list[Neighbor]]:
+        """Run ``raw(n)`` (a FAISS-style search for ``n`` results) and cut canonical top-k lists.
+
+        Asks for one more than needed so that a tie straddling the k-th place is seen; then more,
+        until the k-th and (k+1)-th cosines differ. Sorting by (cosine desc, id asc) then makes
+        equal-cosine neighbours come out the same whatever order the index holds them in.
+
+        Args:
+            available: how many ids ``raw`` can return at most (excluded ones included).
+        """
+        n = min(k + excluded.size + 1, available)
+        while True:
+            distances, labels = raw(n)
+            rows = []
+            for d_row, l_row in zip(distances, labels):
+                keep = (l_row >= 0) & ~np.isin(l_row, excluded)
+                rows.append((d_row[keep], l_row[keep]))
+            settled = all(d.size > k and d[k - 1] != d[k] for d, _ in rows)
+            if settled or n >= available:
+                break
+            n = min(2 * n, available)
+        out = []
+        for d_row, l_row in rows:
+            order = np.lexsort((l_row, -d_row))[:k]
+            out.append([Neighbor(int(l_row[i]), float(d_row[i])) for i in order])
+        return out
+
+
+# ---------------------------------------------------------------------------- `reflexdb similar`
+
+
+@dataclass(frozen=True)
+class SimilarTrajectory:
+    """A neighbour as ``reflexdb similar`` shows it."""
+
+    trajectory_id: int
+    cosine: float
+    reward: float | None
+    correct: bool | None
+    task_id: int
+    response: str  # the assistant turns, joined by newlines
+
+
+#: Column names of :class:`SimilarTrajectory`, in order (the CLI's table header).
+SIMILAR_COLUMNS = ("trajectory_id", "cosine", "reward", "correct", "task_id", "response")
+
+
+@dataclass(frozen=True)
+class SimilarResult:
+    trajectory_id: int
+    run_id: int
+    indexed: int  # vectors in the run's index after catching up
+    neighbors: list[SimilarTrajectory]
+
+
+def similar_trajectories(store, trajectory_id: int, k: int, *, directory: Path | None = None) -> SimilarResult:
+    """Catch up the trajectory's run index and describe its ``k`` nearest trajectories.
+
+    Raises:
+        NotFound: no such trajectory, or it has no embedding.
+    """
+    run_id = run_of_trajectory(store, trajectory_id)
+    index = EmbeddingIndex.open(store, run_id, directory)
+    index.catch_up()
+    hits = index.search_trajectory(trajectory_id, k)
+    trajs = store.read_trajectories([h.trajectory_id for h in hits], payloads=False, turns=True)
+    neighbors = [
+        SimilarTrajectory(
+            h.trajectory_id, h.cosine, t.reward, t.correct, t.task_id,
+            "\n".join(u.text for u in t.turns if u.role == "assistant"),
+        )
+        for h, t in zip(hits, trajs)
+    ]
+    return SimilarResult(int(trajectory_id), run_id, len(index), neighbors)
+
+
+__all__ = [
+    "BRUTE_FORCE_MAX", "DatabaseIdentity", "EmbeddingIndex", "Neighbor", "SIMILAR_COLUMNS", "SimilarResult",
+    "SimilarTrajectory", "database_identity", "default_directory", "run_of_trajectory", "similar_trajectories",
+]
