@@ -13,7 +13,7 @@ from sqlalchemy.exc import OperationalError
 
 from . import codecs, embedded
 from .errors import DatabaseUnavailable
-from .settings import DatabaseTarget, mask_url, resolve_target
+from .settings import DatabaseTarget, mask_url, normalize_url, resolve_target
 
 CONNECT_TIMEOUT_S = 10
 
@@ -30,8 +30,11 @@ def libpq_url(url: str) -> str:
 
 
 def make_engine(url: str | None = None, *, pool_size: int = 5) -> Engine:
-    """Create an engine for ``url`` (default: the configured target) and check it connects."""
-    url = url or database_url()
+    """Create an engine for ``url`` (default: the configured target) and check it connects.
+
+    ``postgres://`` and ``postgresql://`` URLs are given the psycopg 3 driver.
+    """
+    url = normalize_url(url) if url else database_url()
     engine = create_engine(
         url,
         pool_size=pool_size,

@@ -315,3 +315,10 @@ def test_embedding_dim_claim_race(store, db_url):
     th.join(timeout=30)
     assert "err" not in result, result.get("err")
     assert len(result["w"].trajectory_ids) == 4
+
+
+def test_open_accepts_plain_postgresql_urls(db_url):
+    plain = db_url.replace("postgresql+psycopg://", "postgresql://", 1)
+    for url in (plain, plain.replace("postgresql://", "postgres://", 1)):
+        with Store.open(url) as s:
+            assert s.table_counts()["runs"] == 0
