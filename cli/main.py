@@ -13,7 +13,7 @@ import typer
 
 from reflexdb.errors import ReflexdbError
 
-from . import db, query, similar
+from . import collect, db, query, similar
 
 app = typer.Typer(
     name="reflexdb",
@@ -26,6 +26,7 @@ app.add_typer(db.app, name="db")
 app.command("sql")(query.sql)
 app.command("psql")(query.psql)
 app.command("similar")(similar.similar)
+app.command("collect")(collect.collect)
 
 
 @app.callback()

@@ -1,0 +1,28 @@
+"""Build a collector from a config file and run it (what ``reflexdb collect`` does)."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import typer
+
+from reflexdb import Store
+from reflexdb.config import load_config
+
+
+def run_collector(config_path: Path, *, max_groups: int | None = None, max_seconds: float | None = None,
+                  name: str | None = None, url: str | None = None) -> None:
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    overrides = {"collector.name": name} if name else {}
+    cfg = load_config(config_path, overrides)  # validated before anything starts
+    from .runner import Collector
+
+    store = Store.open(url or cfg.database_url)
+    try:
+        collector = Collector(cfg, store, echo=lambda msg: typer.echo(f"[collect] {msg}", err=True))
+        collector.setup()
+        collector.install_signal_handlers()
+        collector.run(max_groups=max_groups, max_seconds=max_seconds)
+    finally:
+        store.close()

@@ -1,0 +1,272 @@
+"""``reflexdb collect``: a long-running collector.
+
+Reads top to bottom as the loop it is::
+
+    setup: run, tasks, collector row, newest policy weights
+    loop:  reload weights if a newer policy exists
+           admission control (staleness bound eta) -> wait for a policy if too far ahead
+           claim tasks (SKIP LOCKED) -> generate G samples each -> rewards -> groups
+           write each group in one transaction (retried while the database is away),
+           releasing the task's claim in the same transaction
+    stop:  SIGINT/SIGTERM once -> finish the in-flight group, then exit 0;
+           twice -> abandon it (claims released, nothing written), exit 0
+
+A group is never half-written: each is one transaction.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import psycopg
+import sqlalchemy.exc
+from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_exponential
+
+from reflexdb import GroupIn, Store, TrajectoryIn, TurnIn, work
+from reflexdb.config import Config
+from reflexdb.errors import DatabaseUnavailable
+
+from .engines import Engine, Sample, SamplingParams, make_engine
+from .engines.base import checkpoint_path
+from .models import model_display_name, resolve_model
+from .rewards import RewardResult, get_reward
+from .sources import build_tasks, prompt_messages, task_of
+from .tasks.templates import get_template
+
+log = logging.getLogger("reflexdb.collect")
+
+_TRANSIENT = (DatabaseUnavailable, psycopg.OperationalError, sqlalchemy.exc.OperationalError,
+              sqlalchemy.exc.InterfaceError)
+
+
+class Abandon(Exception):
+    """Raised by the second SIGINT/SIGTERM: drop the in-flight group."""
+
+
+@dataclass
+class Stats:
+    groups: int = 0
+    trajectories: int = 0
+    tokens: int = 0
+    correct: int = 0
+    reward_errors: int = 0
+    skipped_rows: int = 0
+    started: float = field(default_factory=time.monotonic)
+
+    def line(self, version: int) -> str:
+        dt = max(time.monotonic() - self.started, 1e-9)
+        pass1 = self.correct / self.trajectories if self.trajectories else float("nan")
+        return (f"policy v{version} | groups {self.groups} | trajectories {self.trajectories} "
+                f"({self.trajectories / dt:.2f}/s) | tokens/s {self.tokens / dt:.1f} | pass@1 {pass1:.3f}")
+
+
+class Collector:
+    """One collector process: turns claimed tasks into stored groups until told to stop."""
+
+    def __init__(self, cfg: Config, store: Store, engine: Engine | None = None, *, echo=print):
+        self.cfg = cfg
+        self.c = cfg.collector
+        self.store = store
+        self.echo = echo
+        self.name = self.c.name or f"{socket.gethostname()}-{os.getpid()}"
+        self.model_location = resolve_model(cfg.model)
+        self.engine = engine or make_engine(self.c.engine, model=self.model_location, device=self.c.device)
+        self.reward_fn = get_reward(self.c.reward)
+        get_template(cfg.tasks.template)  # an unknown name stops here, before any work
+        self.params = SamplingParams(
+            temperature=self.c.sampling.temperature, top_p=self.c.sampling.top_p,
+            max_new_tokens=self.c.sampling.max_new_tokens, stop=tuple(self.c.sampling.stop),
+        )
+        self.version = 0
+        self.stopping = False
+        self.stats = Stats()
+        self._rng = np.random.default_rng([cfg.seed, os.getpid()])
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def setup(self) -> None:
+        cfg = self.cfg
+        self.run_id = self.store.create_run(cfg.run, algorithm=cfg.algorithm, config=cfg.masked())
+        tasks, skipped = build_tasks(cfg.tasks, warn=lambda msg: log.warning(msg))
+        self.store.add_tasks(self.run_id, tasks)
+        self.stats.skipped_rows = skipped
+        latest = self.store.latest_policy(self.run_id)
+        if latest is not None and latest.version > 0:
+            self._load(latest)
+        self.collector_id = work.register_collector(
+            self.store, self.run_id, self.name, engine=self.c.engine, model=model_display_name(self.model_location),
+            policy_version=self.version,
+        )
+        if skipped:
+            work.report_progress(self.store, self.collector_id, policy_version=self.version, skipped_rows=skipped)
+        self.echo(f"collector {self.name}: run {cfg.run!r} (id {self.run_id}), {len(tasks)} tasks"
+                  f"{f', {skipped} dataset rows skipped' if skipped else ''}, policy v{self.version}")
+
+    def install_signal_handlers(self) -> None:
+        def handler(signum, _frame):
+            if self.stopping:
+                raise Abandon()
+            self.stopping = True
+            self.echo(f"{signal.Signals(signum).name}: finishing the in-flight group, then stopping "
+                      "(send again to abandon it)")
+
+        signal.signal(signal.SIGINT, handler)
+        signal.signal(signal.SIGTERM, handler)
+
+    def run(self, *, max_groups: int | None = None, max_seconds: float | None = None) -> Stats:
+        """Collect until stopped, ``max_groups`` written, ``max_seconds`` passed, or the tasks run out."""
+        deadline = None if max_seconds is None else time.monotonic() + max_seconds
+        last_report = time.monotonic()
+        reported = Stats(started=0.0)
+        status = "stopped"
+        try:
+            while not self.stopping:
+                if max_groups is not None and self.stats.groups >= max_groups:
+                    break
+                if deadline is not None and time.monotonic() >= deadline:
+                    break
+                self._maybe_reload()
+                if not self._admitted():
+                    continue
+                want = self.c.tasks_per_batch
+                if max_groups is not None:
+                    want = min(want, max_groups - self.stats.groups)
+                claimed = work.claim_tasks(
+                    self.store, self.run_id, self.name, want, max_collections=self.c.max_collections or 2**31 - 1,
+                    claim_ttl_s=self.c.claim_ttl_s,
+                )
+                if not claimed:
+                    if self.c.max_collections is not None and self._all_collected():
+                        self.echo("every task has been collected max_collections times: done")
+                        break
+                    time.sleep(self.c.poll_interval_s)  # others hold the remaining claims
+                    continue
+                groups = self._collect(claimed)
+                self._write(groups)
+                if time.monotonic() - last_report >= self.c.progress_every_s:
+                    self._report(reported)
+                    last_report = time.monotonic()
+        except Abandon:
+            self.echo("abandoned the in-flight group; nothing of it was written")
+        except BaseException:
+            status = "failed"
+            raise
+        finally:
+            self._shutdown(reported, status)
+        return self.stats
+
+    def _shutdown(self, reported: Stats, status: str) -> None:
+        try:
+            work.release_claims(self.store, self.run_id, self.name)
+            self._report(reported)
+            work.mark_stopped(self.store, self.collector_id, status)
+        except _TRANSIENT as exc:  # the database is gone: claims expire by TTL anyway
+            log.warning("could not record the shutdown in the database: %s", exc)
+        self.echo(f"collector {self.name} stopped: {self.stats.line(self.version)}")
+
+    # ------------------------------------------------------------------ steps
+
+    def _maybe_reload(self) -> None:
+        latest = self._retry(lambda: self.store.latest_policy(self.run_id))
+        if latest is not None and latest.version > self.version:
+            self._load(latest)
+
+    def _load(self, policy) -> None:
+        t0 = time.monotonic()
+        self.engine.load_weights(checkpoint_path(policy.checkpoint_uri))
+        self.version = policy.version
+        self.echo(f"loaded policy v{policy.version} from {policy.checkpoint_uri} in {time.monotonic() - t0:.1f}s")
+
+    def _admitted(self) -> bool:
+        settings = self._retry(lambda: self.store.get_settings(self.run_id))
+        a = self._retry(lambda: work.admission(
+            self.store, self.run_id, self.name, policy_version=self.version, eta=self.cfg.max_staleness,
+            groups_per_step=int(settings.get("learner.groups_per_step", self.cfg.learner.groups_per_step)),
+            publish_every=int(settings.get("learner.publish_every", self.cfg.learner.publish_every)),
+            claim_ttl_s=self.c.claim_ttl_s,
+        ))
+        if a.allowed:
+            return True
+        self.echo(f"waiting for policy v{a.consume_version - self.cfg.max_staleness}: group {a.next_group} would be "
+                  f"{a.staleness} versions stale when consumed (max_staleness {self.cfg.max_staleness})")
+        self.store.wait_for_policy(self.run_id, self.version, timeout=self.c.progress_every_s,
+                                   poll_interval=self.c.poll_interval_s)
+        return False
+
+    def _all_collected(self) -> bool:
+        from sqlalchemy import text
+
+        with self.store.engine.connect() as conn:
+            left = conn.execute(text(
+                "SELECT count(*) FROM tasks WHERE run_id = :r AND split = 'train' AND NOT retired "
+                "AND times_collected < :m"), {"r": self.run_id, "m": self.c.max_collections}).scalar()
+        return left == 0
+
+    def _collect(self, claimed: list[work.ClaimedTask]) -> list[GroupIn]:
+        """Generate G samples for each claimed task and score them into groups."""
+        prompts = [prompt_messages(self.cfg.tasks.template, t.prompt) for t in claimed]
+        seed = int(self._rng.integers(2**31))
+        params = SamplingParams(**{**self.params.__dict__, "seed": seed})
+        samples = self.engine.generate(prompts, n=self.c.group_size, params=params)
+        return [self._group(task, prompt, batch) for task, prompt, batch in zip(claimed, prompts, samples)]
+
+    def _group(self, task: work.ClaimedTask, prompt: list[dict], samples: list[Sample]) -> GroupIn:
+        trajectories = []
+        for s in samples:
+            try:
+                r: RewardResult = self.reward_fn(s.text, task_of(task))
+                reward, correct, answer, error = float(r.reward), r.correct, r.extracted, None
+            except Exception as exc:  # a user's reward function must never crash the collector
+                reward, correct, answer, error = None, None, None, f"{type(exc).__name__}: {exc}"
+                self.stats.reward_errors += 1
+            n = len(s.token_ids)
+            turns = [TurnIn(m["role"], m["content"]) for m in prompt]
+            turns.append(TurnIn("assistant", s.text, 0, n))
+            trajectories.append(TrajectoryIn(
+                prompt_ids=s.prompt_ids, response_ids=s.token_ids, logprobs=s.logprobs, reward=reward,
+                correct=correct, turns=turns, finish_reason=s.finish_reason, extracted_answer=answer,
+                embedding=s.embedding, error=error,
+            ))
+        return GroupIn(
+            run_id=self.run_id, task_id=task.id, policy_version=self.version, trajectories=trajectories,
+            workflow="group", kind="fresh", collector=self.name,
+            embedding_model=model_display_name(self.model_location), embedding_layer=-1,
+        )
+
+    def _write(self, groups: list[GroupIn]) -> None:
+        for g in groups:
+            self._retry(lambda g=g: self.store.write_group(g, complete_claim=self.name))
+            self.stats.groups += 1
+            self.stats.trajectories += len(g.trajectories)
+            self.stats.tokens += sum(len(t.response_ids) for t in g.trajectories)
+            self.stats.correct += sum(bool(t.correct) for t in g.trajectories)
+
+    def _retry(self, fn):
+        """Run ``fn``, retrying with exponential backoff while the database is unreachable."""
+        def before_sleep(state):
+            self.echo(f"database unreachable ({state.outcome.exception()}); retrying in "
+                      f"{state.next_action.sleep:.1f}s")
+
+        for attempt in Retrying(
+            retry=retry_if_exception_type(_TRANSIENT), stop=stop_after_delay(self.c.db_retry_s),
+            wait=wait_exponential(multiplier=0.5, max=10), before_sleep=before_sleep, reraise=True,
+        ):
+            with attempt:
+                return fn()
+
+    def _report(self, reported: Stats) -> None:
+        s = self.stats
+        self._retry(lambda: work.report_progress(
+            self.store, self.collector_id, policy_version=self.version, groups=s.groups - reported.groups,
+            trajectories=s.trajectories - reported.trajectories, tokens=s.tokens - reported.tokens,
+            reward_errors=s.reward_errors - reported.reward_errors,
+        ))
+        reported.groups, reported.trajectories, reported.tokens, reported.reward_errors = (
+            s.groups, s.trajectories, s.tokens, s.reward_errors)
+        self.echo(s.line(self.version))

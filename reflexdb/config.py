@@ -1,0 +1,158 @@
+"""The run configuration: one YAML file read by ``reflexdb collect`` (and the learner).
+
+Validated with pydantic before anything starts: an unknown key, a wrong type or an
+out-of-range value stops with a message naming the key and what is allowed. Every field has a
+description, which ``docs/configuration.md`` shows. The whole config is stored with the run.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from .errors import ReflexdbError
+
+
+class ConfigError(ReflexdbError):
+    """The configuration file is missing, unreadable or invalid."""
+
+    exit_code = 2
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SamplingConfig(_Section):
+    temperature: float = Field(1.0, ge=0.0, le=10.0, description="Softmax temperature (0 = greedy).")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling mass; 1 disables truncation.")
+    max_new_tokens: int = Field(256, ge=1, le=65536, description="Longest response; longer ones are truncated (finish_reason 'length').")
+    stop: list[str] = Field(default_factory=list, description="Strings that end a response.")
+
+
+class TasksConfig(_Section):
+    source: Literal["arithmetic", "file"] = Field("arithmetic", description="Built-in arithmetic generator, or a JSONL/Parquet file.")
+    path: Path | None = Field(None, description="Dataset file (source: file).")
+    question_field: str = Field("question", description="Field holding the question (source: file).")
+    answer_field: str = Field("answer", description="Field holding the answer; GSM8K's '#### 42' suffix is understood (source: file).")
+    dataset: str | None = Field(None, description="Name stored with the tasks (default: 'arithmetic' or the file's stem).")
+    level: int = Field(1, ge=1, le=6, description="Arithmetic difficulty: 1 = single-digit addition (100 problems in all), up to 6.")
+    train_size: int = Field(80, ge=1, le=10_000_000, description="Arithmetic tasks in the train split (or at most this many rows of the file).")
+    eval_size: int = Field(8, ge=0, le=1_000_000, description="Held-out tasks in the eval split (disjoint from train).")
+    seed: int = Field(0, description="Seed of the task generator / of the file's train/eval split.")
+    template: str = Field("plain", description="Prompt template name: plain, boxed, answer_tag (see docs/collector-engines.md).")
+
+    @field_validator("path")
+    @classmethod
+    def _exists(cls, v: Path | None) -> Path | None:
+        if v is not None and not Path(v).expanduser().exists():
+            raise ValueError(f"dataset file {v} does not exist")
+        return v
+
+
+class CollectorConfig(_Section):
+    name: str | None = Field(None, description="Collector name, unique per run (default: host-pid).")
+    engine: Literal["hf", "sglang"] = Field("hf", description="Generation backend.")
+    device: str = Field("cpu", description="Device for the hf engine: cpu, cuda, cuda:1, ...")
+    group_size: int = Field(8, ge=1, le=1024, description="G: samples per task (one group).")
+    tasks_per_batch: int = Field(1, ge=1, le=256, description="Tasks generated together in one engine call (each still written as its own group).")
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig)
+    reward: str = Field("math", description="Reward function registry name.")
+    claim_ttl_s: float = Field(600.0, gt=0, description="A task claim older than this is taken as abandoned by a dead collector.")
+    max_collections: int | None = Field(None, ge=1, description="Collect each task at most this many times (epochs); None = forever.")
+    progress_every_s: float = Field(10.0, gt=0, description="Seconds between progress lines and heartbeats.")
+    db_retry_s: float = Field(120.0, ge=0, description="How long a write is retried (with backoff) while the database is unreachable.")
+    poll_interval_s: float = Field(2.0, gt=0, description="Polling period of waits (NOTIFY wakes them earlier).")
+
+
+class LearnerConfig(_Section):
+    groups_per_step: int = Field(16, ge=1, le=100_000, description="Groups consumed by one learner step (the collectors' admission control reads it).")
+    publish_every: int = Field(1, ge=1, description="Publish weights every k learner steps.")
+
+
+class Config(_Section):
+    run: str = Field(..., min_length=1, max_length=200, description="Run name; created on first use.")
+    algorithm: str = Field("grpo", description="Training algorithm (the learner's).")
+    model: str = Field("smollm2", description="'smollm2' (the wheel's SmolLM2-135M-Instruct), 'tiny' (random test model) or a local HF model directory.")
+    database_url: str | None = Field(None, description="PostgreSQL URL; default REFLEXDB_DATABASE_URL or the embedded server.")
+    max_staleness: int = Field(1, ge=0, le=1000, description="η: policy versions a group may lag behind the learner when consumed.")
+    seed: int = Field(0, description="Seed of sampling (each group derives its own).")
+    tasks: TasksConfig = Field(default_factory=TasksConfig)
+    collector: CollectorConfig = Field(default_factory=CollectorConfig)
+    learner: LearnerConfig = Field(default_factory=LearnerConfig)
+
+    def masked(self) -> dict[str, Any]:
+        """The config as plain data with secrets (database password) masked, for logging."""
+        from .settings import mask_url
+
+        data = self.model_dump(mode="json")
+        if data.get("database_url"):
+            data["database_url"] = mask_url(data["database_url"])
+        return data
+
+
+_OPS = {"Ge": ">=", "Gt": ">", "Le": "<=", "Lt": "<"}
+
+
+def _allowed_range(loc: tuple) -> str | None:
+    """The numeric bounds declared on the field at ``loc`` (e.g. ``>= 1, <= 1024``)."""
+    model: Any = Config
+    info = None
+    for part in loc:
+        fields = getattr(model, "model_fields", None)
+        if not fields or part not in fields:
+            return None
+        info = fields[part]
+        model = info.annotation
+    if info is None:
+        return None
+    bounds = []
+    for m in info.metadata:
+        for attr, op in _OPS.items():
+            if type(m).__name__ == attr:
+                bounds.append(f"{op} {getattr(m, attr.lower())}")
+    return ", ".join(bounds) or None
+
+
+def _describe(err: dict) -> str:
+    key = ".".join(str(p) for p in err["loc"]) or "(top level)"
+    kind = err["type"]
+    if kind == "extra_forbidden":
+        return f"{key}: unknown key"
+    if kind == "missing":
+        return f"{key}: required"
+    allowed = _allowed_range(tuple(err["loc"]))
+    suffix = f"; allowed: {allowed}" if allowed else ""
+    return f"{key}: {err['msg']} (got {err.get('input')!r}{suffix})"
+
+
+def parse_config(data: dict[str, Any], source: str = "config") -> Config:
+    """Validate a config mapping; raise :class:`ConfigError` listing every problem by key."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: expected a mapping of keys to values at the top level")
+    try:
+        return Config.model_validate(data)
+    except ValidationError as exc:
+        problems = "\n  ".join(_describe(e) for e in exc.errors())
+        raise ConfigError(f"invalid {source}:\n  {problems}") from None
+
+
+def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Config:
+    """Read and validate a YAML config file; ``overrides`` are merged over it (dotted keys)."""
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise ConfigError(f"config file {p} does not exist")
+    try:
+        data = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {p} is not valid YAML: {exc}") from None
+    for dotted, value in (overrides or {}).items():
+        node = data
+        *parents, leaf = dotted.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return parse_config(data, str(p))
