@@ -1,0 +1,199 @@
+"""The engine interface every generation backend implements.
+
+An engine samples responses with the numbers the experience store keeps for each of them:
+token ids, behaviour log-probs, finish reason and a hidden-state embedding; it re-scores given
+token sequences without sampling; and it reloads weights from a published checkpoint in place.
+See ``docs/collector-engines.md`` for the exact semantics, summarised here:
+
+- ``Sample.logprobs[t]`` is ``log q(o_t | prompt, o_<t)`` where ``q`` is the distribution the
+  token was drawn from: ``softmax(logits / temperature)`` restricted to the top-p nucleus and
+  renormalised. With ``temperature == 0`` (greedy) it is the untempered model log-prob.
+- ``ScoreResult.logprobs[t]`` is ``log_softmax(logits / temperature)[o_t]`` with no truncation;
+  the default ``temperature=1`` gives the plain model log-probs. At temperature 1 and top-p 1
+  both agree up to floating-point noise.
+- ``embedding`` is the mean over ``t = 1..T`` of the last decoder layer's output **after the
+  final norm** (the vector the LM head reads) at the position that predicts response token
+  ``o_t``: the last prompt token and the response tokens except the last. These are the same
+  ``T`` positions whose logits give ``logprobs``.
+
+Shapes: ``P`` prompt tokens, ``T`` response tokens, ``D`` hidden size.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, Protocol, Union, runtime_checkable
+
+import numpy as np
+
+FinishReason = Literal["stop", "length"]
+
+#: A prompt: token ids (used as they are), chat messages (``[{"role": ..., "content": ...}]``,
+#: rendered with the tokenizer's chat template and a generation prompt), or plain text
+#: (tokenized without a template).
+Prompt = Union[Sequence[int], Sequence[Mapping[str, str]], str]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample. Every field maps one-to-one onto SGLang's sampling parameters.
+
+    Args:
+        temperature: softmax temperature; ``0`` means greedy decoding.
+        top_p: nucleus sampling mass in ``(0, 1]``; ``1`` disables truncation.
+        max_new_tokens: stop with finish reason ``length`` after this many tokens.
+        stop: strings that end generation (finish reason ``stop``) once the decoded response
+            contains one of them; the token that completes the string is kept, nothing after it.
+        stop_token_ids: extra token ids that end generation like EOS does (kept in the output).
+        seed: seed of the sampler's random generator for this call; ``None`` draws fresh
+            randomness. (HF: reproducible on the same device and batch composition. SGLang: passed
+            as ``sampling_seed``, honoured only with deterministic inference enabled.)
+    """
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_new_tokens: int = 256
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        # Accept lists (e.g. from YAML) but store tuples so the object stays hashable.
+        if isinstance(self.stop, str):
+            raise TypeError("stop must be a sequence of strings, not one string")
+        object.__setattr__(self, "stop", tuple(self.stop))
+        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+        if any(not s for s in self.stop):
+            raise ValueError("stop strings must not be empty")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+@dataclass(frozen=True, eq=False)
+class Sample:
+    """One sampled response.
+
+    Attributes:
+        prompt_ids: `[P]` int32 prompt token ids (shared by the ``n`` samples of a prompt).
+        token_ids: `[T]` int32 response token ids, including the EOS / stop token that ended it;
+            never anything after it.
+        logprobs: `[T]` float32 behaviour log-prob of each token under the distribution it was
+            sampled from (temperature and top-p applied; see the module docstring).
+        finish_reason: ``stop`` (EOS, a stop token or a stop string) or ``length``
+            (``max_new_tokens`` or the model's context length reached).
+        text: the response decoded with special tokens skipped (a matched stop string is kept).
+        embedding: `[D]` float32 mean-pooled last-layer hidden state over the response
+            (NexGRPO's φ(o)).
+        stop: the stop string that ended the response, or ``None``.
+    """
+
+    prompt_ids: np.ndarray
+    token_ids: np.ndarray
+    logprobs: np.ndarray
+    finish_reason: FinishReason
+    text: str
+    embedding: np.ndarray
+    stop: str | None = None
+
+    @property
+    def truncated(self) -> bool:
+        return self.finish_reason == "length"
+
+    @property
+    def confidence(self) -> float:
+        """``exp(mean_t logprobs)``: NexGRPO's ℓ(o)."""
+        return float(np.exp(self.logprobs.mean())) if len(self.logprobs) else float("nan")
+
+
+@dataclass(frozen=True, eq=False)
+class ScoreResult:
+    """Log-probs and embedding of a given response under the current weights.
+
+    Attributes:
+        logprobs: `[T]` float32 ``log_softmax(logits / temperature)`` of each response token.
+        embedding: `[D]` float32, defined exactly as :attr:`Sample.embedding`.
+    """
+
+    logprobs: np.ndarray
+    embedding: np.ndarray
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """What the collector needs from a generation backend."""
+
+    #: registry name of the backend (``hf``, ``sglang``).
+    kind: str
+
+    @property
+    def model_name(self) -> str:
+        """Name of the loaded model, stored as the embeddings' ``model``."""
+        ...
+
+    @property
+    def hidden_size(self) -> int:
+        """``D``, the length of every embedding."""
+        ...
+
+    @property
+    def tokenizer(self) -> Any:
+        """The Hugging Face tokenizer matching the model."""
+        ...
+
+    def generate(
+        self, prompts: Sequence[Prompt], n: int = 1, params: SamplingParams = SamplingParams()
+    ) -> list[list[Sample]]:
+        """Sample ``n`` responses for each prompt; ``result[i][j]`` is sample ``j`` of prompt ``i``."""
+        ...
+
+    def score(
+        self,
+        prompt_ids: Sequence[Sequence[int]],
+        response_ids: Sequence[Sequence[int]],
+        *,
+        temperature: float = 1.0,
+    ) -> list[ScoreResult]:
+        """Log-probs and embedding of ``response_ids[i]`` after ``prompt_ids[i]``, no sampling."""
+        ...
+
+    def load_weights(self, path: str | Path) -> None:
+        """Replace the model's weights in place with those of a published checkpoint directory."""
+        ...
+
+    def close(self) -> None:
+        """Release the model (and, for SGLang, its server processes)."""
+        ...
+
+
+def encode_prompt(tokenizer: Any, prompt: Prompt) -> list[int]:
+    """Token ids of a prompt (see :data:`Prompt`)."""
+    if isinstance(prompt, str):
+        return list(tokenizer.encode(prompt, add_special_tokens=False))
+    items = list(prompt)
+    if not items:
+        raise ValueError("empty prompt")
+    if all(isinstance(x, Mapping) for x in items):
+        from ..tasks.templates import apply_chat_template
+
+        return apply_chat_template(tokenizer, items)
+    if all(isinstance(x, (int, np.integer)) for x in items):
+        return [int(x) for x in items]
+    raise TypeError("a prompt is token ids, chat messages or a string")
+
+
+def checkpoint_path(path: str | Path) -> Path:
+    """A local checkpoint path from a path or a ``file://`` URI (policy_versions.checkpoint_uri)."""
+    s = str(path)
+    if s.startswith("file://"):
+        s = s[len("file://"):]
+    return Path(s).expanduser()

@@ -1,0 +1,399 @@
+"""The ``hf`` engine: Hugging Face transformers on CPU or one GPU, batched.
+
+Generation is a plain KV-cache loop rather than ``model.generate``, so that the numbers stored
+with every trajectory are computed here, in one place, and mean what ``docs/collector-engines.md``
+says: the log-prob of each sampled token under the exact distribution it was drawn from, and the
+final-norm hidden state at the position that produced it. Prompts are left-padded; the ``n``
+samples of a prompt share one prefill (the KV cache is repeated); rows leave the batch as soon as
+they finish, so a long straggler does not make the finished rows cost compute.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..errors import CheckpointMismatch, ModelUnavailable
+from ..models import model_display_name, resolve_model
+from .base import Prompt, Sample, SamplingParams, ScoreResult, checkpoint_path, encode_prompt
+
+log = logging.getLogger(__name__)
+
+
+def _resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype == "auto":
+        if device.type == "cuda" and torch.cuda.is_bf16_supported():
+            return torch.bfloat16
+        return torch.float32
+    return getattr(torch, dtype)
+
+
+def sample_tokens(
+    logits: torch.Tensor,
+    params: SamplingParams,
+    generator: torch.Generator | None = None,
+    uniforms: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Draw one token per row and return it with its log-prob under the sampling distribution.
+
+    Args:
+        logits: `[B, V]` float32 next-token logits.
+        generator: source of randomness when ``uniforms`` is not given.
+        uniforms: `[B]` float64 uniform draws in [0, 1), one per row (inverse-CDF sampling).
+    Returns:
+        tokens `[B]` int64 and logprobs `[B]` float32: ``log q(token)`` with
+        ``q = renormalise(top_p(softmax(logits / temperature)))``; greedy rows (temperature 0)
+        get the untempered ``log_softmax(logits)``.
+    """
+    if params.greedy:
+        logp = torch.log_softmax(logits, dim=-1)  # [B, V]
+        tokens = logits.argmax(dim=-1)
+        return tokens, logp.gather(-1, tokens[:, None]).squeeze(1)
+    logp = torch.log_softmax(logits / params.temperature, dim=-1)  # [B, V]
+    if params.top_p < 1.0:
+        sorted_lp, order = logp.sort(dim=-1, descending=True)
+        probs = sorted_lp.exp()
+        # Drop a token once the mass strictly before it exceeds top_p (SGLang's rule); the most
+        # likely token always stays.
+        drop = (probs.cumsum(dim=-1) - probs) > params.top_p
+        sorted_lp = sorted_lp.masked_fill(drop, float("-inf"))
+        logp = torch.full_like(logp, float("-inf")).scatter(-1, order, sorted_lp)
+        logp = logp - torch.logsumexp(logp, dim=-1, keepdim=True)  # renormalise the nucleus
+    # Inverse-CDF draw (much faster than torch.multinomial on CPU): the first index with
+    # cdf > u, for u uniform in [0, cdf[-1]), always has non-zero probability.
+    cdf = logp.exp().double().cumsum(dim=-1)  # [B, V]
+    if uniforms is None:
+        uniforms = torch.rand(cdf.shape[0], generator=generator, device=cdf.device, dtype=torch.float64)
+    tokens = torch.searchsorted(cdf, uniforms[:, None] * cdf[:, -1:], right=True).squeeze(1)
+    return tokens, logp.gather(-1, tokens[:, None]).squeeze(1)
+
+
+class HFEngine:
+    """Transformers engine; see :class:`~reflexdb.collector.engines.base.Engine`.
+
+    Args:
+        model: a model directory, ``"smollm2"`` (default, converted once from the GGUF wheel) or
+            ``"tiny"`` (random 2-layer model for tests); see :func:`~reflexdb.collector.models.resolve_model`.
+        device: ``cpu``, ``cuda``, ``cuda:1``...; default CUDA when available.
+        dtype: ``auto`` (float32 on CPU, bfloat16 on GPUs that support it) or a torch dtype
+            name. Log-probs are always computed in float32 from the logits.
+        max_batch_size: most sequences decoded together (prompts × n).
+        score_token_budget: most (rows × padded length) tokens in one scoring forward pass;
+            bounds the memory of the logits and hidden states it materialises.
+        cache_dir: model cache for the built-in models (default :func:`~reflexdb.collector.models.model_cache_dir`).
+    """
+
+    kind = "hf"
+
+    def __init__(
+        self,
+        model: str | Path | None = None,
+        *,
+        device: str | None = None,
+        dtype: str | torch.dtype = "auto",
+        max_batch_size: int = 32,
+        score_token_budget: int = 2048,
+        cache_dir: Path | None = None,
+    ):
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        location = resolve_model(model, cache_dir)
+        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.dtype = _resolve_dtype(dtype, self.device)
+        self.max_batch_size = max_batch_size
+        self.score_token_budget = score_token_budget
+        try:
+            self._model = AutoModelForCausalLM.from_pretrained(location, dtype=self.dtype)
+            self._tokenizer = AutoTokenizer.from_pretrained(location)
+        except OSError as exc:
+            raise ModelUnavailable(f"cannot load model {location}: {exc}") from exc
+        self._model.to(self.device).eval()
+        self._model_name = model_display_name(location)
+        #: the checkpoint the current weights came from.
+        self.checkpoint = str(location)
+
+        config = self._model.config
+        eos = getattr(self._model.generation_config, "eos_token_id", None)
+        eos_ids = set(eos if isinstance(eos, (list, tuple)) else [eos])
+        eos_ids.add(self._tokenizer.eos_token_id)
+        self._eos_ids = sorted(int(t) for t in eos_ids if t is not None)
+        pad = self._tokenizer.pad_token_id
+        self._pad_id = int(pad if pad is not None else self._eos_ids[0] if self._eos_ids else 0)
+        self._max_positions = int(getattr(config, "max_position_embeddings", 1 << 30))
+
+    # -- properties --------------------------------------------------------------------------
+
+    @property
+    def model_name(self) -> str:
+        return self._model_name
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self._model.config.hidden_size)
+
+    @property
+    def tokenizer(self) -> Any:
+        return self._tokenizer
+
+    @property
+    def model(self) -> torch.nn.Module:
+        """The underlying transformers model (for tests and tools; do not keep references)."""
+        return self._model
+
+    # -- generation --------------------------------------------------------------------------
+
+    def generate(
+        self, prompts: Sequence[Prompt], n: int = 1, params: SamplingParams = SamplingParams()
+    ) -> list[list[Sample]]:
+        if n < 1:
+            raise ValueError(f"n must be >= 1, got {n}")
+        ids = [encode_prompt(self._tokenizer, p) for p in prompts]
+        generator = torch.Generator(device=self.device)
+        if params.seed is None:
+            generator.seed()
+        else:
+            generator.manual_seed(params.seed)
+        per_chunk = max(1, self.max_batch_size // n)
+        out: list[list[Sample]] = []
+        for start in range(0, len(ids), per_chunk):
+            out.extend(self._generate_chunk(ids[start : start + per_chunk], n, params, generator))
+        return out
+
+    def _forward(self, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor, Any]:
+        """One forward pass; returns the last position's float32 logits `[B, V]`, its final-norm
+        hidden state `[B, D]` and the KV cache."""
+        out = self._model(**kwargs, use_cache=True, output_hidden_states=True, logits_to_keep=1)
+        return out.logits[:, -1].float(), out.hidden_states[-1][:, -1].float(), out.past_key_values
+
+    @torch.inference_mode()
+    def _generate_chunk(
+        self, prompts: list[list[int]], n: int, params: SamplingParams, generator: torch.Generator
+    ) -> list[list[Sample]]:
+        dev = self.device
+        lengths = [len(p) for p in prompts]
+        if min(lengths) == 0:
+            raise ValueError("empty prompt")
+        P = max(lengths)
+        max_new = min(params.max_new_tokens, self._max_positions - P)
+        if max_new < 1:
+            raise ValueError(f"prompt of {P} tokens leaves no room in the context of {self._max_positions}")
+
+        # Left-pad so that every row's last prompt token sits in the last column.
+        input_ids = torch.full((len(prompts), P), self._pad_id, dtype=torch.long)
+        mask = torch.zeros((len(prompts), P), dtype=torch.long)
+        for i, p in enumerate(prompts):
+            input_ids[i, P - len(p) :] = torch.tensor(p, dtype=torch.long)
+            mask[i, P - len(p) :] = 1
+        input_ids, mask = input_ids.to(dev), mask.to(dev)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)  # [B0, P]
+        logits, hidden, cache = self._forward(input_ids=input_ids, attention_mask=mask, position_ids=positions)
+        next_pos = positions[:, -1] + 1  # [B0]
+        if n > 1:  # one prefill per prompt, then n copies of its cache
+            cache.batch_repeat_interleave(n)
+            logits, hidden = logits.repeat_interleave(n, 0), hidden.repeat_interleave(n, 0)
+            mask, next_pos = mask.repeat_interleave(n, 0), next_pos.repeat_interleave(n, 0)
+
+        B = len(prompts) * n
+        tokens = torch.zeros((B, max_new), dtype=torch.long, device=dev)  # [B, T_max]
+        logprobs = torch.zeros((B, max_new), dtype=torch.float32, device=dev)
+        emb_sum = torch.zeros((B, hidden.shape[-1]), dtype=torch.float32, device=dev)  # [B, D]
+        n_tokens = torch.zeros(B, dtype=torch.long, device=dev)
+        reason = ["length"] * B
+        matched: list[str | None] = [None] * B
+        stop_ids = torch.tensor(sorted(set(self._eos_ids) | set(params.stop_token_ids)), dtype=torch.long, device=dev)
+        # Tokens to re-decode when looking for a stop string: enough for the longest one even
+        # when every character is split over several byte-level tokens.
+        window = 4 * max((len(s) for s in params.stop), default=0) + 4
+        rows = torch.arange(B, device=dev)  # original index of each row still decoding
+
+        for step in range(max_new):
+            # One uniform per original row and step, so a row's draws do not depend on which
+            # other rows are still decoding.
+            uniforms = torch.rand(B, generator=generator, device=dev, dtype=torch.float64)[rows]
+            tok, lp = sample_tokens(logits, params, uniforms=uniforms)  # [b], [b]
+            tokens[rows, step] = tok
+            logprobs[rows, step] = lp
+            emb_sum[rows] += hidden  # the state that produced `tok`
+            n_tokens[rows] += 1
+            done = torch.isin(tok, stop_ids)  # [b]
+            if params.stop:
+                done = done.cpu()
+                for j, r in enumerate(rows.tolist()):
+                    if done[j]:
+                        continue
+                    tail = self._tokenizer.decode(tokens[r, max(0, step + 1 - window) : step + 1].tolist())
+                    hit = next((s for s in params.stop if s in tail), None)
+                    if hit is not None:
+                        done[j], matched[r] = True, hit
+                done = done.to(dev)
+            for r in rows[done].tolist():
+                reason[r] = "stop"
+            keep = ~done
+            if not bool(keep.any()) or step == max_new - 1:
+                break
+            if bool(done.any()):  # drop finished rows from the batch
+                idx = keep.nonzero().squeeze(1)
+                cache.batch_select_indices(idx)
+                rows, mask, next_pos, tok = rows[idx], mask[idx], next_pos[idx], tok[idx]
+            mask = torch.cat([mask, torch.ones((len(rows), 1), dtype=mask.dtype, device=dev)], dim=1)
+            logits, hidden, cache = self._forward(
+                input_ids=tok[:, None], attention_mask=mask, position_ids=next_pos[:, None], past_key_values=cache
+            )
+            next_pos = next_pos + 1
+
+        tokens_np, logprobs_np = tokens.cpu().numpy(), logprobs.cpu().numpy()
+        emb_np = (emb_sum / n_tokens.clamp(min=1)[:, None].float()).cpu().numpy()
+        lengths_np = n_tokens.cpu().numpy()
+        out: list[list[Sample]] = []
+        for i, p in enumerate(prompts):
+            prompt_arr = np.asarray(p, dtype=np.int32)
+            group = []
+            for r in range(i * n, (i + 1) * n):
+                t = int(lengths_np[r])
+                ids = tokens_np[r, :t].astype(np.int32)
+                group.append(
+                    Sample(
+                        prompt_ids=prompt_arr,
+                        token_ids=ids,
+                        logprobs=logprobs_np[r, :t].astype(np.float32),
+                        finish_reason=reason[r],  # type: ignore[arg-type]
+                        text=self._tokenizer.decode(ids.tolist(), skip_special_tokens=True),
+                        embedding=emb_np[r].astype(np.float32),
+                        stop=matched[r],
+                    )
+                )
+            out.append(group)
+        return out
+
+    # -- scoring -----------------------------------------------------------------------------
+
+    def score(
+        self,
+        prompt_ids: Sequence[Sequence[int]],
+        response_ids: Sequence[Sequence[int]],
+        *,
+        temperature: float = 1.0,
+    ) -> list[ScoreResult]:
+        """Teacher-forced log-probs and embeddings; see :class:`~reflexdb.collector.engines.base.Engine`.
+
+        ``temperature`` divides the logits before the softmax (1 = the model's own distribution);
+        no top-p truncation is applied.
+        """
+        if len(prompt_ids) != len(response_ids):
+            raise ValueError("prompt_ids and response_ids must have the same length")
+        if temperature <= 0:
+            raise ValueError("score temperature must be > 0")
+        pairs = [([int(t) for t in p], [int(t) for t in r]) for p, r in zip(prompt_ids, response_ids)]
+        for p, r in pairs:
+            if not p or not r:
+                raise ValueError("score needs a non-empty prompt and response")
+            if len(p) + len(r) > self._max_positions:
+                raise ValueError(f"sequence of {len(p) + len(r)} tokens exceeds the context of {self._max_positions}")
+        # Similar lengths together: less padding. Results go back in input order.
+        order = sorted(range(len(pairs)), key=lambda i: len(pairs[i][0]) + len(pairs[i][1]))
+        results: list[ScoreResult | None] = [None] * len(pairs)
+        chunk: list[int] = []
+        for i in order:
+            cand = chunk + [i]
+            P = max(len(pairs[j][0]) for j in cand)
+            T = max(len(pairs[j][1]) for j in cand)
+            if chunk and (len(cand) > self.max_batch_size or len(cand) * (P + T) > self.score_token_budget):
+                self._score_chunk([pairs[j] for j in chunk], chunk, temperature, results)
+                chunk = [i]
+            else:
+                chunk = cand
+        if chunk:
+            self._score_chunk([pairs[j] for j in chunk], chunk, temperature, results)
+        return results  # type: ignore[return-value]
+
+    @torch.inference_mode()
+    def _score_chunk(
+        self,
+        pairs: list[tuple[list[int], list[int]]],
+        index: list[int],
+        temperature: float,
+        results: list[ScoreResult | None],
+    ) -> None:
+        # Prompts left-padded to P, responses right-padded to T: response token t of every row
+        # sits in column P + t and is predicted from column P + t - 1.
+        P = max(len(p) for p, _ in pairs)
+        T = max(len(r) for _, r in pairs)
+        b = len(pairs)
+        input_ids = torch.full((b, P + T), self._pad_id, dtype=torch.long)
+        mask = torch.zeros((b, P + T), dtype=torch.long)
+        for i, (p, r) in enumerate(pairs):
+            input_ids[i, P - len(p) : P + len(r)] = torch.tensor(p + r, dtype=torch.long)
+            mask[i, P - len(p) : P + len(r)] = 1
+        input_ids, mask = input_ids.to(self.device), mask.to(self.device)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        out = self._model(
+            input_ids=input_ids,
+            attention_mask=mask,
+            position_ids=positions,
+            use_cache=False,
+            output_hidden_states=True,
+            logits_to_keep=T + 1,  # columns P-1 .. P+T-1; the last one predicts nothing we need
+        )
+        logits = out.logits[:, :T].float()  # [b, T, V], column P-1+t predicts token t
+        logp = torch.log_softmax(logits / temperature, dim=-1)
+        targets = input_ids[:, P : P + T]  # [b, T]
+        token_lp = logp.gather(-1, targets[..., None]).squeeze(-1).cpu().numpy()  # [b, T]
+        hidden = out.hidden_states[-1][:, P - 1 : P - 1 + T].float().cpu().numpy()  # [b, T, D]
+        for i, (_, r) in enumerate(pairs):
+            t = len(r)
+            results[index[i]] = ScoreResult(
+                logprobs=token_lp[i, :t].astype(np.float32),
+                embedding=hidden[i, :t].mean(axis=0).astype(np.float32),
+            )
+
+    # -- weights -----------------------------------------------------------------------------
+
+    def load_weights(self, path: str | Path) -> None:
+        """Copy the weights of a safetensors checkpoint (a directory written by
+        ``save_pretrained``, sharded or not, or one ``.safetensors`` file) into the model in place.
+
+        Every parameter must be present with the same shape (tied weights count once); otherwise
+        :class:`~reflexdb.collector.errors.CheckpointMismatch` is raised and the model is unchanged.
+        """
+        from safetensors import safe_open
+
+        path = checkpoint_path(path)
+        files = [path] if path.is_file() else sorted(path.glob("*.safetensors"))
+        if not files:
+            raise ModelUnavailable(f"no .safetensors files in checkpoint {path}")
+        params = dict(self._model.named_parameters(remove_duplicate=False))
+        shapes: dict[str, tuple[Path, tuple[int, ...]]] = {}
+        for f in files:
+            with safe_open(str(f), framework="pt", device="cpu") as fh:
+                for key in fh.keys():
+                    shapes[key] = (f, tuple(fh.get_slice(key).get_shape()))
+        unexpected = sorted(k for k in shapes if k not in params)
+        covered = {id(params[k]) for k in shapes if k in params}
+        missing = sorted(k for k, v in self._model.named_parameters() if id(v) not in covered)
+        wrong = sorted(k for k, (_, s) in shapes.items() if k in params and tuple(params[k].shape) != s)
+        if unexpected or missing or wrong:
+            raise CheckpointMismatch(
+                f"checkpoint {path} does not fit the model: missing {missing[:5]}, "
+                f"unexpected {unexpected[:5]}, wrong shape {wrong[:5]}"
+            )
+        with torch.no_grad():
+            for f in files:
+                with safe_open(str(f), framework="pt", device="cpu") as fh:
+                    for key in fh.keys():
+                        params[key].copy_(fh.get_tensor(key))
+        self.checkpoint = str(path)
+        log.info("loaded weights from %s", path)
+
+    def close(self) -> None:
+        self._model = None  # type: ignore[assignment]
+        gc.collect()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
