@@ -23,6 +23,7 @@ from psycopg.pq import Format
 
 _HEADER = struct.Struct(">iiI")
 _DIM = struct.Struct(">ii")
+_HEADER_1D = struct.Struct(">iiIii")  # _HEADER + _DIM: a 1-D array's whole header in one unpack
 
 # name -> (array oid, element oid, big-endian element dtype, numpy dtype of the result)
 _TYPES = {
@@ -32,35 +33,48 @@ _TYPES = {
     "float8": (1022, 701, np.dtype(">f8"), np.dtype(np.float64)),
     "bool": (1000, 16, np.dtype("u1"), np.dtype(np.bool_)),
 }
+# name -> (element oid, element size, (length, value) record dtype, result dtype), built once:
+# making a structured dtype costs about as much as decoding a 300-element array.
+_CODEC = {
+    name: (elem_oid, be.itemsize, np.dtype([("len", ">i4"), ("v", be)]), native)
+    for name, (_, elem_oid, be, native) in _TYPES.items()
+}
 
 
 def encode_array(values: np.ndarray, elem: str) -> bytes:
     """Encode a 1-D array as the binary wire format of a PostgreSQL ``elem[]`` array."""
-    _, elem_oid, be, _ = _TYPES[elem]
+    elem_oid, size, rec_dtype, _ = _CODEC[elem]
     a = np.asarray(values)
     if a.ndim != 1:
         raise ValueError(f"only 1-D arrays are stored, got shape {a.shape}")
     n = a.shape[0]
     if n == 0:
         return _HEADER.pack(0, 0, elem_oid)
-    rec = np.empty(n, dtype=[("len", ">i4"), ("v", be)])
-    rec["len"] = be.itemsize
+    rec = np.empty(n, dtype=rec_dtype)
+    rec["len"] = size
     rec["v"] = a
-    return _HEADER.pack(1, 0, elem_oid) + _DIM.pack(n, 1) + rec.tobytes()
+    return _HEADER_1D.pack(1, 0, elem_oid, n, 1) + rec.tobytes()
 
 
 def decode_array(data: bytes | memoryview, elem: str) -> np.ndarray:
     """Decode a binary PostgreSQL ``elem[]`` value into a 1-D numpy array (a copy)."""
-    _, _, be, native = _TYPES[elem]
-    ndim, has_nulls, _ = _HEADER.unpack_from(data, 0)
+    _, _, rec_dtype, native = _CODEC[elem]
+    if len(data) < _HEADER_1D.size:
+        ndim, has_nulls, _ = _HEADER.unpack_from(data, 0)
+        if ndim == 0:
+            return np.empty(0, dtype=native)
+        n = None  # truncated: let the checks below (or unpacking) fail as before
+    else:
+        ndim, has_nulls, _, n, _ = _HEADER_1D.unpack_from(data, 0)
     if ndim == 0:
         return np.empty(0, dtype=native)
     if ndim != 1:
         raise ValueError(f"expected a 1-D array, got {ndim} dimensions")
     if has_nulls:
         raise ValueError("array contains NULL elements; reflexdb arrays never do")
-    n, _ = _DIM.unpack_from(data, _HEADER.size)
-    rec = np.frombuffer(data, dtype=[("len", ">i4"), ("v", be)], count=n, offset=_HEADER.size + _DIM.size)
+    if n is None:
+        n, _ = _DIM.unpack_from(data, _HEADER.size)
+    rec = np.frombuffer(data, dtype=rec_dtype, count=n, offset=_HEADER_1D.size)
     return rec["v"].astype(native)
 
 
