@@ -215,10 +215,18 @@ class Store:
         prepared = [prepare_group(g) for g in groups]
         try:
             with self._raw() as conn:
-                if not self.synchronous_commit:
-                    conn.execute("SET LOCAL synchronous_commit = off")
                 cur = conn.cursor()
-                written = [self._write_prepared(cur, p) for p in prepared]
+                # BEGIN, SET LOCAL and the first group's INSERT travel in one round trip (errors
+                # surface when the pipeline syncs, in statement order, as without it).
+                with conn.pipeline():
+                    if not self.synchronous_commit:
+                        conn.execute("SET LOCAL synchronous_commit = off")
+                    if prepared:
+                        self._insert_group(cur, prepared[0])
+                written = []
+                for k, p in enumerate(prepared):
+                    rows = (cur if k == 0 else self._insert_group(cur, p)).fetchall()
+                    written.append(self._copy_group(cur, p, rows))
                 if complete_claim is not None:
                     cur.execute(Q["complete_claims"], {"ids": [g.task_id for g in groups], "collector": complete_claim})
                 return written
@@ -246,14 +254,22 @@ class Store:
             )
 
     def _write_prepared(self, cur: psycopg.Cursor, p: PreparedGroup) -> WrittenGroup:
+        return self._copy_group(cur, p, self._insert_group(cur, p).fetchall())
+
+    def _insert_group(self, cur: psycopg.Cursor, p: PreparedGroup) -> psycopg.Cursor:
+        """Check the embedding dimension and execute ``insert_group`` (rows: group id, trajectory ids)."""
         g = p.src
         self._check_embedding_dim(cur, p)
-        rows = cur.execute(
+        return cur.execute(
             Q["insert_group"],
             {"run_id": g.run_id, "task_id": g.task_id, "workflow": g.workflow, "kind": g.kind,
              "policy_version": int(g.policy_version), "size": len(p.trajectories), "collector": g.collector,
              "meta": Jsonb(g.meta)},
-        ).fetchall()
+        )
+
+    def _copy_group(self, cur: psycopg.Cursor, p: PreparedGroup, rows: list[tuple]) -> WrittenGroup:
+        """COPY the trajectories, turns, payloads and embeddings of a group ``insert_group`` returned ``rows`` for."""
+        g = p.src
         group_id = rows[0][0]
         ids = [r[1] for r in rows]
         traj_rows, turn_rows, payload_rows, embed_rows = [], [], [], []
@@ -328,16 +344,21 @@ class Store:
     def _assemble(self, cur, trows, payloads: bool, turns: bool, embeddings: bool) -> list[Trajectory]:
         ids = [r[0] for r in trows]
         extra: dict[int, dict[str, Any]] = {i: {} for i in ids}
+        # fetchall() loads every row in one call (much cheaper than iterating the cursor row by row)
         if payloads and ids:
-            for tid, *arrays in cur.execute(Q["select_payloads"], {"ids": ids}):
-                extra[tid].update(zip(_PAYLOAD_COLUMNS[1:], arrays))
+            names = _PAYLOAD_COLUMNS[1:]
+            for tid, *arrays in cur.execute(Q["select_payloads"], {"ids": ids}).fetchall():
+                extra[tid].update(zip(names, arrays))
         if embeddings and ids:
-            for tid, vector in cur.execute(Q["select_embeddings"], {"ids": ids}):
+            for tid, vector in cur.execute(Q["select_embeddings"], {"ids": ids}).fetchall():
                 extra[tid]["embedding"] = vector
         if turns and ids:
             acc: dict[int, list[Turn]] = {}
-            for tid, *fields in cur.execute(Q["select_turns"], {"ids": ids}):
-                acc.setdefault(tid, []).append(Turn(*fields))
+            for tid, *fields in cur.execute(Q["select_turns"], {"ids": ids}).fetchall():
+                ts = acc.get(tid)
+                if ts is None:
+                    ts = acc[tid] = []
+                ts.append(Turn(*fields))
             for tid, ts in acc.items():
                 extra[tid]["turns"] = tuple(ts)
         # the SELECT's column order is Trajectory's field order
