@@ -36,7 +36,7 @@ from .engines import Engine, Sample, SamplingParams, make_engine
 from .engines.base import checkpoint_path
 from .models import model_display_name, resolve_model
 from .rewards import RewardResult, get_reward
-from .sources import build_tasks, prompt_messages, task_of
+from .sources import build_tasks, prompt_messages
 from .tasks.templates import get_template
 
 log = logging.getLogger("reflexdb.collect")
@@ -93,7 +93,7 @@ class Collector:
     def setup(self) -> None:
         cfg = self.cfg
         self.run_id = self.store.create_run(cfg.run, algorithm=cfg.algorithm, config=cfg.masked())
-        tasks, skipped = build_tasks(cfg.tasks, warn=lambda msg: log.warning(msg))
+        tasks, skipped = build_tasks(cfg.tasks)
         self.store.add_tasks(self.run_id, tasks)
         self.stats.skipped_rows = skipped
         latest = self.store.latest_policy(self.run_id)
@@ -220,7 +220,7 @@ class Collector:
         trajectories = []
         for s in samples:
             try:
-                r: RewardResult = self.reward_fn(s.text, task_of(task))
+                r: RewardResult = self.reward_fn(s.text, task.ground_truth)
                 reward, correct, answer, error = float(r.reward), r.correct, r.extracted, None
             except Exception as exc:  # a user's reward function must never crash the collector
                 reward, correct, answer, error = None, None, None, f"{type(exc).__name__}: {exc}"

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
-
 from reflexdb.config import ConfigError, TasksConfig
 from reflexdb.records import TaskIn
 
@@ -14,13 +12,13 @@ from .tasks.datasets import FieldMap, load_dataset
 from .tasks.templates import get_template
 
 
-def build_tasks(cfg: TasksConfig, *, warn: Callable[[str], None] = print) -> tuple[list[TaskIn], int]:
+def build_tasks(cfg: TasksConfig) -> tuple[list[TaskIn], int]:
     """The train and eval tasks the config describes, and how many dataset rows were skipped.
 
     Arithmetic: ``train_size`` and ``eval_size`` tasks of level ``level`` from disjoint parts of the
     problem space. File: the valid rows, shuffled with ``seed``; the first ``eval_size`` become the
-    eval split, the next ``train_size`` the train split. A skipped row is reported through ``warn``
-    with its file and line.
+    eval split, the next ``train_size`` the train split. The loader logs a warning naming the file
+    and line of each skipped row.
     """
     if cfg.source == "arithmetic":
         try:
@@ -32,9 +30,7 @@ def build_tasks(cfg: TasksConfig, *, warn: Callable[[str], None] = print) -> tup
                               f"level {cfg.level}): {exc}") from None
         return [_task_in(t, cfg.dataset) for t in tasks], 0
     fields = FieldMap(prompt=cfg.question_field, answer=cfg.answer_field)
-    loaded = load_dataset(cfg.path, fields=fields, dataset=cfg.dataset)
-    for row in loaded.skipped_rows:
-        warn(f"{cfg.path}:{row.line}: skipped: {row.reason}")
+    loaded = load_dataset(cfg.path, fields=fields, dataset=cfg.dataset)  # warns FILE:LINE per skipped row
     rows = list(loaded.tasks)
     random.Random(f"reflexdb-split/{cfg.seed}").shuffle(rows)
     eval_rows, train_rows = rows[: cfg.eval_size], rows[cfg.eval_size : cfg.eval_size + cfg.train_size]
@@ -55,9 +51,3 @@ def _task_in(t: Task, dataset: str | None, split: str | None = None) -> TaskIn:
 def prompt_messages(template: str, question: str) -> list[dict[str, str]]:
     """The chat messages for ``question`` under the named prompt template."""
     return get_template(template).messages(question)
-
-
-def task_of(claimed) -> Task:
-    """The collector-side :class:`Task` of a claimed database row (what reward functions take)."""
-    return Task(prompt=claimed.prompt, ground_truth=claimed.ground_truth, dataset=claimed.dataset,
-                split=claimed.split, task_key=claimed.task_key, meta=dict(claimed.meta or {}))

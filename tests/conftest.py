@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import itertools
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import psycopg
@@ -40,8 +42,12 @@ def pg_server_url(tmp_path_factory) -> str:
         return normalize_url(url)
     from reflexdb import embedded
 
-    pgdata = tmp_path_factory.mktemp("pg") / "data"
-    return _with_db(embedded.server_uri(pgdata), "postgres")
+    # Not under pytest's basetemp: pytest deletes old basetemps when other sessions start, which
+    # would pull the data directory from under a running server.
+    root = Path(tempfile.mkdtemp(prefix="reflexdb-test-pg-"))
+    yield _with_db(embedded.server_uri(root / "data"), "postgres")
+    if embedded.stop(root / "data"):
+        shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
