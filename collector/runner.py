@@ -137,12 +137,12 @@ class Collector:
                 want = self.c.tasks_per_batch
                 if max_groups is not None:
                     want = min(want, max_groups - self.stats.groups)
-                claimed = work.claim_tasks(
+                claimed = self._retry(lambda: work.claim_tasks(
                     self.store, self.run_id, self.name, want, max_collections=self.c.max_collections or 2**31 - 1,
                     claim_ttl_s=self.c.claim_ttl_s,
-                )
+                ))
                 if not claimed:
-                    if self.c.max_collections is not None and self._all_collected():
+                    if self.c.max_collections is not None and self._retry(self._all_collected):
                         self.echo("every task has been collected max_collections times: done")
                         break
                     time.sleep(self.c.poll_interval_s)  # others hold the remaining claims
@@ -195,8 +195,8 @@ class Collector:
             return True
         self.echo(f"waiting for policy v{a.consume_version - self.cfg.max_staleness}: group {a.next_group} would be "
                   f"{a.staleness} versions stale when consumed (max_staleness {self.cfg.max_staleness})")
-        self.store.wait_for_policy(self.run_id, self.version, timeout=self.c.progress_every_s,
-                                   poll_interval=self.c.poll_interval_s)
+        self._retry(lambda: self.store.wait_for_policy(self.run_id, self.version, timeout=self.c.progress_every_s,
+                                                       poll_interval=self.c.poll_interval_s))
         return False
 
     def _all_collected(self) -> bool:

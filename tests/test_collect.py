@@ -242,3 +242,47 @@ def test_reload_picks_up_published_weights(store, tiny_engine, tmp_path, model_c
     assert rows(store, "SELECT policy_version, count(*) FROM groups GROUP BY 1 ORDER BY 1") == [(0, 1), (1, 1)]
     assert rows(store, "SELECT DISTINCT policy_version FROM collectors") == [(1,)]
     tiny_engine.load_weights(src)  # leave the shared engine as it was
+
+
+def test_database_away_for_a_while_loses_nothing(tmp_path, model_cache):
+    """The server stops mid-run for several seconds; the collector retries and writes every group."""
+    import shutil
+    import tempfile
+
+    from reflexdb import embedded, migrate
+    from reflexdb.db import make_engine
+
+    root = Path(tempfile.mkdtemp(prefix="reflexdb-test-away-"))
+    pgdata = (root / "data").resolve()
+    url = embedded.server_uri(pgdata)
+    engine = make_engine(url)
+    migrate.upgrade(engine)
+    store = Store(engine)
+    cfg = write_config(tmp_path, group_size=4, sampling={"max_new_tokens": 24}, db_retry_s=90)
+    env = cli_env(url, tmp_path, model_cache)
+    proc = subprocess.Popen(REFLEXDB + ["collect", "-c", str(cfg), "--max-groups", "6"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while rows(store, "SELECT count(*) FROM groups") == [(0,)]:
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.1)
+        engine.dispose()
+        assert embedded.stop(pgdata)
+        time.sleep(8)  # the collector keeps generating, and its writes fail meanwhile
+        server = embedded._servers[pgdata]
+        with server._lock:
+            server.ensure_postgres_running()
+        _, err = proc.communicate(timeout=240)
+    finally:
+        proc.kill()
+    try:
+        assert proc.returncode == 0, err
+        assert "database unreachable" in err
+        assert rows(store, "SELECT count(*) FROM groups") == [(6,)]
+        assert_only_complete_groups(store, 4)
+        assert rows(store, "SELECT count(*) FROM tasks WHERE claimed_by IS NOT NULL") == [(0,)]
+    finally:
+        store.close()
+        embedded.stop(pgdata)
+        shutil.rmtree(root, ignore_errors=True)
