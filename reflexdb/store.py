@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import threading
 import time
 from collections.abc import Iterable, Sequence
 from contextlib import contextmanager
@@ -344,10 +345,21 @@ class Store:
     def _assemble(self, cur, trows, payloads: bool, turns: bool, embeddings: bool) -> list[Trajectory]:
         ids = [r[0] for r in trows]
         extra: dict[int, dict[str, Any]] = {i: {} for i in ids}
+        names = _PAYLOAD_COLUMNS[1:]
+        other_half = None
         # fetchall() loads every row in one call (much cheaper than iterating the cursor row by row)
         if payloads and ids:
-            names = _PAYLOAD_COLUMNS[1:]
-            for tid, *arrays in cur.execute(Q["select_payloads"], {"ids": ids}).fetchall():
+            mine = ids
+            if len(ids) >= _PARALLEL_PAYLOADS_MIN and self._spare_connection():
+                # Payloads are most of a read's work: the server sends arrays element by element
+                # and the client decodes them. Fetch half on a second pooled connection in a
+                # helper thread so both halves are produced (two backends) and decoded at once.
+                # Every statement takes its own snapshot either way (READ COMMITTED), so what a
+                # read can see is unchanged.
+                half = len(ids) // 2
+                other_half = _in_thread(self._payload_rows, ids[half:])
+                mine = ids[:half]
+            for tid, *arrays in cur.execute(Q["select_payloads"], {"ids": mine}).fetchall():
                 extra[tid].update(zip(names, arrays))
         if embeddings and ids:
             for tid, vector in cur.execute(Q["select_embeddings"], {"ids": ids}).fetchall():
@@ -361,8 +373,24 @@ class Store:
                 ts.append(Turn(*fields))
             for tid, ts in acc.items():
                 extra[tid]["turns"] = tuple(ts)
+        if other_half is not None:
+            for tid, *arrays in other_half():
+                extra[tid].update(zip(names, arrays))
         # the SELECT's column order is Trajectory's field order
         return [Trajectory(*r, **extra[r[0]]) for r in trows]
+
+    def _payload_rows(self, ids: list[int]) -> list[tuple]:
+        """``select_payloads`` for ``ids`` on a connection of its own (see :meth:`_assemble`)."""
+        with self._raw() as conn:
+            return conn.cursor(binary=True).execute(Q["select_payloads"], {"ids": ids}).fetchall()
+
+    def _spare_connection(self) -> bool:
+        """Whether the pool has a connection to lend without going into overflow or waiting."""
+        pool = self.engine.pool
+        try:
+            return pool.checkedout() < pool.size()
+        except AttributeError:  # a pool class without these counters
+            return False
 
     # ------------------------------------------------------------------ policy versions
 
@@ -483,6 +511,35 @@ class Store:
         sql = " UNION ALL ".join(f"SELECT '{n}', count(*) FROM {n}" for n in names)
         with self.engine.connect() as conn:
             return dict(conn.execute(text(sql)).all())
+
+
+#: Reads of at least this many trajectories fetch their payloads on two connections at once.
+_PARALLEL_PAYLOADS_MIN = 128
+
+
+def _in_thread(fn, *args):
+    """Start ``fn(*args)`` in a new thread; return a function that joins it and returns (or raises) its result.
+
+    A thread per call, not a pool: nothing to shut down, and safe in processes that fork.
+    """
+    box: dict[str, Any] = {}
+
+    def run():
+        try:
+            box["result"] = fn(*args)
+        except BaseException as exc:  # re-raised in the caller's thread
+            box["error"] = exc
+
+    thread = threading.Thread(target=run, name="reflexdb-read", daemon=True)
+    thread.start()
+
+    def result():
+        thread.join()
+        if "error" in box:
+            raise box["error"]
+        return box["result"]
+
+    return result
 
 
 def _fk_field(exc: psycopg.errors.ForeignKeyViolation) -> str:
