@@ -1,0 +1,197 @@
+"""Group-relative advantages and advantage transforms (METHODS.md §0, §1, §4).
+
+Group normalisation (GRPO, DeepSeekMath Sec. 4.1.2; METHODS.md §0)::
+
+    A_i = (r_i − mean(r)) / (std(r) + 1e-6)       scale="group"
+    A_i =  r_i − mean(r)                          scale="none"  (Dr.GRPO)
+
+``std`` is the **sample** standard deviation (Bessel's correction, divisor G − 1). That is what the
+reference implementations compute: TRL's ``GRPOTrainer`` (``rewards.view(-1, G).std(dim=1)``) —
+which OpenR1, the GRPO-λ authors' code base, uses — and verl's ``compute_grpo_outcome_advantage``
+(``torch.std``), both with torch's default ``correction=1``. With G = 8 the two conventions differ
+by a factor sqrt(8/7) ≈ 1.069 in |A|. A group of one has no spread and no baseline: its advantage
+is 0 here (verl instead uses mean 0, std 1, i.e. A = r; TRL's std would be NaN).
+
+Transforms ``(rewards [B], advantages [B], group_index [B]) -> advantages [B]`` run after the
+normalisation, in order (``apply_advantage_transforms``). ``group_index`` holds dense group numbers
+``0..n_groups−1``. Registered: ``positive_amplification`` (R3L Eq. 11) and ``clamp_negative``
+(GRPO-λ's ``max(A, −0.1)``). Bind their hyperparameters with ``make_transform(name, **params)``.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Callable, Hashable, Literal, Sequence
+
+import torch
+from torch import Tensor
+
+AdvantageScale = Literal["group", "none"]
+AdvantageTransform = Callable[[Tensor, Tensor, Tensor], Tensor]
+
+ADVANTAGE_TRANSFORMS: dict[str, Callable[..., Tensor]] = {}
+
+
+def group_index(group_ids: Tensor | Sequence[Hashable]) -> tuple[Tensor, int]:
+    """Dense group numbers for arbitrary group labels.
+
+    Args:
+        group_ids: ``[B]`` integer tensor, or a sequence of hashable labels (task ids, UUIDs).
+
+    Returns:
+        ``(index [B] int64 in 0..n−1, n)``, numbered in order of first appearance for sequences,
+        in sorted label order for tensors.
+    """
+    if isinstance(group_ids, Tensor):
+        _, index = torch.unique(group_ids, return_inverse=True)
+        return index.reshape(-1), int(index.max().item()) + 1 if index.numel() else 0
+    numbers: dict[Hashable, int] = {}
+    index = torch.tensor([numbers.setdefault(g, len(numbers)) for g in group_ids], dtype=torch.long)
+    return index, len(numbers)
+
+
+def _flatten(rewards: Tensor, group_ids: Tensor | Sequence[Hashable] | None) -> tuple[Tensor, Tensor, int]:
+    """``rewards [N_groups, G]`` (rows are groups) or ``rewards [B]`` with ``group_ids`` -> flat form."""
+    if rewards.dim() == 2:
+        if group_ids is not None:
+            raise ValueError("rewards [N_groups, G] carry their groups in the rows; pass group_ids=None")
+        n, g = rewards.shape
+        index = torch.arange(n, device=rewards.device).repeat_interleave(g)
+        return rewards.reshape(-1), index, n
+    if rewards.dim() != 1 or group_ids is None:
+        raise ValueError("pass rewards [N_groups, G], or rewards [B] with group_ids [B]")
+    index, n = group_index(group_ids)
+    if index.shape[0] != rewards.shape[0]:
+        raise ValueError(f"{rewards.shape[0]} rewards but {index.shape[0]} group ids")
+    return rewards, index.to(rewards.device), n
+
+
+def _group_sum(values: Tensor, index: Tensor, n: int) -> Tensor:
+    return torch.zeros(n, dtype=values.dtype, device=values.device).index_add_(0, index, values)  # [n]
+
+
+def group_advantages(
+    rewards: Tensor,
+    group_ids: Tensor | Sequence[Hashable] | None = None,
+    *,
+    scale: AdvantageScale = "group",
+    eps: float = 1e-6,
+) -> Tensor:
+    """Group-relative advantages for many groups at once (no Python loop over groups).
+
+    Args:
+        rewards: ``[N_groups, G]`` (one group per row), or ``[B]`` with ``group_ids``.
+        group_ids: ``[B]`` group labels for flat rewards (any order, groups of any size).
+        scale: ``group`` divides by ``std + eps`` (GRPO); ``none`` only centres (Dr.GRPO).
+        eps: added to the std (1e-6).
+
+    Returns:
+        Advantages with the shape of ``rewards`` (float). Groups of one get 0.
+    """
+    shape = rewards.shape
+    r, index, n = _flatten(rewards if rewards.is_floating_point() else rewards.float(), group_ids)
+    counts = _group_sum(torch.ones_like(r), index, n)  # [n]
+    mean = _group_sum(r, index, n) / counts  # [n]
+    centred = r - mean[index]  # [B]  r_i − mean(r)
+    if scale == "none":
+        adv = centred
+    elif scale == "group":
+        var = _group_sum(centred**2, index, n) / (counts - 1).clamp(min=1)  # [n]  sample variance (G − 1)
+        adv = centred / (var.sqrt()[index] + eps)  # [B]  (r_i − mean) / (std + 1e-6)
+    else:
+        raise ValueError(f"scale must be 'group' or 'none', got {scale!r}")
+    return adv.reshape(shape)  # a group of one: centred = 0 and var = 0/1, so A = 0
+
+
+def register_advantage_transform(name: str) -> Callable[[Callable[..., Tensor]], Callable[..., Tensor]]:
+    """Decorator: register ``fn(rewards, advantages, group_index, **params) -> advantages``."""
+
+    def wrap(fn: Callable[..., Tensor]) -> Callable[..., Tensor]:
+        if name in ADVANTAGE_TRANSFORMS:
+            raise ValueError(f"advantage transform {name!r} is already registered")
+        ADVANTAGE_TRANSFORMS[name] = fn
+        return fn
+
+    return wrap
+
+
+def make_transform(name: str, **params: object) -> AdvantageTransform:
+    """The registered transform ``name`` with its hyperparameters bound (from the config)."""
+    try:
+        fn = ADVANTAGE_TRANSFORMS[name]
+    except KeyError:
+        raise KeyError(f"unknown advantage transform {name!r}; known: {sorted(ADVANTAGE_TRANSFORMS)}") from None
+    return functools.partial(fn, **params)
+
+
+def apply_advantage_transforms(
+    rewards: Tensor,
+    advantages: Tensor,
+    group_ids: Tensor | Sequence[Hashable] | None,
+    transforms: Sequence[AdvantageTransform],
+) -> Tensor:
+    """Run ``transforms`` in order on advantages of the same layout as ``group_advantages``.
+
+    Args:
+        rewards: ``[N_groups, G]`` or ``[B]`` (with ``group_ids``).
+        advantages: same shape as ``rewards``.
+        group_ids: as in ``group_advantages``.
+        transforms: callables ``(rewards [B], advantages [B], group_index [B]) -> advantages [B]``.
+    """
+    shape = advantages.shape
+    r, index, _ = _flatten(rewards, group_ids)
+    adv = advantages.reshape(-1)
+    for transform in transforms:
+        adv = transform(r, adv, index)
+    return adv.reshape(shape)
+
+
+@register_advantage_transform("positive_amplification")
+def positive_amplification(
+    rewards: Tensor,
+    advantages: Tensor,
+    group_index: Tensor,
+    *,
+    alpha: float = 3.0,
+    max_reward_advantage: float | Literal["alpha"] = "alpha",
+    min_max_reward: float | None = 1.0,
+) -> Tensor:
+    """R3L positive amplification (R3L.md Eq. 11, Algorithm 1 lines 29–35; METHODS.md §1).
+
+        Â = max_reward_advantage   if r = r_max of the group (and r ≥ min_max_reward)
+        Â = α · A                  elif A > 0
+        Â = A                      otherwise
+
+    Args:
+        rewards, advantages, group_index: ``[B]``.
+        alpha: α (3.0 in the paper).
+        max_reward_advantage: ``"alpha"`` (the paper's Eq. 11: Â = α) or a number (the authors'
+            code: 1.0). METHODS.md §1 makes this a config; the paper's main text is the default.
+        min_max_reward: the max-reward branch applies only when ``r ≥ min_max_reward`` (1.0 in the
+            authors' code, so an all-failed group's best is not promoted); ``None``: always.
+    """
+    n = int(group_index.max().item()) + 1 if group_index.numel() else 0
+    r_max = torch.full((n,), -torch.inf, dtype=rewards.dtype, device=rewards.device)
+    r_max = r_max.scatter_reduce(0, group_index, rewards, reduce="amax")  # [n]
+    at_max = rewards == r_max[group_index]  # [B]
+    if min_max_reward is not None:
+        at_max &= rewards >= min_max_reward
+    top = alpha if max_reward_advantage == "alpha" else float(max_reward_advantage)
+    amplified = torch.where(advantages > 0, alpha * advantages, advantages)  # Eq. 11 rows 2–3
+    return torch.where(at_max, torch.full_like(advantages, top), amplified)  # Eq. 11 row 1
+
+
+@register_advantage_transform("clamp_negative")
+def clamp_negative(
+    rewards: Tensor,
+    advantages: Tensor,
+    group_index: Tensor,
+    *,
+    min_advantage: float = -0.1,
+) -> Tensor:
+    """GRPO-λ's negative-advantage clamp ``Â = max(A, −0.1)`` (GRPO-lambda.md Sec. 4.2, Algorithm 1).
+
+    ``grpo_lambda_loss`` applies the same clamp itself (``min_advantage``); applying both is
+    harmless (the clamp is idempotent). This transform is for using it with other losses.
+    """
+    return advantages.clamp(min=min_advantage)

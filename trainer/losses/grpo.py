@@ -1,0 +1,93 @@
+"""GRPO: clipped token-level surrogate with group-normalised advantages (Shao et al., 2024,
+DeepSeekMath Eq. 3), optional k3 KL to a frozen reference.
+
+    J = 1/G Σ_i 1/|o_i| Σ_t [ min(ρ_{i,t} A_i, clip(ρ_{i,t}, 1−ε_low, 1+ε_high) A_i) − β D_KL ]
+    ρ_{i,t} = π_θ(o_{i,t}) / π_old(o_{i,t})
+
+The loss is −J. Dr.GRPO and DAPO are the same surrogate with another aggregation (and DAPO's
+clip-higher and overlong filter): ``dr_grpo.py``, ``dapo.py``.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .common import (
+    AggMode,
+    PolicyLossOutput,
+    aggregate,
+    as_bool_mask,
+    broadcast_advantages,
+    clipped_surrogate,
+    kl_term,
+    masked_log_ratio,
+    policy_ratio_stats,
+)
+
+
+def grpo_loss(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    ref_logprobs: Tensor | None = None,
+    beta: float = 0.0,
+    clip_eps_low: float = 0.2,
+    clip_eps_high: float = 0.2,
+    agg: AggMode = "seq-mean-token-mean",
+    max_len: int | None = None,
+) -> PolicyLossOutput:
+    """GRPO clipped surrogate loss.
+
+    Args:
+        logprobs: ``log π_θ`` of the sampled tokens ``[B, T]`` (with grad).
+        old_logprobs: ``log π_old`` (proximal or behaviour policy) ``[B, T]``.
+        advantages: ``[B]`` per sequence (or ``[B, T]`` per token).
+        mask: valid tokens ``[B, T]``.
+        ref_logprobs: ``log π_ref`` ``[B, T]`` for the KL term; needed when ``beta != 0``.
+        beta: KL coefficient (0 by default, METHODS.md §0).
+        clip_eps_low: ε_low; the ratio is clipped at ``1 − ε_low``.
+        clip_eps_high: ε_high; the ratio is clipped at ``1 + ε_high``.
+        agg: aggregation mode (``common.aggregate``); GRPO's is ``seq-mean-token-mean``.
+        max_len: constant normaliser for ``seq-mean-token-sum-norm``.
+
+    Returns:
+        ``PolicyLossOutput``.
+    """
+    mask = as_bool_mask(mask)
+    log_ratio = masked_log_ratio(logprobs, old_logprobs, mask)  # [B, T]
+    ratio = torch.exp(log_ratio)  # [B, T]
+    adv = broadcast_advantages(advantages, ratio)  # [B, 1]
+    token_loss, clipped = clipped_surrogate(ratio, adv, clip_eps_low, clip_eps_high)  # [B, T]  Eq. 3
+    policy_loss = aggregate(token_loss, mask, agg, max_len=max_len)
+    kl = kl_term(logprobs, ref_logprobs, mask, beta, agg, max_len)
+    loss = policy_loss + beta * kl  # Eq. 3: − β D_KL inside J
+    return _clip_output(loss, policy_loss, kl, ratio, clipped, log_ratio, mask)
+
+
+def _clip_output(
+    loss: Tensor,
+    policy_loss: Tensor,
+    kl: Tensor,
+    ratio: Tensor,
+    clipped: Tensor,
+    log_ratio: Tensor,
+    mask: Tensor,
+) -> PolicyLossOutput:
+    """Detached statistics of a token-level clipped loss."""
+    with torch.no_grad():
+        n = mask.sum().clamp(min=1)
+        valid_ratio = ratio.detach()[mask]
+        approx_kl, num_tokens = policy_ratio_stats(log_ratio.detach(), mask)
+        return PolicyLossOutput(
+            loss=loss,
+            policy_loss=policy_loss.detach(),
+            kl=kl.detach(),
+            clip_frac=(clipped & mask).sum() / n,
+            approx_kl=approx_kl,
+            ratio_mean=valid_ratio.mean() if valid_ratio.numel() else ratio.new_ones(()),
+            ratio_max=valid_ratio.max() if valid_ratio.numel() else ratio.new_ones(()),
+            num_tokens=num_tokens,
+        )

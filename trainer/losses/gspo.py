@@ -1,0 +1,76 @@
+"""GSPO: Group Sequence Policy Optimization (Zheng et al., 2025, the GSPO objective).
+
+    J = 1/G Σ_i min(s_i A_i, clip(s_i, 1−ε_low, 1+ε_high) A_i)
+    s_i = (π_θ(o_i) / π_old(o_i))^{1/|o_i|} = exp(1/|o_i| Σ_t (log π_θ(o_{i,t}) − log π_old(o_{i,t})))
+
+One length-normalised ratio per sequence, clipped per sequence (METHODS.md §0). The paper's
+clipping ranges are much narrower than the token-level ones because s_i stays close to 1:
+ε_low = 3e-4, ε_high = 4e-4 (their experiments), the defaults here.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .common import (
+    PolicyLossOutput,
+    as_bool_mask,
+    clipped_surrogate,
+    kl_term,
+    masked_log_ratio,
+    policy_ratio_stats,
+)
+
+
+def gspo_loss(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    ref_logprobs: Tensor | None = None,
+    beta: float = 0.0,
+    clip_eps_low: float = 3e-4,
+    clip_eps_high: float = 4e-4,
+) -> PolicyLossOutput:
+    """GSPO sequence-level clipped loss.
+
+    Args:
+        logprobs, old_logprobs, mask: ``[B, T]``.
+        advantages: ``[B]`` (sequence-level by construction).
+        ref_logprobs, beta: optional k3 KL term, aggregated ``seq-mean-token-mean``.
+        clip_eps_low, clip_eps_high: clip range of the sequence ratio.
+
+    Returns:
+        ``PolicyLossOutput``; ``clip_frac``, ``ratio_mean`` and ``ratio_max`` are over non-empty
+        sequences and their ratio s_i. Sequences without valid tokens get no loss.
+    """
+    if advantages.dim() != 1:
+        raise ValueError("GSPO takes sequence-level advantages [B]")
+    mask = as_bool_mask(mask)
+    log_ratio = masked_log_ratio(logprobs, old_logprobs, mask)  # [B, T]
+    lengths = mask.sum(-1)  # [B]
+    nonempty = lengths > 0  # [B]
+    seq_log_ratio = log_ratio.sum(-1) / lengths.clamp(min=1)  # [B]  mean_t(log π_θ − log π_old)
+    seq_ratio = torch.exp(seq_log_ratio)  # [B]  s_i
+    seq_loss, clipped = clipped_surrogate(
+        seq_ratio, advantages.to(seq_ratio.dtype), clip_eps_low, clip_eps_high
+    )  # [B]  GSPO objective, per sequence
+    n_seq = nonempty.sum().clamp(min=1)
+    policy_loss = torch.where(nonempty, seq_loss, torch.zeros((), dtype=seq_loss.dtype)).sum() / n_seq  # 1/G Σ_i
+    kl = kl_term(logprobs, ref_logprobs, mask, beta, "seq-mean-token-mean", None)
+    loss = policy_loss + beta * kl
+    with torch.no_grad():
+        approx_kl, num_tokens = policy_ratio_stats(log_ratio.detach(), mask)
+        valid = seq_ratio.detach()[nonempty]
+        return PolicyLossOutput(
+            loss=loss,
+            policy_loss=policy_loss.detach(),
+            kl=kl.detach(),
+            clip_frac=(clipped & nonempty).sum() / n_seq,
+            approx_kl=approx_kl,
+            ratio_mean=valid.mean() if valid.numel() else seq_ratio.new_ones(()),
+            ratio_max=valid.max() if valid.numel() else seq_ratio.new_ones(()),
+            num_tokens=num_tokens,
+        )

@@ -1,0 +1,55 @@
+"""SFT / RAFT: negative log-likelihood of the chosen tokens.
+
+RAFT (Dong et al., 2023, reward-ranked fine-tuning) is SFT on the best-rewarded samples; the
+selection is done when the batch is assembled, so the loss is plain NLL. R3L's auxiliary SFT term on
+the reflect and retry sets (R3L.md Algorithm 1 line 39) is the same function.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+from .common import AggMode, aggregate, as_bool_mask
+
+
+class SFTLossOutput(NamedTuple):
+    """Result of the NLL loss.
+
+    Attributes:
+        loss: aggregated NLL, with grad.
+        nll: the same value, detached.
+        num_tokens: number of valid tokens.
+    """
+
+    loss: Tensor
+    nll: Tensor
+    num_tokens: Tensor
+
+
+def sft_loss(
+    logprobs: Tensor,
+    old_logprobs: Tensor | None,
+    advantages: Tensor | None,
+    mask: Tensor,
+    *,
+    agg: AggMode = "token-mean",
+    max_len: int | None = None,
+) -> SFTLossOutput:
+    """NLL ``agg(−log π_θ)``.
+
+    Args:
+        logprobs: ``log π_θ`` of the target tokens ``[B, T]`` (with grad).
+        old_logprobs: unused (may be ``None``); present so that every registered loss is called
+            with the same positional arguments.
+        advantages: unused (may be ``None``), as above.
+        mask: target tokens ``[B, T]``.
+        agg: aggregation mode (``token-mean`` is the usual SFT mean over target tokens).
+        max_len: only for ``seq-mean-token-sum-norm``.
+    """
+    mask = as_bool_mask(mask)
+    lp = torch.where(mask, logprobs, torch.zeros((), dtype=logprobs.dtype))  # [B, T]
+    loss = aggregate(-lp, mask, agg, max_len=max_len)  # mean of −log π_θ
+    return SFTLossOutput(loss=loss, nll=loss.detach(), num_tokens=mask.sum())
