@@ -255,19 +255,20 @@ def trace_sum(
     m = torch.clamp(max_lag, max=K - 1)  # [T]  last exponential lag
     F_pad = F.pad(Fx, (1, 0))  # [..., T+1]  F_pad[..., i+1] = F_i, F_pad[..., 0] = F_{−1} = 0
     coef = torch.pow(torch.tensor(c, dtype=torch.float64, device=dev), (m + 1).to(torch.float64)).to(dt)  # [T]
-    S = Fx - coef * F_pad[..., t - m]  # [..., T]  exponential lags 0..m_t (Eq. 1 for recent, ε = 0)
+    S = Fx - coef * F_pad.index_select(-1, t - m)  # [..., T]  exponential lags 0..m_t (Eq. 1 for recent, ε = 0)
     if K < T:  # some lags sit on the floor (Eq. 17/18: max(ε, ·))
         P_pad = F.pad(x.cumsum(-1), (1, 0))  # [..., T+1]  P_pad[..., i+1] = P_i
         on_floor = max_lag >= K  # [T]
         hi = torch.clamp(t - K + 1, min=0)  # index of P_{t−K}
         lo = t - max_lag  # index of P_{t−M_t−1}
-        tail = torch.where(on_floor, P_pad[..., hi] - P_pad[..., lo], torch.zeros((), dtype=dt, device=dev))
+        tail = P_pad.index_select(-1, hi) - P_pad.index_select(-1, lo)  # [..., T]
+        tail = torch.where(on_floor, tail, torch.zeros((), dtype=dt, device=dev))
         S = S + floor * tail  # [..., T]
     if style == "both":
         j = torch.arange(T, dtype=torch.float64, device=dev)
         w_early = torch.pow(c, j).clamp(min=floor).to(dt)  # [T]  Eq. 17: max(ε, c^j)
         Q_pad = F.pad(torch.cumsum(w_early * x, dim=-1), (1, 0))  # [..., T+1]
-        S = S + Q_pad[..., t - max_lag]  # Q_{⌈t/2⌉−1}: columns j < ⌈t/2⌉
+        S = S + Q_pad.index_select(-1, t - max_lag)  # Q_{⌈t/2⌉−1}: columns j < ⌈t/2⌉
     return S
 
 
