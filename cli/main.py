@@ -13,7 +13,7 @@ import typer
 
 from reflexdb.errors import ReflexdbError
 
-from . import collect, db, query, similar
+from . import collect, db, learn, query, similar
 
 app = typer.Typer(
     name="reflexdb",
@@ -27,6 +27,7 @@ app.command("sql")(query.sql)
 app.command("psql")(query.psql)
 app.command("similar")(similar.similar)
 app.command("collect")(collect.collect)
+app.command("learn")(learn.learn)
 
 
 @app.callback()

@@ -68,9 +68,45 @@ class CollectorConfig(_Section):
     poll_interval_s: float = Field(2.0, gt=0, description="Polling period of waits (NOTIFY wakes them earlier).")
 
 
+class LossConfig(_Section):
+    """Loss hyper-parameters; ``None`` keeps the chosen loss's own default (docs/losses.md)."""
+
+    clip_eps_low: float | None = Field(None, ge=0.0, le=1.0, description="ε_low: the ratio is clipped at 1 − ε_low.")
+    clip_eps_high: float | None = Field(None, ge=0.0, le=10.0, description="ε_high: the ratio is clipped at 1 + ε_high (DAPO clip-higher: 0.28).")
+    beta: float | None = Field(None, ge=0.0, le=10.0, description="KL coefficient to the frozen base model (k3 estimator); 0 = no reference model.")
+    agg: Literal["seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm"] | None = Field(None, description="Loss aggregation mode (METHODS.md §0).")
+    max_len: int | None = Field(None, ge=1, description="Normaliser of seq-mean-token-sum-norm (default: collector.sampling.max_new_tokens).")
+    lam: float | None = Field(None, ge=0.0, le=1.0, description="GRPO-λ: λ of the eligibility trace.")
+    gamma: float | None = Field(None, ge=0.0, le=1.0, description="GRPO-λ: discount γ.")
+    trace_style: Literal["recent", "both"] | None = Field(None, description="GRPO-λ: trace weights (App. A.3).")
+    trace_floor: float | None = Field(None, ge=0.0, le=1.0, description="GRPO-λ: trace floor ε.")
+    update_style: Literal["trace", "weight"] | None = Field(None, description="GRPO-λ: ε-trace (ratio of traced log-ratios) or ε-weight (traces weight the surrogate).")
+    min_advantage: float | None = Field(None, le=0.0, description="GRPO-λ: negative-advantage clamp max(A, min_advantage).")
+
+
 class LearnerConfig(_Section):
     groups_per_step: int = Field(16, ge=1, le=100_000, description="Groups consumed by one learner step (the collectors' admission control reads it).")
-    publish_every: int = Field(1, ge=1, description="Publish weights every k learner steps.")
+    publish_every: int = Field(1, ge=1, le=100_000, description="Publish weights every k learner steps.")
+    loss: Literal["grpo", "dr_grpo", "dapo", "gspo", "opmd", "sft", "grpo_lambda"] | None = Field(None, description="Loss family; default: the run's algorithm (nexgrpo trains with grpo).")
+    loss_params: LossConfig = Field(default_factory=LossConfig)
+    advantage_scale: Literal["group", "none"] = Field("group", description="Group normalisation with std (GRPO) or without (Dr.GRPO).")
+    pi_old: Literal["recompute", "behaviour"] = Field("recompute", description="Ratio denominator: log-probs recomputed under the weights at the step's start, or the stored behaviour log-probs.")
+    lr: float = Field(1e-6, gt=0.0, le=1.0, description="AdamW learning rate.")
+    weight_decay: float = Field(0.0, ge=0.0, le=1.0, description="AdamW weight decay.")
+    grad_clip: float = Field(1.0, gt=0.0, description="Gradient norm clipping.")
+    micro_batch_size: int = Field(8, ge=1, le=4096, description="Trajectories per forward/backward pass (gradient accumulation covers the rest).")
+    zero_stage: int = Field(0, ge=0, le=3, description="DeepSpeed ZeRO stage.")
+    dtype: Literal["float32", "bfloat16"] = Field("float32", description="Training precision.")
+    device: str = Field("cpu", description="cpu or cuda (DeepSpeed uses gloo on CPU, nccl on GPU).")
+    max_reuse: int = Field(1, ge=1, le=1000, description="A group is consumed by at most this many steps (samples-per-insert limit per group).")
+    max_steps: int | None = Field(None, ge=1, description="Stop after this many learner steps (None = run until stopped).")
+    max_bad_steps: int = Field(3, ge=1, le=1000, description="Stop after this many consecutive steps with a non-finite loss.")
+    checkpoint_dir: Path | None = Field(None, description="Where published weights and learner state go (default: $REFLEXDB_HOME/checkpoints/<run>).")
+    keep_states: int = Field(2, ge=1, le=1000, description="DeepSpeed states kept for resume (older ones are deleted; published weights are kept).")
+    tracking_uri: str | None = Field(None, description="MLflow tracking URI (default: sqlite:///$REFLEXDB_HOME/mlflow.db).")
+    wait_log_every_s: float = Field(30.0, gt=0, description="While no eligible groups exist, say so this often.")
+    poll_interval_s: float = Field(2.0, gt=0, description="Polling period while waiting for groups (NOTIFY wakes it earlier).")
+    eval_samples: int = Field(8, ge=1, le=1024, description="k of pass@k in `reflexdb eval` (samples per eval task).")
 
 
 class Config(_Section):

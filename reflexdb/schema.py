@@ -338,4 +338,4 @@ collectors = Table(
 )
 
 #: Views created by migrations from ``reflexdb/sql/views/<name>.sql``, in creation order.
-VIEWS = ("failures", "group_stats", "staleness")
+VIEWS = ("failures", "group_stats", "staleness", "learner_eligible")

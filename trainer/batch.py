@@ -1,0 +1,113 @@
+"""Batch assembly: eligible groups from the ``learner_eligible`` view, as padded tensors.
+
+The learner asks the view for the oldest eligible groups (FIFO), reads them with their token
+payloads through :meth:`Store.read_groups`, and packs them into right-padded tensors:
+
+    input_ids [B, L]  = prompt ⊕ response, padded;  attention_mask [B, L]
+    response_mask [B, T] (loss mask over response positions), old/behaviour logprobs [B, T]
+
+with ``B`` trajectories (groups × G), ``L = max(P_i + T_i)`` and ``T = max(T_i)``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from sqlalchemy import text
+
+from reflexdb import Group, Store
+
+
+@dataclass
+class Batch:
+    """A learner batch. Shapes: ``B`` trajectories, ``L`` padded sequence, ``T`` padded response."""
+
+    group_ids: list[int]
+    trajectory_ids: list[int]
+    group_index: torch.Tensor  # [B] int64: which group (0..n_groups-1) each row belongs to
+    rewards: torch.Tensor  # [B] float32 (NULL rewards become 0 and are masked out)
+    correct: torch.Tensor  # [B] bool
+    valid: torch.Tensor  # [B] bool: reward present
+    truncated: torch.Tensor  # [B] bool
+    input_ids: torch.Tensor  # [B, L] int64
+    attention_mask: torch.Tensor  # [B, L] int64
+    prompt_lengths: torch.Tensor  # [B] int64
+    response_lengths: torch.Tensor  # [B] int64
+    response_mask: torch.Tensor  # [B, T] bool: loss mask (response tokens that carry loss)
+    behaviour_logprobs: torch.Tensor  # [B, T] float32
+    policy_versions: torch.Tensor  # [B] int64: producing version of each trajectory
+    group_versions: list[int]
+    group_kinds: list[str]
+
+    @property
+    def size(self) -> int:
+        return len(self.trajectory_ids)
+
+    def rows(self, idx: slice) -> Batch:
+        """A micro-batch: rows ``idx`` (tensors sliced, padding trimmed)."""
+        sl = {k: v[idx] for k, v in self.__dict__.items() if isinstance(v, torch.Tensor)}
+        L = int((sl["prompt_lengths"] + sl["response_lengths"]).max())
+        T = int(sl["response_lengths"].max())
+        sl["input_ids"], sl["attention_mask"] = sl["input_ids"][:, :L], sl["attention_mask"][:, :L]
+        sl["response_mask"], sl["behaviour_logprobs"] = sl["response_mask"][:, :T], sl["behaviour_logprobs"][:, :T]
+        return Batch(group_ids=self.group_ids, trajectory_ids=self.trajectory_ids[idx], group_versions=self.group_versions,
+                     group_kinds=self.group_kinds, **sl)
+
+
+def eligible_group_ids(store: Store, run_id: int, n: int, *, after: int = 0) -> list[int]:
+    """The ``n`` oldest eligible group ids of the run with id > ``after`` (see the view's header)."""
+    with store.engine.connect() as conn:
+        return list(conn.execute(text(
+            "SELECT group_id FROM learner_eligible WHERE run_id = :r AND eligible AND group_id > :after "
+            "ORDER BY group_id LIMIT :n"), {"r": run_id, "after": after, "n": n}).scalars())
+
+
+def oldest_unconsumed(store: Store, run_id: int) -> int:
+    """A lower bound for future eligible ids: everything at or below it is consumed or stale."""
+    with store.engine.connect() as conn:
+        first = conn.execute(text(
+            "SELECT min(group_id) FROM learner_eligible WHERE run_id = :r AND reason = 'ok'"), {"r": run_id}).scalar()
+    return (first - 1) if first else 0
+
+
+def pack(groups: list[Group], pad_id: int) -> Batch:
+    """Pack groups (read with payloads) into a right-padded :class:`Batch`."""
+    trajs = [(gi, t) for gi, g in enumerate(groups) for t in g.trajectories]
+    B = len(trajs)
+    P = np.array([len(t.prompt_ids) for _, t in trajs])
+    T = np.array([len(t.response_ids) for _, t in trajs])
+    L, Tm = int((P + T).max()), int(T.max())
+    input_ids = np.full((B, L), pad_id, dtype=np.int64)
+    attn = np.zeros((B, L), dtype=np.int64)
+    rmask = np.zeros((B, Tm), dtype=bool)
+    blp = np.zeros((B, Tm), dtype=np.float32)
+    for i, (_, t) in enumerate(trajs):
+        p, r = len(t.prompt_ids), len(t.response_ids)
+        input_ids[i, :p] = t.prompt_ids
+        input_ids[i, p:p + r] = t.response_ids
+        attn[i, :p + r] = 1
+        rmask[i, :r] = t.loss_mask
+        blp[i, :r] = t.logprobs
+    rewards = np.array([t.reward if t.reward is not None else 0.0 for _, t in trajs], dtype=np.float32)
+    valid = np.array([t.reward is not None for _, t in trajs])
+    rmask &= valid[:, None]  # a trajectory whose reward failed carries no loss
+    return Batch(
+        group_ids=[g.id for g in groups],
+        trajectory_ids=[t.id for _, t in trajs],
+        group_index=torch.tensor([gi for gi, _ in trajs], dtype=torch.int64),
+        rewards=torch.from_numpy(rewards),
+        correct=torch.tensor([bool(t.correct) for _, t in trajs]),
+        valid=torch.from_numpy(valid),
+        truncated=torch.tensor([t.truncated for _, t in trajs]),
+        input_ids=torch.from_numpy(input_ids),
+        attention_mask=torch.from_numpy(attn),
+        prompt_lengths=torch.from_numpy(P.astype(np.int64)),
+        response_lengths=torch.from_numpy(T.astype(np.int64)),
+        response_mask=torch.from_numpy(rmask),
+        behaviour_logprobs=torch.from_numpy(blp),
+        policy_versions=torch.tensor([t.policy_version for _, t in trajs], dtype=torch.int64),
+        group_versions=[g.policy_version for g in groups],
+        group_kinds=[g.kind for g in groups],
+    )

@@ -1,0 +1,41 @@
+"""Build a learner from a config file and run it (what ``reflexdb learn`` does)."""
+
+from __future__ import annotations
+
+import logging
+import signal
+from pathlib import Path
+
+import typer
+
+from reflexdb import Store
+from reflexdb.config import load_config
+
+
+def run_learner(config_path: Path, *, max_steps: int | None = None, max_seconds: float | None = None,
+                url: str | None = None) -> None:
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    cfg = load_config(config_path)  # validated before anything starts
+    from .learner import Learner
+
+    store = Store.open(url or cfg.database_url)
+    echo = lambda msg: typer.echo(f"[learn] {msg}", err=True)  # noqa: E731
+    try:
+        learner = Learner(cfg, store, echo=echo)
+        learner.setup()
+
+        def handler(signum, _frame):
+            if learner.stopping:
+                raise KeyboardInterrupt
+            learner.stopping = True
+            echo(f"{signal.Signals(signum).name}: finishing the current step, publishing, then stopping "
+                 f"(resume with the same command)")
+
+        signal.signal(signal.SIGINT, handler)
+        signal.signal(signal.SIGTERM, handler)
+        learner.run(max_steps=max_steps, max_seconds=max_seconds)
+        if learner.step_no % cfg.learner.publish_every != 0:
+            learner.publish()  # nothing trained is lost on a clean stop
+        echo(f"stopped at step {learner.step_no}, policy v{learner.version}")
+    finally:
+        store.close()

@@ -1,0 +1,213 @@
+"""The training engine: a Hugging Face causal LM under DeepSpeed (ZeRO), on CPU or GPU.
+
+On CPU DeepSpeed runs with the gloo backend; the same code path runs multi-GPU and multi-node
+when started by ``deepspeed`` or ``torchrun`` (which set RANK / WORLD_SIZE / MASTER_ADDR). Single
+process runs set those variables themselves.
+
+What the learner needs from it:
+- :meth:`TrainingEngine.token_logprobs`: ``log π(o_t | prompt, o_<t)`` of every response token
+  (logits divided by the sampling temperature, as the collector sampled), and the entropy of
+  each position's distribution;
+- ``backward`` / ``step`` with gradient accumulation over micro-batches;
+- :meth:`export_hf`: an HF-loadable safetensors directory and its sha256 (the published policy);
+- :meth:`save_state` / :meth:`load_state`: DeepSpeed checkpoints (weights + optimizer) for
+  lossless resume.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import shutil
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+log = logging.getLogger(__name__)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def init_distributed(device: str) -> None:
+    """Initialise torch.distributed through DeepSpeed (gloo on CPU, nccl on CUDA)."""
+    import deepspeed
+
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", str(_free_port()))
+    for key, value in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0")):
+        os.environ.setdefault(key, value)
+    if not torch.distributed.is_initialized():
+        deepspeed.init_distributed(dist_backend="gloo" if device == "cpu" else "nccl")
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    device: str = "cpu"
+    zero_stage: int = 0
+    micro_batch_size: int = 8
+    accumulation_steps: int = 1
+    lr: float = 1e-6
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)
+    grad_clip: float = 1.0
+    dtype: str = "float32"  # float32 | bfloat16
+
+
+class TrainingEngine:
+    """A model and its optimizer under DeepSpeed."""
+
+    def __init__(self, model_path: str | Path, settings: EngineSettings):
+        import deepspeed
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        init_distributed(settings.device)
+        self.settings = settings
+        self.model_path = str(model_path)
+        self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+        dtype = torch.bfloat16 if settings.dtype == "bfloat16" else torch.float32
+        model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=dtype)
+        model.config.use_cache = False
+        optimizer = torch.optim.AdamW(model.parameters(), lr=settings.lr, betas=settings.betas,
+                                      weight_decay=settings.weight_decay)
+        ds_config = {
+            "train_micro_batch_size_per_gpu": settings.micro_batch_size,
+            "gradient_accumulation_steps": settings.accumulation_steps,
+            "gradient_clipping": settings.grad_clip,
+            "zero_optimization": {"stage": settings.zero_stage},
+            "zero_allow_untested_optimizer": True,  # torch AdamW: DeepSpeed's fused Adam needs CUDA
+            "bf16": {"enabled": settings.dtype == "bfloat16"},
+            "steps_per_print": 10**9,
+            "wall_clock_breakdown": False,
+        }
+        self.ds, self.optimizer, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config)
+        self.device = self.ds.device
+        self.rank = torch.distributed.get_rank()
+        self.world_size = torch.distributed.get_world_size()
+
+    @property
+    def pad_id(self) -> int:
+        tok = self.tokenizer
+        return tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
+
+    # ------------------------------------------------------------------ forward
+
+    def token_logprobs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_lengths: torch.Tensor,
+                       response_lengths: torch.Tensor, *, temperature: float = 1.0, with_entropy: bool = False,
+                       grad: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Log-probs (and entropies) of the response tokens of a right-padded micro-batch.
+
+        Args:
+            input_ids: `[B, L]` prompt ⊕ response, right-padded.
+            attention_mask: `[B, L]`.
+            prompt_lengths, response_lengths: `[B]`.
+
+        Returns:
+            logprobs `[B, T]` (T = max response length; 0 on padding) and entropies `[B, T]` or None.
+        """
+        ctx = torch.enable_grad() if grad else torch.no_grad()
+        with ctx:
+            module = self.ds if grad else self.ds.module
+            logits = module(input_ids=input_ids.to(self.device), attention_mask=attention_mask.to(self.device)).logits
+            B = input_ids.shape[0]
+            T = int(response_lengths.max())
+            # Position P_i + t - 1 predicts response token t of row i.
+            offs = torch.arange(T, device=self.device)
+            pos = (prompt_lengths.to(self.device)[:, None] - 1 + offs[None, :]).clamp(max=logits.shape[1] - 1)  # [B, T]
+            picked = logits.gather(1, pos[:, :, None].expand(B, T, logits.shape[-1])).float()  # [B, T, V]
+            if temperature != 1.0 and temperature > 0:
+                picked = picked / temperature
+            logp_all = F.log_softmax(picked, dim=-1)  # [B, T, V]
+            targets = input_ids.to(self.device).gather(1, (pos + 1).clamp(max=input_ids.shape[1] - 1))  # [B, T]
+            logprobs = logp_all.gather(-1, targets[:, :, None]).squeeze(-1)  # [B, T]
+            valid = offs[None, :] < response_lengths.to(self.device)[:, None]
+            logprobs = logprobs * valid
+            entropy = None
+            if with_entropy:
+                with torch.no_grad():
+                    entropy = -(logp_all.exp() * logp_all).sum(-1) * valid  # [B, T]
+        return logprobs, entropy
+
+    def backward(self, loss: torch.Tensor) -> None:
+        # Our losses are already weighted for their share of the step; no 1/GAS scaling on top.
+        self.ds.backward(loss, scale_wrt_gas=False)
+
+    def step(self) -> float | None:
+        """Advance one micro-step; at the accumulation boundary this is the optimizer step.
+
+        Returns the global gradient norm at a boundary (before clipping), else None.
+        """
+        boundary = self.ds.is_gradient_accumulation_boundary()
+        self.ds.step()
+        if not boundary:
+            return None
+        norm = self.ds.get_global_grad_norm()
+        return float(norm) if norm is not None else None
+
+    def zero_grad(self) -> None:
+        self.ds.zero_grad()
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def export_hf(self, out_dir: str | Path) -> str:
+        """Write an HF-loadable safetensors directory atomically; return the sha256 of its weights.
+
+        Runs on every rank (ZeRO-3 gathers parameters collectively); rank 0 writes.
+        """
+        import deepspeed
+
+        out = Path(out_dir)
+        tmp = out.with_name(out.name + f".tmp-{os.getpid()}")
+        module = self.ds.module
+        params = list(module.parameters())
+        gather = deepspeed.zero.GatheredParameters(params, modifier_rank=None) if self.settings.zero_stage == 3 \
+            else _Null()
+        with gather:
+            if self.rank == 0:
+                if tmp.exists():
+                    shutil.rmtree(tmp)
+                module.save_pretrained(tmp, safe_serialization=True)
+                self.tokenizer.save_pretrained(tmp)
+        digest = ""
+        if self.rank == 0:
+            digest = weights_sha256(tmp)
+            if out.exists():
+                shutil.rmtree(out)
+            os.replace(tmp, out)
+        return digest
+
+    def save_state(self, directory: str | Path, tag: str, client_state: dict) -> None:
+        """DeepSpeed checkpoint (module, optimizer, scheduler, client state) under ``directory/tag``."""
+        self.ds.save_checkpoint(str(directory), tag=tag, client_state=client_state)
+
+    def load_state(self, directory: str | Path, tag: str) -> dict:
+        path, client_state = self.ds.load_checkpoint(str(directory), tag=tag, load_optimizer_states=True,
+                                                     load_lr_scheduler_states=True)
+        if path is None:
+            raise FileNotFoundError(f"no DeepSpeed checkpoint {tag!r} in {directory}")
+        return client_state or {}
+
+
+class _Null:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def weights_sha256(directory: str | Path) -> str:
+    """sha256 over the directory's ``*.safetensors`` files, in name order."""
+    h = hashlib.sha256()
+    for f in sorted(Path(directory).glob("*.safetensors")):
+        with open(f, "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                h.update(chunk)
+    return h.hexdigest()

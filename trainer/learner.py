@@ -1,0 +1,390 @@
+"""``reflexdb learn``: the asynchronous learner.
+
+One step reads top to bottom (:meth:`Learner.step`)::
+
+    groups  = oldest eligible groups (view learner_eligible: staleness and reuse rules)
+    batch   = padded tensors (prompt ⊕ response, loss mask, behaviour log-probs)
+    old     = π_old log-probs: recomputed under the weights at the step's start, or behaviour
+    adv     = group-normalised advantages, then the configured transforms
+    loss    = the registered loss over micro-batches (gradient accumulation), backward, optimizer step
+    record  = learner_steps row + the trajectories consumed (one transaction)
+    publish = every k steps: DeepSpeed state, HF safetensors, policy_versions row + NOTIFY
+
+Resume is from the last *published* state: steps recorded after it are rolled back (their
+consumption deleted, times_sampled restored), so nothing is consumed twice or skipped.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import math
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from sqlalchemy import text
+
+from reflexdb import Store
+from reflexdb.config import Config
+from reflexdb.errors import ReflexdbError
+from reflexdb.settings import home
+
+from .advantages import group_advantages
+from .batch import Batch, eligible_group_ids, oldest_unconsumed, pack
+from .engine import EngineSettings, TrainingEngine
+from .losses.registry import get_loss
+from .tracking import Tracker
+
+log = logging.getLogger("reflexdb.learn")
+
+#: Algorithms whose training loss is another family's (their difference lies in the data).
+LOSS_OF_ALGORITHM = {"nexgrpo": "grpo", "lte": "grpo", "r3l": "opmd", "cleaner": "dapo", "raft": "sft"}
+
+
+class LearnerStopped(ReflexdbError):
+    """The learner stopped on purpose after repeated bad steps; the message says why."""
+
+
+@dataclass
+class StepResult:
+    step: int
+    loss: float
+    skipped: bool
+    metrics: dict[str, float]
+
+
+def loss_name(cfg: Config) -> str:
+    return cfg.learner.loss or LOSS_OF_ALGORITHM.get(cfg.algorithm, cfg.algorithm)
+
+
+def loss_kwargs(fn: Callable, cfg: Config) -> dict[str, Any]:
+    """The configured loss parameters that ``fn`` accepts (unset ones keep the loss's defaults)."""
+    accepted = inspect.signature(fn).parameters
+    params = {k: v for k, v in cfg.learner.loss_params.model_dump().items() if v is not None and k in accepted}
+    if "max_len" in accepted and "max_len" not in params:
+        params["max_len"] = cfg.collector.sampling.max_new_tokens
+    return params
+
+
+def _agg_mode(fn: Callable, kwargs: dict) -> str:
+    if "agg" in kwargs:
+        return kwargs["agg"]
+    p = inspect.signature(fn).parameters.get("agg")
+    return p.default if p is not None else "seq-mean-token-mean"
+
+
+class Learner:
+    """The learner process: consumes groups, trains, publishes."""
+
+    def __init__(self, cfg: Config, store: Store, *, echo: Callable[[str], None] = print):
+        from reflexdb.collector.models import resolve_model
+
+        self.cfg = cfg
+        self.L = cfg.learner
+        self.store = store
+        self.echo = echo
+        self.loss_fn = get_loss(loss_name(cfg))
+        self.loss_params = loss_kwargs(self.loss_fn, cfg)
+        self.agg = _agg_mode(self.loss_fn, self.loss_params)
+        self.temperature = cfg.collector.sampling.temperature or 1.0
+        self.base_model = resolve_model(cfg.model)
+        self.run_id = store.create_run(cfg.run, algorithm=cfg.algorithm, config=cfg.masked())
+        self.ckpt_dir = Path(self.L.checkpoint_dir or home() / "checkpoints" / cfg.run).expanduser().resolve()
+        self.step_no = 0
+        self.version = 0
+        self.bad_in_row = 0
+        self._after = 0  # group ids at or below are consumed or stale (speeds up the view query)
+        self.stopping = False
+
+    # ------------------------------------------------------------------ setup and resume
+
+    def setup(self) -> None:
+        """Load the model, resume from the last published state (or publish version 0)."""
+        n_rows = self.L.groups_per_step * self.cfg.collector.group_size
+        micro = min(self.L.micro_batch_size, n_rows)
+        self.n_micro = math.ceil(n_rows / micro)
+        settings = EngineSettings(
+            device=self.L.device, zero_stage=self.L.zero_stage, micro_batch_size=micro,
+            accumulation_steps=self.n_micro, lr=self.L.lr, weight_decay=self.L.weight_decay,
+            grad_clip=self.L.grad_clip, dtype=self.L.dtype,
+        )
+        latest = self.store.latest_policy(self.run_id)
+        resume = latest is not None and latest.meta.get("learner_state")
+        if resume:
+            self._check_state(latest)
+        self.engine = TrainingEngine(self.base_model, settings)
+        self.ref = self._reference_model() if self.loss_params.get("beta") else None
+        self.store.set_settings(self.run_id, {
+            "learner.groups_per_step": self.L.groups_per_step, "learner.publish_every": self.L.publish_every,
+            "learner.max_staleness": self.cfg.max_staleness, "learner.max_reuse": self.L.max_reuse,
+        })
+        if resume:
+            client = self.engine.load_state(latest.meta["learner_state"], latest.meta["state_tag"])
+            self.step_no = int(client["step"])
+            self.version = latest.version
+            rolled = self._roll_back_after(self.step_no)
+            self.tracker = Tracker(self.cfg, resume_run_id=latest.meta.get("mlflow_run_id"))
+            self.echo(f"resumed run {self.cfg.run!r} at step {self.step_no} (policy v{self.version}); "
+                      f"rolled back {rolled} unpublished step(s)")
+        else:
+            self._roll_back_after(0)
+            self.tracker = Tracker(self.cfg)
+            self.tracker.log_config()
+            if latest is None:
+                self.publish()  # version 0: the base model, so collectors and resume have a start
+            else:
+                self.version = latest.version
+            self.echo(f"learner for run {self.cfg.run!r}: loss {loss_name(self.cfg)}, "
+                      f"{self.L.groups_per_step} groups/step, publish every {self.L.publish_every}")
+
+    def _check_state(self, policy) -> None:
+        state = Path(policy.meta["learner_state"]) / policy.meta["state_tag"]
+        if not state.is_dir():
+            raise ReflexdbError(
+                f"cannot resume run {self.cfg.run!r}: the learner state of policy v{policy.version} "
+                f"({state}) is missing. Nothing was changed; restore the directory, or start a new run name."
+            )
+
+    def _reference_model(self):
+        from transformers import AutoModelForCausalLM
+
+        ref = AutoModelForCausalLM.from_pretrained(self.base_model).to(self.engine.device).eval()
+        for p in ref.parameters():
+            p.requires_grad_(False)
+        return ref
+
+    def _roll_back_after(self, step: int) -> int:
+        """Delete this run's steps after ``step`` and restore the consumed trajectories' counts."""
+        with self.store.engine.begin() as conn:
+            conn.execute(text("""
+                UPDATE trajectories t SET times_sampled = t.times_sampled - x.n
+                FROM (SELECT c.trajectory_id, count(*) AS n FROM consumption c
+                      JOIN learner_steps s ON s.id = c.step_id
+                      WHERE s.run_id = :r AND s.step > :s GROUP BY 1) x
+                WHERE t.id = x.trajectory_id"""), {"r": self.run_id, "s": step})
+            return conn.execute(text("DELETE FROM learner_steps WHERE run_id = :r AND step > :s"),
+                                {"r": self.run_id, "s": step}).rowcount
+
+    # ------------------------------------------------------------------ the loop
+
+    def run(self, *, max_steps: int | None = None, max_seconds: float | None = None) -> None:
+        max_steps = max_steps if max_steps is not None else self.L.max_steps
+        deadline = None if max_seconds is None else time.monotonic() + max_seconds
+        try:
+            while not self.stopping:
+                if max_steps is not None and self.step_no >= max_steps:
+                    break
+                groups = self.wait_for_groups(deadline)
+                if groups is None:
+                    break
+                result = self.step(groups)
+                self.echo(self._progress(result))
+                if self.step_no % self.L.publish_every == 0 and not result.skipped:
+                    self.publish()
+        finally:
+            self.tracker.close()
+
+    def wait_for_groups(self, deadline: float | None) -> list[int] | None:
+        """Block until ``groups_per_step`` eligible groups exist; ``None`` if stopped or out of time."""
+        n = self.L.groups_per_step
+        last_said = time.monotonic()
+        while not self.stopping:
+            ids = eligible_group_ids(self.store, self.run_id, n, after=self._after)
+            if len(ids) >= n:
+                return ids
+            if deadline is not None and time.monotonic() >= deadline:
+                return None
+            if time.monotonic() - last_said >= self.L.wait_log_every_s:
+                self.echo(f"waiting for groups: {len(ids)} of {n} eligible (policy v{self.version}, "
+                          f"max_staleness {self.cfg.max_staleness}); are collectors running?")
+                last_said = time.monotonic()
+            timeout = self.L.poll_interval_s if deadline is None else max(0.0, min(self.L.poll_interval_s,
+                                                                                  deadline - time.monotonic()))
+            newest = max(ids) if ids else self._after
+            self.store.wait_for_groups(self.run_id, newest, min_count=n - len(ids), timeout=timeout,
+                                       poll_interval=self.L.poll_interval_s)
+        return None
+
+    def step(self, group_ids: list[int]) -> StepResult:
+        """One learner step on the given groups (see the module docstring)."""
+        t0 = time.monotonic()
+        groups = self.store.read_groups(group_ids, turns=False)                       # sample
+        batch = pack(groups, self.engine.pad_id)
+        t_batch = time.monotonic() - t0
+        old = self.old_logprobs(batch)                                                # π_old
+        ref = self.ref_logprobs(batch)
+        adv = group_advantages(batch.rewards, batch.group_index,                      # advantages
+                               scale=self.L.advantage_scale)
+        adv = torch.where(batch.valid, adv, torch.zeros_like(adv))
+        stats, grad_norm, entropy = self.optimize(batch, old, ref, adv)               # loss, step
+        skipped = not math.isfinite(stats["loss"])
+        self.bad_in_row = self.bad_in_row + 1 if skipped else 0
+        self.step_no += 1
+        metrics = self.metrics(batch, groups, stats, grad_norm, entropy, t_batch, time.monotonic() - t0)
+        if skipped:
+            self.echo(f"step {self.step_no}: non-finite loss, step skipped ({self.bad_in_row} in a row)")
+        self.store.record_step(self.run_id, self.step_no, self.version, batch.trajectory_ids,   # record
+                               loss=None if skipped else stats["loss"], metrics=metrics)
+        self._after = max(self._after, oldest_unconsumed(self.store, self.run_id))
+        self.tracker.log_metrics(metrics, self.step_no)
+        if self.bad_in_row >= self.L.max_bad_steps:
+            raise LearnerStopped(
+                f"{self.bad_in_row} learner steps in a row had a non-finite loss; stopping. The last published "
+                f"policy is v{self.version}; lower learner.lr or check the data (reflexdb sql) before resuming."
+            )
+        return StepResult(self.step_no, stats["loss"], skipped, metrics)
+
+    # ------------------------------------------------------------------ pieces of a step
+
+    def _slices(self, batch: Batch) -> list[slice]:
+        """Exactly ``n_micro`` row slices (the accumulation count DeepSpeed was configured with),
+        whatever the batch size: groups may differ in size (replay, a collector with another G)."""
+        size = math.ceil(batch.size / self.n_micro)
+        return [slice(i * size, min((i + 1) * size, batch.size)) for i in range(self.n_micro)]
+
+    @torch.no_grad()
+    def old_logprobs(self, batch: Batch) -> torch.Tensor:
+        """π_old per token `[B, T]`: recomputed under the current weights, or the behaviour log-probs."""
+        if self.L.pi_old == "behaviour":
+            return batch.behaviour_logprobs
+        out = torch.zeros_like(batch.behaviour_logprobs)
+        for sl in self._slices(batch):
+            if sl.start >= sl.stop:
+                continue
+            mb = batch.rows(sl)
+            lp, _ = self.engine.token_logprobs(mb.input_ids, mb.attention_mask, mb.prompt_lengths,
+                                               mb.response_lengths, temperature=self.temperature, grad=False)
+            out[sl, :lp.shape[1]] = lp.float().cpu()
+        return out
+
+    @torch.no_grad()
+    def ref_logprobs(self, batch: Batch) -> torch.Tensor | None:
+        if self.ref is None:
+            return None
+        out = torch.zeros_like(batch.behaviour_logprobs)
+        for sl in self._slices(batch):
+            if sl.start >= sl.stop:
+                continue
+            mb = batch.rows(sl)
+            logits = self.ref(input_ids=mb.input_ids.to(self.engine.device),
+                              attention_mask=mb.attention_mask.to(self.engine.device)).logits.float()
+            T = int(mb.response_lengths.max())
+            pos = mb.prompt_lengths[:, None] - 1 + torch.arange(T)[None, :]
+            logp = torch.log_softmax(logits.gather(1, pos[:, :, None].expand(-1, -1, logits.shape[-1]).to(
+                logits.device)) / self.temperature, -1)
+            tgt = mb.input_ids.gather(1, (pos + 1).clamp(max=mb.input_ids.shape[1] - 1)).to(logits.device)
+            out[sl, :T] = logp.gather(-1, tgt[:, :, None]).squeeze(-1).cpu()
+        return out
+
+    def optimize(self, batch: Batch, old: torch.Tensor, ref: torch.Tensor | None, adv: torch.Tensor):
+        """Loss over micro-batches with gradient accumulation; one optimizer step.
+
+        Each micro-batch's loss is weighted by its share of the step's normaliser (tokens for
+        token-mean, sequences otherwise), so the accumulated gradient equals the full batch's.
+        A non-finite micro-batch loss skips its backward and turns the optimizer step into a no-op
+        (learning rate 0 for that step): the weights do not move.
+        """
+        total_tokens = float(batch.response_mask.sum().clamp(min=1))
+        sums: dict[str, float] = {}
+        entropy_sum, bad = 0.0, False
+        grad_norm = None
+        for i, sl in enumerate(self._slices(batch)):
+            last = i == self.n_micro - 1
+            if sl.start < sl.stop:
+                mb = batch.rows(sl)
+                T = mb.response_mask.shape[1]
+                logprobs, entropy = self.engine.token_logprobs(
+                    mb.input_ids, mb.attention_mask, mb.prompt_lengths, mb.response_lengths,
+                    temperature=self.temperature, with_entropy=True)
+                mask = mb.response_mask.to(logprobs.device)
+                extra = {"ref_logprobs": ref[sl, :T].to(logprobs.device)} if ref is not None else {}
+                if "truncated" in inspect.signature(self.loss_fn).parameters:
+                    extra["truncated"] = mb.truncated.to(logprobs.device)
+                out = self.loss_fn(logprobs, old[sl, :T].to(logprobs.device), adv[sl].to(logprobs.device), mask,
+                                   **self.loss_params, **extra)
+                share = float(mask.sum()) / total_tokens if self.agg == "token-mean" else mb.size / batch.size
+                if not torch.isfinite(out.loss):
+                    bad = True
+                elif not bad:
+                    self.engine.backward(out.loss * share)
+                for name, value in out._asdict().items():
+                    if value.numel() == 1:
+                        sums[name] = sums.get(name, 0.0) + float(value.detach()) * share
+                entropy_sum += float(entropy.sum())
+            if last and bad:
+                self._set_lr(0.0)
+            grad_norm = self.engine.step()
+        if bad:
+            self._set_lr(self.L.lr)
+            sums["loss"] = float("nan")
+        return sums, grad_norm, entropy_sum / total_tokens
+
+    def _set_lr(self, lr: float) -> None:
+        for g in self.engine.optimizer.param_groups:
+            g["lr"] = lr
+
+    # ------------------------------------------------------------------ publishing
+
+    def publish(self) -> None:
+        """Save the learner state and HF weights, then record the policy version (the commit point)."""
+        version = self.version + 1 if self.step_no > 0 else 0
+        tag = f"step-{self.step_no}"
+        states = self.ckpt_dir / "states"
+        t0 = time.monotonic()
+        self.engine.save_state(states, tag, {"step": self.step_no, "version": version})
+        weights = self.ckpt_dir / f"v{version}"
+        sha = self.engine.export_hf(weights)
+        if self.engine.rank == 0:
+            self.store.publish_policy(
+                self.run_id, version, f"file://{weights}", sha256=sha, step=self.step_no,
+                meta={"learner_state": str(states), "state_tag": tag, "mlflow_run_id": self.tracker.run_id},
+            )
+            self._prune_states(states, keep=tag)
+        self.version = version
+        self.tracker.log_metrics({"perf/publish_seconds": time.monotonic() - t0, "policy/version": version},
+                                 self.step_no)
+        self.echo(f"published policy v{version} at step {self.step_no} ({weights})")
+
+    def _prune_states(self, states: Path, keep: str) -> None:
+        tags = sorted((p for p in states.glob("step-*") if p.is_dir()), key=lambda p: int(p.name.split("-")[1]))
+        for old in tags[: -self.L.keep_states]:
+            if old.name != keep:
+                shutil.rmtree(old, ignore_errors=True)
+
+    # ------------------------------------------------------------------ metrics
+
+    def metrics(self, batch: Batch, groups, stats: dict, grad_norm, entropy: float, t_batch: float,
+                t_step: float) -> dict[str, float]:
+        m: dict[str, float] = {f"loss/{k}": v for k, v in stats.items()}
+        valid = batch.valid
+        m["reward/mean"] = float(batch.rewards[valid].mean()) if valid.any() else float("nan")
+        m["reward/pass_at_1"] = float(batch.correct.float().mean())
+        m["reward/missing"] = float((~valid).sum())
+        classes = {"none": 0, "some": 0, "all": 0}
+        for g in groups:
+            c = sum(bool(t.correct) for t in g.trajectories)
+            classes["none" if c == 0 else "all" if c == len(g.trajectories) else "some"] += 1
+        for k, v in classes.items():
+            m[f"groups/{k}_pass"] = float(v)
+        stale = [self.version - v for v in batch.group_versions]
+        m["staleness/mean"] = sum(stale) / len(stale)
+        m["staleness/max"] = float(max(stale))
+        m["policy/entropy"] = entropy
+        if grad_norm is not None:
+            m["policy/grad_norm"] = grad_norm
+        n_tokens = float(batch.response_mask.sum())
+        m["perf/tokens_per_s"] = n_tokens / max(t_step, 1e-9)
+        m["perf/batch_seconds"] = t_batch
+        m["perf/step_seconds"] = t_step
+        return {k: (v if math.isfinite(v) else float("nan")) for k, v in m.items()}
+
+    def _progress(self, r: StepResult) -> str:
+        m = r.metrics
+        return (f"step {r.step} | loss {r.loss:.4f} | reward {m['reward/mean']:.3f} | pass@1 {m['reward/pass_at_1']:.3f} "
+                f"| groups none/some/all {int(m['groups/none_pass'])}/{int(m['groups/some_pass'])}/"
+                f"{int(m['groups/all_pass'])} | staleness {m['staleness/mean']:.2f} (max {int(m['staleness/max'])}) "
+                f"| v{self.version} | {m['perf/tokens_per_s']:.0f} tok/s")
