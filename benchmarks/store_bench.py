@@ -627,6 +627,64 @@ def bench_faiss(store: Store, run: int, args, results: dict) -> None:
     results["faiss"] = out
 
 
+# ---------------------------------------------------------------------------------------------- report
+
+
+def markdown(results: dict) -> str:
+    """The tables of docs/benchmarks.md, from a results dict (``--report results.json``)."""
+    out = []
+    m = results["machine"]
+    out.append(f"Run {results['date']}: `{results['command']}`; {m.get('cpus')} CPUs ({m.get('cpu', '?')}), "
+               f"{m.get('mem_gib')} GiB RAM, PostgreSQL {m.get('postgres')} (shared_buffers {m.get('pg_shared_buffers')}), "
+               f"load average at start {m['loadavg_start'][0]:.2f}, at end {results['loadavg_end'][0]:.2f}.\n")
+    if "ingest" in results:
+        i = results["ingest"]
+        out.append(f"Ingest: {i['rows_per_round']:,} trajectories ({i['groups_per_round']} groups of 8, "
+                   f"~{i['approx_kib_per_row']} KiB each) per method per round, {i['rounds']} rounds, median round; "
+                   f"raw COPY in transactions of {i['copy_batch_groups']} groups.\n")
+        out.append("| method | rows/s | ms per group | client CPU ms/group | server CPU ms/group | rows/s each round |")
+        out.append("|---|---:|---:|---:|---:|---|")
+        names = {
+            "api_async": "API `write_group`, synchronous_commit off (default)",
+            "api_sync": "API `write_group`, synchronous_commit on",
+            "raw_copy": "raw binary COPY (ceiling)",
+            "orm": "ORM object + pickle, commit per group (sync on)",
+            "orm_async": "ORM object + pickle, commit per group (sync off)",
+        }
+        for k, label in names.items():
+            sc = i["server_cpu_ms_per_group"][k]
+            out.append(f"| {label} | {i['rows_per_s'][k]:,} | {i['ms_per_group'][k]:.2f} | "
+                       f"{i['client_cpu_ms_per_group'][k]:.2f} | {'-' if sc is None else f'{sc:.2f}'} | "
+                       f"{', '.join(f'{x:,}' for x in i['rows_per_s_all_rounds'][k])} |")
+        out.append("")
+        out.append("| ratio | value |")
+        out.append("|---|---:|")
+        for k, v in i["ratios"].items():
+            out.append(f"| {k} | {v} |")
+        out.append("")
+    if "sample" in results:
+        out.append("| stored trajectories | p50 ms | p90 ms | p99 ms | max ms | id selection p50 ms | "
+                   "client CPU ms/sample | server CPU ms/sample | load avg (1 min) |")
+        out.append("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+        for size, r in results["sample"].items():
+            sc = r["server_cpu_ms_per_sample"]
+            out.append(f"| {int(size):,} | {r['p50_ms']} | {r['p90_ms']} | {r['p99_ms']} | {r['max_ms']} | "
+                       f"{r['id_selection_p50_ms']} | {r['client_cpu_ms_per_sample']} | {'-' if sc is None else sc} | "
+                       f"{r['loadavg'][0]:.2f} |")
+        out.append("")
+    f = results.get("faiss")
+    if f and "cases" in f:
+        out.append(f"FAISS: {f['vectors']:,} vectors; `catch_up()` from empty {f['catch_up_s']} s; k = {f['k']}.\n")
+        out.append("| search | queries | p50 ms | p99 ms |")
+        out.append("|---|---:|---:|---:|")
+        for name, c in f["cases"].items():
+            out.append(f"| {name} | {c['queries']} | {c['p50_ms']} | {c['p99_ms']} |")
+        out.append("")
+    elif f:
+        out.append(f"FAISS: {f.get('skipped')}\n")
+    return "\n".join(out)
+
+
 # ---------------------------------------------------------------------------------------------- main
 
 
@@ -649,7 +707,11 @@ def main(argv=None) -> int:
     ap.add_argument("--faiss-k", type=int, default=8)
     ap.add_argument("--quick", action="store_true", help="small sizes: about a minute")
     ap.add_argument("--json-out", help="write the results here as JSON")
+    ap.add_argument("--report", metavar="JSON", help="print the markdown tables of a results file and exit")
     args = ap.parse_args(argv)
+    if args.report:
+        print(markdown(json.loads(Path(args.report).read_text())))
+        return 0
     if args.quick:
         args.ingest_groups, args.rounds, args.sample_sizes = 250, 2, "50000"
         args.samples, args.template_groups, args.faiss_queries = 100, 100, 50
@@ -695,6 +757,10 @@ def main(argv=None) -> int:
         results["loadavg_end"] = os.getloadavg()
         results["total_s"] = round(time.perf_counter() - t0, 1)
         print(json.dumps(results, indent=2, default=str))
+        try:
+            print(markdown(json.loads(json.dumps(results, default=str))))
+        except (KeyError, TypeError, IndexError) as exc:  # a section failed part-way
+            log(f"no markdown summary: {exc!r}")
         if args.json_out:
             Path(args.json_out).write_text(json.dumps(results, indent=2, default=str) + "\n")
         if admin_url:
