@@ -267,20 +267,24 @@ def server_cpu() -> float | None:
         postmaster = int((_PGDATA / "postmaster.pid").read_text().split()[0])
     except (OSError, ValueError, IndexError):
         return None
-    tick = os.sysconf("SC_CLK_TCK")
     total = 0.0
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
             continue
         try:
             with open(f"/proc/{entry.name}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            if int(entry.name) == postmaster or ppid == postmaster:
+                total += process_cpu(int(entry.name))
+        except (OSError, ValueError):
             continue
-        pid, ppid = int(entry.name), int(fields[1])
-        if pid == postmaster or ppid == postmaster:
-            total += (int(fields[11]) + int(fields[12])) / tick
     return total
+
+
+def process_cpu(pid: int) -> float:
+    """CPU seconds of process ``pid`` (nanosecond resolution, from /proc/PID/schedstat)."""
+    with open(f"/proc/{pid}/schedstat") as f:
+        return int(f.read().split()[0]) / 1e9
 
 
 def machine_info(url: str) -> dict:
@@ -418,6 +422,8 @@ def _bench_ingest(url: str, engine, args, results: dict) -> None:
         log("ingest round %d: " % (rnd + 1) + ", ".join(
             f"{k} {rows_per_round / v[-1]:,.0f} rows/s" for k, v in times.items()))
 
+    log("ingest: per-statement CPU of the API ...")
+    diag = diagnose_api(url, groups[: min(n, 500)])
     rate = {k: rows_per_round / statistics.median(v) for k, v in times.items()}
     out = {
         "groups_per_round": n,
@@ -442,6 +448,7 @@ def _bench_ingest(url: str, engine, args, results: dict) -> None:
             "api_async/orm_async": round(rate["api_async"] / rate["orm_async"], 2),
         },
     }
+    out["api_statements_cpu_ms_per_group"] = diag
     out["loadavg_end"] = os.getloadavg()
     results["ingest"] = out
     log("ingest: " + json.dumps(out["rows_per_s"]) + " " + json.dumps(out["ratios"]))
@@ -449,6 +456,56 @@ def _bench_ingest(url: str, engine, args, results: dict) -> None:
     raw_conn.close()
     orm_engine.dispose()
     orm_async_engine.dispose()
+
+
+def diagnose_api(url: str, groups: list[GroupIn]) -> dict:
+    """Server CPU of each statement the API sends for a group, and client CPU around them.
+
+    Replays ``Store.write_groups`` for one group at a time on a connection of our own, with the
+    Store's own statement helpers, reading the backend's CPU time between statements.
+    """
+    store = Store(make_engine(url, pool_size=1))
+    conn = connect_raw(url)
+    pid = conn.info.backend_pid
+    acc: dict[str, list[float]] = {}
+
+    def step(name: str, fn):
+        s0, c0 = process_cpu(pid), time.process_time()
+        out = fn()
+        s1, c1 = process_cpu(pid), time.process_time()
+        a = acc.setdefault(name, [0.0, 0.0])
+        a[0] += s1 - s0
+        a[1] += c1 - c0
+        return out
+
+    import reflexdb.store as st
+
+    real_copy = st.copy_rows
+
+    def copy(cur, table, *a):
+        step(f"COPY {table}", lambda: real_copy(cur, table, *a))
+
+    st.copy_rows = copy
+    try:
+        for g in groups:
+            p = step("validate (prepare_group)", lambda: prepare_group(g))
+            cur = conn.cursor()
+
+            def first():
+                with conn.pipeline():
+                    conn.execute("SET LOCAL synchronous_commit = off")
+                    store._insert_group(cur, p)
+                return cur.fetchall()
+
+            rows = step("BEGIN + SET LOCAL + insert_group (one round trip)", first)
+            store._copy_group(cur, p, rows)
+            step("COMMIT", conn.commit)
+    finally:
+        st.copy_rows = real_copy
+        conn.close()
+        store.close()
+    n = len(groups)
+    return {k: {"server_ms": round(v[0] * 1000 / n, 3), "client_ms": round(v[1] * 1000 / n, 3)} for k, v in acc.items()}
 
 
 # ---------------------------------------------------------------------------------------------- section 2
@@ -657,6 +714,16 @@ def markdown(results: dict) -> str:
                        f"{i['client_cpu_ms_per_group'][k]:.2f} | {'-' if sc is None else f'{sc:.2f}'} | "
                        f"{', '.join(f'{x:,}' for x in i['rows_per_s_all_rounds'][k])} |")
         out.append("")
+        d = i.get("api_statements_cpu_ms_per_group")
+        if d:
+            out.append("Where a `write_group` goes (synchronous_commit off), per group:\n")
+            out.append("| step | server CPU ms | client CPU ms |")
+            out.append("|---|---:|---:|")
+            for k, v in d.items():
+                out.append(f"| {k} | {v['server_ms']:.3f} | {v['client_ms']:.3f} |")
+            out.append(f"| total | {sum(v['server_ms'] for v in d.values()):.3f} | "
+                       f"{sum(v['client_ms'] for v in d.values()):.3f} |")
+            out.append("")
         out.append("| ratio | value |")
         out.append("|---|---:|")
         for k, v in i["ratios"].items():
