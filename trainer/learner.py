@@ -70,6 +70,14 @@ def loss_kwargs(fn: Callable, cfg: Config) -> dict[str, Any]:
     return params
 
 
+def effective_beta(fn: Callable, kwargs: dict) -> float:
+    """The KL coefficient the loss will use: configured, else the loss's own default (GRPO-λ: 0.04)."""
+    if "beta" in kwargs:
+        return float(kwargs["beta"])
+    p = inspect.signature(fn).parameters.get("beta")
+    return float(p.default) if p is not None and p.default is not inspect.Parameter.empty else 0.0
+
+
 def _agg_mode(fn: Callable, kwargs: dict) -> str:
     if "agg" in kwargs:
         return kwargs["agg"]
@@ -117,7 +125,7 @@ class Learner:
         if resume:
             self._check_state(latest)
         self.engine = TrainingEngine(self.base_model, settings)
-        self.ref = self._reference_model() if self.loss_params.get("beta") else None
+        self.ref = self._reference_model() if effective_beta(self.loss_fn, self.loss_params) > 0 else None
         self.store.set_settings(self.run_id, {
             "learner.groups_per_step": self.L.groups_per_step, "learner.publish_every": self.L.publish_every,
             "learner.max_staleness": self.cfg.max_staleness, "learner.max_reuse": self.L.max_reuse,
@@ -228,7 +236,8 @@ class Learner:
         if skipped:
             self.echo(f"step {self.step_no}: non-finite loss, step skipped ({self.bad_in_row} in a row)")
         self.store.record_step(self.run_id, self.step_no, self.version, batch.trajectory_ids,   # record
-                               loss=None if skipped else stats["loss"], metrics=metrics)
+                               loss=None if skipped else stats["loss"],
+                               metrics={k: v for k, v in metrics.items() if math.isfinite(v)})
         self._after = max(self._after, oldest_unconsumed(self.store, self.run_id))
         self.tracker.log_metrics(metrics, self.step_no)
         if self.bad_in_row >= self.L.max_bad_steps:
@@ -289,6 +298,8 @@ class Learner:
         (learning rate 0 for that step): the weights do not move.
         """
         total_tokens = float(batch.response_mask.sum().clamp(min=1))
+        # Sequence-mean modes average over rows that have at least one loss token.
+        total_rows = float(batch.response_mask.any(dim=1).sum().clamp(min=1))
         sums: dict[str, float] = {}
         entropy_sum, bad = 0.0, False
         grad_norm = None
@@ -306,7 +317,8 @@ class Learner:
                     extra["truncated"] = mb.truncated.to(logprobs.device)
                 out = self.loss_fn(logprobs, old[sl, :T].to(logprobs.device), adv[sl].to(logprobs.device), mask,
                                    **self.loss_params, **extra)
-                share = float(mask.sum()) / total_tokens if self.agg == "token-mean" else mb.size / batch.size
+                share = (float(mask.sum()) / total_tokens if self.agg == "token-mean"
+                         else float(mask.any(dim=1).sum()) / total_rows)
                 if not torch.isfinite(out.loss):
                     bad = True
                 elif not bad:
@@ -316,6 +328,9 @@ class Learner:
                         sums[name] = sums.get(name, 0.0) + float(value.detach()) * share
                 entropy_sum += float(entropy.sum())
             if last and bad:
+                # Finite (zero) gradients for the boundary step, and a learning rate of 0: AdamW then
+                # leaves every weight exactly where it was.
+                self.engine.backward(sum(p.sum() for p in self.engine.ds.module.parameters()) * 0.0)
                 self._set_lr(0.0)
             grad_norm = self.engine.step()
         if bad:

@@ -1,0 +1,232 @@
+"""`reflexdb learn` on a real store with the tiny model and real DeepSpeed (CPU, gloo)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from sqlalchemy import text
+
+from reflexdb import GroupIn, Store, TaskIn, TrajectoryIn, TurnIn
+from reflexdb.config import parse_config
+
+REFLEXDB = [sys.executable, "-m", "reflexdb.cli.main"]
+
+
+@pytest.fixture(scope="module")
+def model_cache(tmp_path_factory) -> Path:
+    path = Path(os.environ.get("REFLEXDB_MODEL_CACHE") or tmp_path_factory.mktemp("models"))
+    os.environ["REFLEXDB_MODEL_CACHE"] = str(path)
+    return path
+
+
+def config_data(**learner) -> dict:
+    return {
+        "run": "learn-test",
+        "model": "tiny",
+        "max_staleness": 1,
+        "collector": {"group_size": 4, "tasks_per_batch": 2, "sampling": {"max_new_tokens": 12},
+                      "progress_every_s": 1, "poll_interval_s": 0.2},
+        "learner": {"groups_per_step": 2, "micro_batch_size": 4, "lr": 1e-3, "publish_every": 1,
+                    "poll_interval_s": 0.2, **learner},
+    }
+
+
+def write_config(tmp_path, data) -> Path:
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def env_for(db_url, tmp_path, model_cache):
+    return dict(os.environ, REFLEXDB_DATABASE_URL=db_url, REFLEXDB_HOME=str(tmp_path / "home"),
+                REFLEXDB_MODEL_CACHE=str(model_cache), PYTHONUNBUFFERED="1")
+
+
+def rows(store, sql, **params):
+    with store.engine.connect() as conn:
+        return [tuple(r) for r in conn.execute(text(sql), params)]
+
+
+def seed_groups(store, run_name: str, n_groups: int, G: int = 4, seed: int = 0) -> list[int]:
+    """Groups with mixed rewards (so GRPO has signal) and token ids inside the tiny model's vocab."""
+    rng = np.random.default_rng(seed)
+    run = store.create_run(run_name)
+    tasks = store.add_tasks(run, [TaskIn(f"What is {i} + 1?", str(i + 1)) for i in range(n_groups)])
+    ids = []
+    for task in tasks:
+        trajs = []
+        for j in range(G):
+            T = int(rng.integers(4, 10))
+            trajs.append(TrajectoryIn(
+                prompt_ids=rng.integers(0, 1000, 6), response_ids=rng.integers(0, 1000, T),
+                logprobs=-rng.random(T).astype(np.float32) * 5, reward=float(j % 2), correct=bool(j % 2),
+                turns=[TurnIn("user", "q"), TurnIn("assistant", "a", 0, T)],
+                embedding=rng.standard_normal(64).astype(np.float32)))
+        ids.append(store.write_group(GroupIn(run_id=run, task_id=task, policy_version=0, trajectories=trajs)).group_id)
+    return ids
+
+
+def test_collect_and_learn_as_two_processes(store, db_url, tmp_path, model_cache):
+    cfg = write_config(tmp_path, config_data())
+    env = env_for(db_url, tmp_path, model_cache)
+    collector = subprocess.Popen(REFLEXDB + ["collect", "-c", str(cfg)], env=env, stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True)
+    try:
+        learner = subprocess.run(REFLEXDB + ["learn", "-c", str(cfg), "--max-steps", "3"], env=env,
+                                 capture_output=True, text=True, timeout=600)
+        assert learner.returncode == 0, learner.stderr[-3000:]
+        # Let the collector see the last version before stopping it.
+        deadline = time.monotonic() + 120
+        while rows(store, "SELECT max(policy_version) FROM collectors") < [(2,)] and time.monotonic() < deadline:
+            time.sleep(0.2)
+        collector.send_signal(signal.SIGTERM)
+        _, cerr = collector.communicate(timeout=120)
+    finally:
+        collector.kill()
+    assert collector.returncode == 0, cerr[-3000:]
+    # Versions 0 (base) .. 3 published; the collector loaded at least two of them.
+    assert rows(store, "SELECT version, step FROM policy_versions ORDER BY 1") == [(0, 0), (1, 1), (2, 2), (3, 3)]
+    loaded = {int(v) for v in __import__("re").findall(r"loaded policy v(\d+)", cerr)}
+    assert len(loaded) >= 2, cerr[-2000:]
+    assert rows(store, "SELECT count(DISTINCT policy_version) FROM groups") >= [(2,)]
+    # Every consumed trajectory traces to its group, its policy version and the step that used it.
+    traced = rows(store, """
+        SELECT count(*), count(g.id), count(s.id), bool_and(s.policy_version - g.policy_version <= 1)
+        FROM consumption c JOIN trajectories t ON t.id = c.trajectory_id JOIN groups g ON g.id = t.group_id
+        JOIN learner_steps s ON s.id = c.step_id""")
+    assert traced == [(24, 24, 24, True)]  # 3 steps x 2 groups x 4 trajectories, staleness within eta
+    assert rows(store, "SELECT max(staleness) <= 1 FROM staleness") == [(True,)]
+    # The published checkpoint is a plain HF model directory with the recorded hash.
+    from transformers import AutoModelForCausalLM
+
+    from reflexdb.trainer.engine import weights_sha256
+
+    [(uri, sha)] = rows(store, "SELECT checkpoint_uri, sha256 FROM policy_versions WHERE version = 3")
+    path = uri.removeprefix("file://")
+    AutoModelForCausalLM.from_pretrained(path)
+    assert weights_sha256(path) == sha
+    # MLflow holds the config and the documented metrics.
+    import mlflow
+
+    client = mlflow.tracking.MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'home' / 'mlflow.db'}")
+    [exp] = [e for e in client.search_experiments() if e.name == "reflexdb/learn-test"]
+    [run] = client.search_runs([exp.experiment_id])
+    assert run.data.params["learner.groups_per_step"] == "2"
+    for key in ("loss/loss", "reward/mean", "reward/pass_at_1", "groups/none_pass", "staleness/max",
+                "policy/entropy", "perf/tokens_per_s", "perf/batch_seconds"):
+        assert key in run.data.metrics, key
+    assert len(client.get_metric_history(run.info.run_id, "loss/loss")) == 3
+
+
+def test_resume_after_kill_9(store, db_url, tmp_path, model_cache):
+    group_ids = seed_groups(store, "learn-test", 16)
+    data = config_data(publish_every=3, max_reuse=1)
+    data["max_staleness"] = 100  # seeded groups are all version 0
+    cfg = write_config(tmp_path, data)
+    env = env_for(db_url, tmp_path, model_cache)
+    proc = subprocess.Popen(REFLEXDB + ["learn", "-c", str(cfg), "--max-steps", "8"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 300
+        while rows(store, "SELECT count(*) FROM learner_steps") < [(4,)]:
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGKILL)  # step 4 recorded, published only up to step 3
+        proc.wait(30)
+    finally:
+        proc.kill()
+    steps_before = rows(store, "SELECT step FROM learner_steps ORDER BY 1")
+    assert steps_before[:4] == [(1,), (2,), (3,), (4,)]
+    [(mlflow_id,)] = rows(store, "SELECT DISTINCT meta->>'mlflow_run_id' FROM policy_versions")
+    again = subprocess.run(REFLEXDB + ["learn", "-c", str(cfg), "--max-steps", "6"], env=env, capture_output=True,
+                           text=True, timeout=600)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "resumed run 'learn-test' at step 3" in again.stderr
+    assert rows(store, "SELECT step FROM learner_steps ORDER BY 1") == [(i,) for i in range(1, 7)]
+    # Nothing consumed twice, nothing skipped: the 6 steps took the 12 oldest groups, once each.
+    consumed = rows(store, "SELECT group_id, count(DISTINCT step_id) FROM consumption GROUP BY 1 ORDER BY 1")
+    assert consumed == [(g, 1) for g in group_ids[:12]]
+    assert rows(store, "SELECT count(*) FROM trajectories WHERE times_sampled <> "
+                       "(SELECT count(*) FROM consumption c WHERE c.trajectory_id = trajectories.id)") == [(0,)]
+    # The MLflow run continued.
+    assert rows(store, "SELECT DISTINCT meta->>'mlflow_run_id' FROM policy_versions") == [(mlflow_id,)]
+    assert rows(store, "SELECT max(version), max(step) FROM policy_versions") == [(2, 6)]
+
+
+# ------------------------------------------------------------------ in-process (DeepSpeed in pytest)
+
+
+def _learner(store, tmp_path, monkeypatch, **learner):
+    from reflexdb.trainer.learner import Learner
+
+    monkeypatch.setenv("REFLEXDB_HOME", str(tmp_path / "home"))
+    data = config_data(**learner)
+    data["max_staleness"] = 100
+    msgs = []
+    lr = Learner(parse_config(data), store, echo=msgs.append)
+    return lr, msgs
+
+
+def test_no_groups_waits_and_says_so(store, tmp_path, monkeypatch, model_cache):
+    lr, msgs = _learner(store, tmp_path, monkeypatch, wait_log_every_s=0.3)
+    lr.setup()
+    lr.run(max_seconds=2)
+    assert lr.step_no == 0
+    assert any("waiting for groups: 0 of 2 eligible" in m for m in msgs)
+
+
+def test_nan_loss_skips_and_stops(store, tmp_path, monkeypatch, model_cache):
+    import torch
+
+    from reflexdb.trainer.learner import LearnerStopped
+
+    seed_groups(store, "learn-test", 8)
+    lr, msgs = _learner(store, tmp_path, monkeypatch, max_bad_steps=2)
+    lr.setup()
+    before = [p.detach().clone() for p in lr.engine.ds.module.parameters()]
+    real = lr.loss_fn
+
+    def nan_loss(*args, **kwargs):
+        out = real(*args, **kwargs)
+        return out._replace(loss=out.loss * float("nan"))
+
+    lr.loss_fn = nan_loss
+    with pytest.raises(LearnerStopped, match="2 learner steps in a row had a non-finite loss"):
+        lr.run(max_steps=5)
+    after = list(lr.engine.ds.module.parameters())
+    assert all(torch.equal(a, b) for a, b in zip(before, after))  # the weights never moved
+    assert rows(store, "SELECT step, loss FROM learner_steps ORDER BY 1") == [(1, None), (2, None)]
+    assert sum("non-finite loss, step skipped" in m for m in msgs) == 2
+    lr.loss_fn = real
+    lr.stopping = False
+    lr.bad_in_row = 0
+    lr.run(max_steps=3)  # a finite step afterwards trains normally
+    assert not all(torch.equal(a, b) for a, b in zip(before, lr.engine.ds.module.parameters()))
+
+
+def test_missing_state_on_resume_is_a_clear_error(store, tmp_path, monkeypatch, model_cache):
+    import shutil
+
+    from reflexdb.errors import ReflexdbError
+
+    seed_groups(store, "learn-test", 4)
+    lr, _ = _learner(store, tmp_path, monkeypatch)
+    lr.setup()
+    lr.run(max_steps=1)  # publishes v1 (publish_every 1)
+    [(states, tag)] = rows(store, "SELECT meta->>'learner_state', meta->>'state_tag' FROM policy_versions "
+                                  "WHERE version = 1")
+    shutil.rmtree(Path(states) / tag)
+    before = rows(store, "SELECT version, step FROM policy_versions ORDER BY 1"), rows(store, "SELECT step FROM learner_steps")
+    lr2, _ = _learner(store, tmp_path, monkeypatch)
+    with pytest.raises(ReflexdbError, match="learner state of policy v1 .* is missing. Nothing was changed"):
+        lr2.setup()
+    after = rows(store, "SELECT version, step FROM policy_versions ORDER BY 1"), rows(store, "SELECT step FROM learner_steps")
+    assert before == after
