@@ -592,6 +592,60 @@ def time_sampling(store: Store, run: int, args) -> dict:
     }
 
 
+def diagnose_read(url: str, run: int, args, n: int = 30) -> dict:
+    """Server and client CPU of each query of ``read_groups`` (run one after the other here).
+
+    Uses the Store's queries on a connection of our own; ``read_groups`` itself fetches half of
+    the payloads on a second connection at the same time.
+    """
+    from reflexdb.records import Trajectory, Turn
+    from reflexdb.store import Q
+
+    conn = connect_raw(url)
+    pid = conn.info.backend_pid
+    rng = np.random.default_rng(3)
+    acc: dict[str, list[float]] = {}
+
+    def step(name: str, fn):
+        s0, c0 = process_cpu(pid), time.process_time()
+        out = fn()
+        s1, c1 = process_cpu(pid), time.process_time()
+        a = acc.setdefault(name, [0.0, 0.0])
+        a[0] += s1 - s0
+        a[1] += c1 - c0
+        return out
+
+    lo, hi = conn.execute("SELECT min(id), max(id) FROM groups WHERE run_id = %s", (run,)).fetchone()
+    for i in range(n + 3):
+        if i == 3:
+            acc.clear()
+        gids = (lo + rng.choice(hi - lo + 1, args.batch_groups, replace=False)).tolist()
+        cur = conn.cursor(binary=True)
+        step("select_groups", lambda: cur.execute(Q["select_groups"], {"ids": gids}).fetchall())
+        trows = step("select_trajectories_of_groups",
+                     lambda: cur.execute(Q["select_trajectories_of_groups"], {"ids": gids}).fetchall())
+        tids = [r[0] for r in trows]
+        prows = step("select_payloads (arrays decoded to numpy)",
+                     lambda: cur.execute(Q["select_payloads"], {"ids": tids}).fetchall())
+        urows = step("select_turns", lambda: cur.execute(Q["select_turns"], {"ids": tids}).fetchall())
+
+        def build():
+            extra = {t: {} for t in tids}
+            for tid, *arrays in prows:
+                extra[tid].update(zip(_PAYLOAD_COLUMNS[1:], arrays))
+            turns: dict[int, list] = {}
+            for tid, *f in urows:
+                turns.setdefault(tid, []).append(Turn(*f))
+            for tid, ts in turns.items():
+                extra[tid]["turns"] = tuple(ts)
+            return [Trajectory(*r, **extra[r[0]]) for r in trows]
+
+        step("build Trajectory / Turn records", build)
+        step("COMMIT", conn.commit)
+    conn.close()
+    return {k: {"server_ms": round(v[0] * 1000 / n, 2), "client_ms": round(v[1] * 1000 / n, 2)} for k, v in acc.items()}
+
+
 def bench_sample(url: str, args, results: dict) -> tuple[int, Store]:
     engine = make_engine(url)
     store = Store(engine)
@@ -613,6 +667,7 @@ def bench_sample(url: str, args, results: dict) -> tuple[int, Store]:
             db_bytes = c.exec_driver_sql("SELECT pg_database_size(current_database())").scalar()
         log(f"sample: loaded in {secs:.0f} s, VACUUM ANALYZE {vac:.0f} s, database {db_bytes / 2**30:.2f} GiB; timing ...")
         r = time_sampling(store, run, args)
+        r["read_steps_cpu_ms_per_sample"] = diagnose_read(url, run, args)
         r.update(load_s=round(secs, 1), vacuum_analyze_s=round(vac, 1), database_gib=round(db_bytes / 2**30, 2),
                  loadavg=os.getloadavg())
         out[str(size)] = r
@@ -739,6 +794,19 @@ def markdown(results: dict) -> str:
                        f"{r['id_selection_p50_ms']} | {r['client_cpu_ms_per_sample']} | {'-' if sc is None else sc} | "
                        f"{r['loadavg'][0]:.2f} |")
         out.append("")
+        for size, r in results["sample"].items():
+            d = r.get("read_steps_cpu_ms_per_sample")
+            if not d:
+                continue
+            out.append(f"Where a sample of {int(size):,} goes, the queries of `read_groups` run one after "
+                       "the other on one connection (CPU per sample):\n")
+            out.append("| step | server CPU ms | client CPU ms |")
+            out.append("|---|---:|---:|")
+            for k, v in d.items():
+                out.append(f"| {k} | {v['server_ms']:.2f} | {v['client_ms']:.2f} |")
+            out.append(f"| total | {sum(v['server_ms'] for v in d.values()):.2f} | "
+                       f"{sum(v['client_ms'] for v in d.values()):.2f} |")
+            out.append("")
     f = results.get("faiss")
     if f and "cases" in f:
         out.append(f"FAISS: {f['vectors']:,} vectors; `catch_up()` from empty {f['catch_up_s']} s; k = {f['k']}.\n")
