@@ -13,7 +13,7 @@ import typer
 
 from reflexdb.errors import ReflexdbError
 
-from . import collect, db, learn, query, similar
+from . import collect, db, evaluate, learn, query, similar, ui
 
 app = typer.Typer(
     name="reflexdb",
@@ -28,6 +28,8 @@ app.command("psql")(query.psql)
 app.command("similar")(similar.similar)
 app.command("collect")(collect.collect)
 app.command("learn")(learn.learn)
+app.command("eval")(evaluate.eval_command)
+app.command("ui")(ui.ui)
 
 
 @app.callback()

@@ -1,0 +1,21 @@
+"""``reflexdb eval``: pass@1 / pass@k of a checkpoint on held-out tasks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+
+def eval_command(
+    config: Path = typer.Option(..., "--config", "-c", help="Run config (YAML)."),
+    checkpoint: str = typer.Option("latest", "--checkpoint", help="base, latest, vN (a published version) or a model directory."),
+    split: str = typer.Option("eval", "--split", help="Task split to evaluate on."),
+    k: int = typer.Option(None, "-k", min=1, help="Samples per task (pass@k); default learner.eval_samples."),
+    max_tasks: int = typer.Option(None, "--max-tasks", min=1, help="Evaluate on at most this many tasks."),
+    url: str = typer.Option(None, "--url", envvar="REFLEXDB_DATABASE_URL", help="PostgreSQL URL (default: config, then embedded)."),
+) -> None:
+    """Report pass@1 and pass@k on held-out tasks with the plain prompt, and log them to MLflow."""
+    from reflexdb.trainer.cli_entry import run_eval
+
+    run_eval(config, checkpoint=checkpoint, split=split, k=k, max_tasks=max_tasks, url=url)
