@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import subprocess
@@ -230,3 +231,67 @@ def test_missing_state_on_resume_is_a_clear_error(store, tmp_path, monkeypatch, 
         lr2.setup()
     after = rows(store, "SELECT version, step FROM policy_versions ORDER BY 1"), rows(store, "SELECT step FROM learner_steps")
     assert before == after
+
+
+def _learn_once(tmp_path, name, db_url, model_cache, launcher):
+    """Seed the same groups into a fresh run and take one learner step; return the v1 weights."""
+    from safetensors.torch import load_file
+
+    store = Store.open(db_url)
+    seed_groups(store, name, 2, seed=7)
+    data = config_data(publish_every=1, micro_batch_size=2)
+    data.update(run=name, max_staleness=100)
+    (tmp_path / name).mkdir()
+    cfg = write_config(tmp_path / name, data)
+    env = env_for(db_url, tmp_path / name, model_cache)
+    proc = subprocess.run(launcher + ["learn", "-c", str(cfg), "--max-steps", "1"], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    [(uri,)] = rows(store, "SELECT p.checkpoint_uri FROM policy_versions p JOIN runs r ON r.id = p.run_id "
+                           "WHERE r.name = :n AND p.version = 1", n=name)
+    steps = rows(store, "SELECT count(*) FROM learner_steps s JOIN runs r ON r.id = s.run_id WHERE r.name = :n",
+                 n=name)
+    store.close()
+    return load_file(str(Path(uri.removeprefix("file://")) / "model.safetensors")), steps
+
+
+def test_world_size_2_matches_one_process(db_url, tmp_path, model_cache):
+    """DeepSpeed data parallel on CPU (gloo): two ranks take the same step one process takes."""
+    import torch
+    from safetensors.torch import load_file
+
+    from reflexdb.collector.models import resolve_model
+
+    one, steps1 = _learn_once(tmp_path, "ws1", db_url, model_cache, REFLEXDB)
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(port),
+                "-m", "reflexdb.cli.main"]
+    two, steps2 = _learn_once(tmp_path, "ws2", db_url, model_cache, torchrun)
+    assert steps1 == steps2 == [(1,)]  # rank 0 alone recorded the step
+    base = load_file(str(Path(resolve_model("tiny")) / "model.safetensors"))
+    assert one.keys() == two.keys()
+    moved = 0.0
+    for k in one:
+        assert torch.allclose(one[k], two[k], atol=1e-5, rtol=1e-4), k
+        moved = max(moved, float((one[k] - base[k]).abs().max()))
+    assert moved > 1e-5  # the step did change the weights
+
+
+def test_grpo_lambda_trains_with_its_reference_model(store, tmp_path, monkeypatch, model_cache):
+    seed_groups(store, "learn-test", 2)
+    lr, _ = _learner(store, tmp_path, monkeypatch, loss="grpo_lambda")
+    lr.setup()
+    assert lr.ref is not None  # GRPO-λ's default β = 0.04 needs the frozen base model
+    result = lr.step(eligible_ids(store, lr.run_id))
+    assert not result.skipped and math.isfinite(result.loss)
+    assert "loss/kl" in result.metrics and "loss/trace_mean" in result.metrics
+
+
+def eligible_ids(store, run_id):
+    from reflexdb.trainer.batch import eligible_group_ids
+
+    return eligible_group_ids(store, run_id, 2)

@@ -36,7 +36,7 @@ def run_learner(config_path: Path, *, max_steps: int | None = None, max_seconds:
         learner.run(max_steps=max_steps, max_seconds=max_seconds)
         if learner.step_no % cfg.learner.publish_every != 0:
             learner.publish()  # nothing trained is lost on a clean stop
-        echo(f"stopped at step {learner.step_no}, policy v{learner.version}")
+        learner.echo(f"stopped at step {learner.step_no}, policy v{learner.version}")
     finally:
         store.close()
 

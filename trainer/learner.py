@@ -45,6 +45,18 @@ log = logging.getLogger("reflexdb.learn")
 LOSS_OF_ALGORITHM = {"nexgrpo": "grpo", "lte": "grpo", "r3l": "opmd", "cleaner": "dapo", "raft": "sft"}
 
 
+class NullTracker:
+    """What ranks other than 0 log to: nothing."""
+
+    run_id = None
+
+    def log_config(self) -> None: ...
+
+    def log_metrics(self, metrics, step) -> None: ...
+
+    def close(self, status: str = "FINISHED") -> None: ...
+
+
 class LearnerStopped(ReflexdbError):
     """The learner stopped on purpose after repeated bad steps; the message says why."""
 
@@ -125,22 +137,30 @@ class Learner:
         if resume:
             self._check_state(latest)
         self.engine = TrainingEngine(self.base_model, settings)
+        # Data parallel: rank 0 chooses the groups and alone writes to the store and MLflow.
+        self.rank, self.world = self.engine.rank, self.engine.world_size
+        self.main = self.rank == 0
+        if not self.main:
+            self.echo = lambda msg: None
         self.ref = self._reference_model() if effective_beta(self.loss_fn, self.loss_params) > 0 else None
-        self.store.set_settings(self.run_id, {
-            "learner.groups_per_step": self.L.groups_per_step, "learner.publish_every": self.L.publish_every,
-            "learner.max_staleness": self.cfg.max_staleness, "learner.max_reuse": self.L.max_reuse,
-        })
+        if self.main:
+            self.store.set_settings(self.run_id, {
+                "learner.groups_per_step": self.L.groups_per_step, "learner.publish_every": self.L.publish_every,
+                "learner.max_staleness": self.cfg.max_staleness, "learner.max_reuse": self.L.max_reuse,
+            })
         if resume:
             client = self.engine.load_state(latest.meta["learner_state"], latest.meta["state_tag"])
             self.step_no = int(client["step"])
             self.version = latest.version
-            rolled = self._roll_back_after(self.step_no)
-            self.tracker = Tracker(self.cfg, resume_run_id=latest.meta.get("mlflow_run_id"))
+            rolled = self._roll_back_after(self.step_no) if self.main else 0
+            self.tracker = Tracker(self.cfg, resume_run_id=latest.meta.get("mlflow_run_id")) if self.main \
+                else NullTracker()
             self.echo(f"resumed run {self.cfg.run!r} at step {self.step_no} (policy v{self.version}); "
                       f"rolled back {rolled} unpublished step(s)")
         else:
-            self._roll_back_after(0)
-            self.tracker = Tracker(self.cfg)
+            if self.main:
+                self._roll_back_after(0)
+            self.tracker = Tracker(self.cfg) if self.main else NullTracker()
             self.tracker.log_config()
             if latest is None:
                 self.publish()  # version 0: the base model, so collectors and resume have a start
@@ -186,7 +206,11 @@ class Learner:
             while not self.stopping:
                 if max_steps is not None and self.step_no >= max_steps:
                     break
-                groups = self.wait_for_groups(deadline)
+                groups = self.wait_for_groups(deadline) if self.main else None
+                if self.world > 1:  # every rank trains on the groups rank 0 chose
+                    box = [groups]
+                    torch.distributed.broadcast_object_list(box, src=0)
+                    groups = box[0]
                 if groups is None:
                     break
                 result = self.step(groups)
@@ -223,23 +247,26 @@ class Learner:
         groups = self.store.read_groups(group_ids, turns=False)                       # sample
         batch = pack(groups, self.engine.pad_id)
         t_batch = time.monotonic() - t0
-        old = self.old_logprobs(batch)                                                # π_old
-        ref = self.ref_logprobs(batch)
         adv = group_advantages(batch.rewards, batch.group_index,                      # advantages
                                scale=self.L.advantage_scale)
         adv = torch.where(batch.valid, adv, torch.zeros_like(adv))
-        stats, grad_norm, entropy = self.optimize(batch, old, ref, adv)               # loss, step
+        mine = self._shard(batch.size)                                                # this rank's rows
+        part = batch.rows(mine)
+        old = self.old_logprobs(part)                                                 # π_old
+        ref = self.ref_logprobs(part)
+        stats, grad_norm, entropy = self.optimize(part, old, ref, adv[mine], full=batch)  # loss, step
         skipped = not math.isfinite(stats["loss"])
         self.bad_in_row = self.bad_in_row + 1 if skipped else 0
         self.step_no += 1
         metrics = self.metrics(batch, groups, stats, grad_norm, entropy, t_batch, time.monotonic() - t0)
         if skipped:
             self.echo(f"step {self.step_no}: non-finite loss, step skipped ({self.bad_in_row} in a row)")
-        self.store.record_step(self.run_id, self.step_no, self.version, batch.trajectory_ids,   # record
-                               loss=None if skipped else stats["loss"],
-                               metrics={k: v for k, v in metrics.items() if math.isfinite(v)})
-        self._after = max(self._after, oldest_unconsumed(self.store, self.run_id))
-        self.tracker.log_metrics(metrics, self.step_no)
+        if self.main:
+            self.store.record_step(self.run_id, self.step_no, self.version, batch.trajectory_ids,  # record
+                                   loss=None if skipped else stats["loss"],
+                                   metrics={k: v for k, v in metrics.items() if math.isfinite(v)})
+            self._after = max(self._after, oldest_unconsumed(self.store, self.run_id))
+            self.tracker.log_metrics(metrics, self.step_no)
         if self.bad_in_row >= self.L.max_bad_steps:
             raise LearnerStopped(
                 f"{self.bad_in_row} learner steps in a row had a non-finite loss; stopping. The last published "
@@ -248,6 +275,18 @@ class Learner:
         return StepResult(self.step_no, stats["loss"], skipped, metrics)
 
     # ------------------------------------------------------------------ pieces of a step
+
+    def _shard(self, n_rows: int) -> slice:
+        """This rank's contiguous share of a step's rows."""
+        per = math.ceil(n_rows / self.world)
+        return slice(min(self.rank * per, n_rows), min((self.rank + 1) * per, n_rows))
+
+    def _all_reduce(self, values: list[float]) -> list[float]:
+        if self.world == 1:
+            return values
+        t = torch.tensor(values, dtype=torch.float64)
+        torch.distributed.all_reduce(t)
+        return t.tolist()
 
     def _slices(self, batch: Batch) -> list[slice]:
         """Exactly ``n_micro`` row slices (the accumulation count DeepSpeed was configured with),
@@ -289,17 +328,20 @@ class Learner:
             out[sl, :T] = logp.gather(-1, tgt[:, :, None]).squeeze(-1).cpu()
         return out
 
-    def optimize(self, batch: Batch, old: torch.Tensor, ref: torch.Tensor | None, adv: torch.Tensor):
-        """Loss over micro-batches with gradient accumulation; one optimizer step.
+    def optimize(self, batch: Batch, old: torch.Tensor, ref: torch.Tensor | None, adv: torch.Tensor, *,
+                 full: Batch):
+        """Loss over this rank's micro-batches with gradient accumulation; one optimizer step.
 
-        Each micro-batch's loss is weighted by its share of the step's normaliser (tokens for
-        token-mean, sequences otherwise), so the accumulated gradient equals the full batch's.
-        A non-finite micro-batch loss skips its backward and turns the optimizer step into a no-op
-        (learning rate 0 for that step): the weights do not move.
+        Each micro-batch's loss is weighted by its share of the whole step's normaliser (tokens
+        for token-mean, sequences otherwise; ``full`` is the step's batch over all ranks), so the
+        accumulated gradient equals the full batch's; DeepSpeed averages gradients over ranks, so
+        the weight carries a factor ``world``. A non-finite loss on any rank skips every backward
+        after it and turns the optimizer step into a no-op (zero gradients, learning rate 0): the
+        weights do not move.
         """
-        total_tokens = float(batch.response_mask.sum().clamp(min=1))
+        total_tokens = float(full.response_mask.sum().clamp(min=1))
         # Sequence-mean modes average over rows that have at least one loss token.
-        total_rows = float(batch.response_mask.any(dim=1).sum().clamp(min=1))
+        total_rows = float(full.response_mask.any(dim=1).sum().clamp(min=1))
         sums: dict[str, float] = {}
         entropy_sum, bad = 0.0, False
         grad_norm = None
@@ -322,17 +364,22 @@ class Learner:
                 if not torch.isfinite(out.loss):
                     bad = True
                 elif not bad:
-                    self.engine.backward(out.loss * share)
+                    self.engine.backward(out.loss * (share * self.world))
                 for name, value in out._asdict().items():
                     if value.numel() == 1:
                         sums[name] = sums.get(name, 0.0) + float(value.detach()) * share
                 entropy_sum += float(entropy.sum())
+            if last:
+                bad = self._all_reduce([float(bad)])[0] > 0
             if last and bad:
                 # Finite (zero) gradients for the boundary step, and a learning rate of 0: AdamW then
                 # leaves every weight exactly where it was.
                 self.engine.backward(sum(p.sum() for p in self.engine.ds.module.parameters()) * 0.0)
                 self._set_lr(0.0)
             grad_norm = self.engine.step()
+        names = sorted(sums)
+        reduced = self._all_reduce([sums[k] for k in names] + [entropy_sum])
+        sums, entropy_sum = dict(zip(names, reduced[:-1])), reduced[-1]
         if bad:
             self._set_lr(self.L.lr)
             sums["loss"] = float("nan")
@@ -353,7 +400,7 @@ class Learner:
         self.engine.save_state(states, tag, {"step": self.step_no, "version": version})
         weights = self.ckpt_dir / f"v{version}"
         sha = self.engine.export_hf(weights)
-        if self.engine.rank == 0:
+        if self.main:
             self.store.publish_policy(
                 self.run_id, version, f"file://{weights}", sha256=sha, step=self.step_no,
                 meta={"learner_state": str(states), "state_tag": tag, "mlflow_run_id": self.tracker.run_id},
