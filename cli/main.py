@@ -13,7 +13,7 @@ import typer
 
 from reflexdb.errors import ReflexdbError
 
-from . import collect, db, evaluate, learn, query, similar, ui
+from . import collect, db, evaluate, learn, query, run, similar, ui
 
 app = typer.Typer(
     name="reflexdb",
@@ -30,6 +30,7 @@ app.command("collect")(collect.collect)
 app.command("learn")(learn.learn)
 app.command("eval")(evaluate.eval_command)
 app.command("ui")(ui.ui)
+app.command("run")(run.run)
 
 
 @app.callback()

@@ -295,3 +295,15 @@ def eligible_ids(store, run_id):
     from reflexdb.trainer.batch import eligible_group_ids
 
     return eligible_group_ids(store, run_id, 2)
+
+
+def test_reflexdb_run_starts_both_processes(store, db_url, tmp_path, model_cache):
+    cfg = write_config(tmp_path, config_data())
+    env = env_for(db_url, tmp_path, model_cache)
+    proc = subprocess.run(REFLEXDB + ["run", str(cfg), "--max-steps", "2"], env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "[collect]" in proc.stderr and "[learn]" in proc.stderr
+    assert "run 'learn-test': 2 learner steps, policy v2" in proc.stderr
+    assert rows(store, "SELECT status FROM collectors") == [("stopped",)]
+    assert rows(store, "SELECT count(*) FROM tasks WHERE claimed_by IS NOT NULL") == [(0,)]
