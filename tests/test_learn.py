@@ -18,6 +18,9 @@ from sqlalchemy import text
 from reflexdb import GroupIn, Store, TaskIn, TrajectoryIn, TurnIn
 from reflexdb.config import parse_config
 
+# Model and process tests: run on the embedded pass of CI; the external-server pass skips them.
+pytestmark = pytest.mark.slow
+
 REFLEXDB = [sys.executable, "-m", "reflexdb.cli.main"]
 
 
