@@ -20,6 +20,9 @@ from reflexdb.trainer.evaluate import evaluate, pass_at_k
 
 from .factories import make_group, setup_run
 
+# Model and process tests: run on the embedded pass of CI; the external-server pass skips them.
+pytestmark = pytest.mark.slow
+
 
 def test_pass_at_k_by_hand():
     # n=4, c=1, k=1: 1 - C(3,1)/C(4,1) = 1 - 3/4 = 0.25 (= c/n)
