@@ -43,7 +43,8 @@ def write_config(tmp_path, **collector) -> Path:
 
 
 def cli_env(db_url, tmp_path, model_cache):
-    return dict(os.environ, REFLEXDB_DATABASE_URL=db_url, REFLEXDB_HOME=str(tmp_path / "home"),
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    return dict(env, REFLEXDB_DATABASE_URL=db_url, REFLEXDB_HOME=str(tmp_path / "home"),
                 REFLEXDB_MODEL_CACHE=str(model_cache), PYTHONUNBUFFERED="1")
 
 

@@ -50,7 +50,10 @@ def write_config(tmp_path, data) -> Path:
 
 
 def env_for(db_url, tmp_path, model_cache):
-    return dict(os.environ, REFLEXDB_DATABASE_URL=db_url, REFLEXDB_HOME=str(tmp_path / "home"),
+    # MLflow's set_tracking_uri (called by in-process tests) exports MLFLOW_TRACKING_URI: drop it so
+    # each child logs to its own REFLEXDB_HOME.
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    return dict(env, REFLEXDB_DATABASE_URL=db_url, REFLEXDB_HOME=str(tmp_path / "home"),
                 REFLEXDB_MODEL_CACHE=str(model_cache), PYTHONUNBUFFERED="1")
 
 
@@ -268,12 +271,18 @@ def test_world_size_2_matches_one_process(db_url, tmp_path, model_cache):
     one, steps1 = _learn_once(tmp_path, "ws1", db_url, model_cache, REFLEXDB)
     import socket
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(port),
-                "-m", "reflexdb.cli.main"]
-    two, steps2 = _learn_once(tmp_path, "ws2", db_url, model_cache, torchrun)
+    for attempt in range(3):
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]  # free now; a busy machine can take it before torchrun does
+        torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
+                    str(port), "-m", "reflexdb.cli.main"]
+        try:
+            two, steps2 = _learn_once(tmp_path, f"ws2-{attempt}", db_url, model_cache, torchrun)
+            break
+        except AssertionError as exc:
+            if "EADDRINUSE" not in str(exc) or attempt == 2:
+                raise
     assert steps1 == steps2 == [(1,)]  # rank 0 alone recorded the step
     base = load_file(str(Path(resolve_model("tiny")) / "model.safetensors"))
     assert one.keys() == two.keys()

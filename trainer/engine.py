@@ -40,12 +40,23 @@ def init_distributed(device: str) -> None:
     """Initialise torch.distributed through DeepSpeed (gloo on CPU, nccl on CUDA)."""
     import deepspeed
 
+    if torch.distributed.is_initialized():
+        return
+    launched = "MASTER_PORT" in os.environ  # torchrun / deepspeed chose the rendezvous
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(_free_port()))
     for key, value in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0")):
         os.environ.setdefault(key, value)
-    if not torch.distributed.is_initialized():
-        deepspeed.init_distributed(dist_backend="gloo" if device == "cpu" else "nccl")
+    backend = "gloo" if device == "cpu" else "nccl"
+    for attempt in range(5):
+        if not launched:
+            os.environ["MASTER_PORT"] = str(_free_port())
+        try:
+            deepspeed.init_distributed(dist_backend=backend)
+            return
+        except Exception as exc:  # torch.distributed.DistNetworkError on a port taken meanwhile
+            if launched or "EADDRINUSE" not in str(exc) or attempt == 4:
+                raise
+            log.warning("rendezvous port %s was taken; trying another", os.environ["MASTER_PORT"])
 
 
 @dataclass(frozen=True)

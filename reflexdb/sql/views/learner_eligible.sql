@@ -11,7 +11,7 @@
 -- Columns: run_id, group_id, task_id, kind, policy_version, learner_version, staleness
 -- (learner_version - policy_version), times_consumed, eligible, reason ('ok', 'stale',
 -- 'consumed', 'eval'), created_at.
--- Settings read (run_settings, with defaults): learner.max_staleness (1), learner.max_reuse (1).
+-- Settings read: learner.max_staleness (default 1), learner.max_reuse (default 1), from run_settings.
 -- Example: SELECT reason, count(*) FROM learner_eligible WHERE run_id = 1 GROUP BY reason;
 CREATE OR REPLACE VIEW learner_eligible AS
 WITH s AS (
