@@ -45,7 +45,7 @@ log = logging.getLogger(__name__)
 FORMAT_VERSION = 1
 #: Restricted searches over fewer ids than this reconstruct the subset and brute-force it;
 #: larger subsets scan the whole index with an ``IDSelectorBatch``.
-BRUTE_FORCE_MAX = 2048
+BRUTE_FORCE_MAX = 16384
 #: Rows of ``embeddings`` fetched per query while catching up.
 FETCH_CHUNK = 4096
 
@@ -268,6 +268,16 @@ class EmbeddingIndex:
                 self._sorted_ids = np.sort(faiss.vector_to_array(self._index.id_map).astype(np.int64))
         return self._sorted_ids
 
+    def _members(self, candidates: np.ndarray) -> np.ndarray:
+        """The distinct ``candidates`` that are in the index, sorted: O(m log N) binary searches in
+        the cached sorted ids (``np.intersect1d`` would re-sort all N ids on every search)."""
+        ids = self.ids()
+        c = np.unique(candidates)
+        if c.size == 0 or ids.size == 0:
+            return _EMPTY_IDS
+        pos = np.minimum(np.searchsorted(ids, c), ids.size - 1)
+        return c[ids[pos] == c]
+
     def __contains__(self, trajectory_id: int) -> bool:
         ids = self.ids()
         i = int(np.searchsorted(ids, trajectory_id))
@@ -412,11 +422,10 @@ class EmbeddingIndex:
         q = self._queries(query)
         if len(self) == 0:
             return [[] for _ in range(q.shape[0])]
-        excluded = np.intersect1d(_as_ids(exclude), self.ids(), assume_unique=True)
+        excluded = self._members(_as_ids(exclude))
         if restrict_to is None:
             return self._top_k(partial(self._index.search, q), q.shape[0], k, len(self), excluded)
-        subset = np.intersect1d(_as_ids(restrict_to), self.ids(), assume_unique=True)
-        subset = np.setdiff1d(subset, excluded, assume_unique=True)
+        subset = np.setdiff1d(self._members(_as_ids(restrict_to)), excluded, assume_unique=True)
         if subset.size == 0:
             return [[] for _ in range(q.shape[0])]
         method = self._search_subset if subset.size < self.brute_force_max else self._search_selected
