@@ -369,7 +369,8 @@ def _bench_ingest(url: str, engine, args, results: dict) -> None:
         gids, tids = allocate_ids(raw_conn, "groups", 4), allocate_ids(raw_conn, "trajectories", 4 * gsize)
     copy_batch(raw_conn, raw_tuples(raws[:4], gids, tids))
 
-    times: dict[str, list[float]] = {"api_async": [], "raw_copy": [], "orm": [], "api_sync": [], "orm_async": []}
+    times: dict[str, list[float]] = {"api_async": [], "api_batch8": [], "raw_copy": [], "orm": [], "api_sync": [],
+                                     "orm_async": []}
     cpu: dict[str, list[tuple[float, float | None]]] = {k: [] for k in times}
 
     def timed(name: str, fn) -> None:
@@ -384,6 +385,12 @@ def _bench_ingest(url: str, engine, args, results: dict) -> None:
     def api(store: Store) -> None:
         for g in groups:
             store.write_group(g)
+
+    def api_batched(store: Store, per: int = 8) -> None:
+        # write_groups: several groups per transaction, one COPY per table for all of them (what a
+        # collector with tasks_per_batch > 1 does)
+        for i in range(0, len(groups), per):
+            store.write_groups(groups[i : i + per])
 
     def orm(engine) -> None:
         nonlocal group_key
@@ -400,6 +407,7 @@ def _bench_ingest(url: str, engine, args, results: dict) -> None:
     group_key = 0
     for rnd in range(args.rounds):
         timed("api_async", lambda: api(store_off))  # synchronous_commit off (the Store default)
+        timed("api_batch8", lambda: api_batched(store_off))
 
         # raw COPY: ids and tuples prepared before the clock starts
         with raw_conn.transaction():
@@ -446,6 +454,8 @@ def _bench_ingest(url: str, engine, args, results: dict) -> None:
             "api_async/orm": round(rate["api_async"] / rate["orm"], 2),
             "api_sync/orm": round(rate["api_sync"] / rate["orm"], 2),
             "api_async/orm_async": round(rate["api_async"] / rate["orm_async"], 2),
+            "api_batch8/raw_copy": round(rate["api_batch8"] / rate["raw_copy"], 3),
+            "api_batch8/orm": round(rate["api_batch8"] / rate["orm"], 2),
         },
     }
     out["api_statements_cpu_ms_per_group"] = diag
@@ -498,7 +508,9 @@ def diagnose_api(url: str, groups: list[GroupIn]) -> dict:
                 return cur.fetchall()
 
             rows = step("BEGIN + SET LOCAL + insert_group (one round trip)", first)
-            store._copy_group(cur, p, rows)
+            out = st._Rows()
+            store._group_rows(p, rows, out)
+            out.copy(cur)
             step("COMMIT", conn.commit)
     finally:
         st.copy_rows = real_copy
@@ -759,6 +771,7 @@ def markdown(results: dict) -> str:
         names = {
             "api_async": "API `write_group`, synchronous_commit off (default)",
             "api_sync": "API `write_group`, synchronous_commit on",
+            "api_batch8": "API `write_groups`, 8 groups per transaction, synchronous_commit off",
             "raw_copy": "raw binary COPY (ceiling)",
             "orm": "ORM object + pickle, commit per group (sync on)",
             "orm_async": "ORM object + pickle, commit per group (sync off)",

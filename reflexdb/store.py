@@ -82,6 +82,24 @@ def copy_rows(cur: psycopg.Cursor, table: str, columns: Sequence[str], types: Se
             cp.write_row(row)
 
 
+class _Rows:
+    """COPY rows of the groups written in one transaction, one list per table."""
+
+    def __init__(self) -> None:
+        self.trajectories: list[tuple] = []
+        self.turns: list[tuple] = []
+        self.payloads: list[tuple] = []
+        self.embeddings: list[tuple] = []
+
+    def copy(self, cur: psycopg.Cursor) -> None:
+        copy_rows(cur, "trajectories", _TRAJ_COLUMNS, _TRAJ_TYPES, self.trajectories)
+        if self.turns:
+            copy_rows(cur, "turns", _TURN_COLUMNS, _TURN_TYPES, self.turns)
+        copy_rows(cur, "token_payloads", _PAYLOAD_COLUMNS, _PAYLOAD_TYPES, self.payloads)
+        if self.embeddings:
+            copy_rows(cur, "embeddings", _EMBED_COLUMNS, _EMBED_TYPES, self.embeddings)
+
+
 class Store:
     """A connection to the experience store (one SQLAlchemy engine, pooled).
 
@@ -224,10 +242,12 @@ class Store:
                         conn.execute("SET LOCAL synchronous_commit = off")
                     if prepared:
                         self._insert_group(cur, prepared[0])
-                written = []
+                # One INSERT per group for its ids; then one COPY per table for all the groups.
+                written, rows = [], _Rows()
                 for k, p in enumerate(prepared):
-                    rows = (cur if k == 0 else self._insert_group(cur, p)).fetchall()
-                    written.append(self._copy_group(cur, p, rows))
+                    ids = (cur if k == 0 else self._insert_group(cur, p)).fetchall()
+                    written.append(self._group_rows(p, ids, rows))
+                rows.copy(cur)
                 if complete_claim is not None:
                     cur.execute(Q["complete_claims"], {"ids": [g.task_id for g in groups], "collector": complete_claim})
                 return written
@@ -255,7 +275,10 @@ class Store:
             )
 
     def _write_prepared(self, cur: psycopg.Cursor, p: PreparedGroup) -> WrittenGroup:
-        return self._copy_group(cur, p, self._insert_group(cur, p).fetchall())
+        rows = _Rows()
+        written = self._group_rows(p, self._insert_group(cur, p).fetchall(), rows)
+        rows.copy(cur)
+        return written
 
     def _insert_group(self, cur: psycopg.Cursor, p: PreparedGroup) -> psycopg.Cursor:
         """Check the embedding dimension and execute ``insert_group`` (rows: group id, trajectory ids)."""
@@ -268,31 +291,25 @@ class Store:
              "meta": Jsonb(g.meta)},
         )
 
-    def _copy_group(self, cur: psycopg.Cursor, p: PreparedGroup, rows: list[tuple]) -> WrittenGroup:
-        """COPY the trajectories, turns, payloads and embeddings of a group ``insert_group`` returned ``rows`` for."""
+    @staticmethod
+    def _group_rows(p: PreparedGroup, inserted: list[tuple], out: _Rows) -> WrittenGroup:
+        """Add the COPY rows of a group (``insert_group`` returned ``inserted``) to ``out``."""
         g = p.src
-        group_id = rows[0][0]
-        ids = [r[1] for r in rows]
-        traj_rows, turn_rows, payload_rows, embed_rows = [], [], [], []
+        group_id = inserted[0][0]
+        ids = [r[1] for r in inserted]
         for i, (tid, t) in enumerate(zip(ids, p.trajectories)):
             s = t.src
-            traj_rows.append((
+            out.trajectories.append((
                 tid, group_id, g.run_id, g.task_id, i, s.origin, s.parent_trajectory_id, s.reflection_id,
                 s.hint_id, t.policy_version, t.reward, s.correct, t.truncated, s.finish_reason,
                 s.extracted_answer, t.confidence, max(1, len(t.turns)), t.response_ids.shape[0], s.error,
                 Jsonb(s.meta),
             ))
             for k, u in enumerate(t.turns):
-                turn_rows.append((tid, k, u.role, u.text, u.token_start, u.token_end, u.trainable, u.tool_error))
-            payload_rows.append((tid, t.prompt_ids, t.response_ids, t.logprobs, t.token_policy_versions, t.loss_mask))
+                out.turns.append((tid, k, u.role, u.text, u.token_start, u.token_end, u.trainable, u.tool_error))
+            out.payloads.append((tid, t.prompt_ids, t.response_ids, t.logprobs, t.token_policy_versions, t.loss_mask))
             if t.embedding is not None:
-                embed_rows.append((tid, g.embedding_model, g.embedding_layer, t.embedding.shape[0], t.embedding))
-        copy_rows(cur, "trajectories", _TRAJ_COLUMNS, _TRAJ_TYPES, traj_rows)
-        if turn_rows:
-            copy_rows(cur, "turns", _TURN_COLUMNS, _TURN_TYPES, turn_rows)
-        copy_rows(cur, "token_payloads", _PAYLOAD_COLUMNS, _PAYLOAD_TYPES, payload_rows)
-        if embed_rows:
-            copy_rows(cur, "embeddings", _EMBED_COLUMNS, _EMBED_TYPES, embed_rows)
+                out.embeddings.append((tid, g.embedding_model, g.embedding_layer, t.embedding.shape[0], t.embedding))
         return WrittenGroup(group_id, tuple(ids))
 
     # ------------------------------------------------------------------ reading

@@ -20,6 +20,9 @@ from reflexdb.config import parse_config
 pytestmark = pytest.mark.slow
 
 REFLEXDB = [sys.executable, "-m", "reflexdb.cli.main"]
+# Set in this process by in-process tests (MLflow's set_tracking_uri, torch.distributed's
+# rendezvous); children must choose their own.
+_PARENT_ONLY = {"MLFLOW_TRACKING_URI", "MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK"}
 
 
 @pytest.fixture(scope="session")
@@ -43,7 +46,7 @@ def write_config(tmp_path, **collector) -> Path:
 
 
 def cli_env(db_url, tmp_path, model_cache):
-    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    env = {k: v for k, v in os.environ.items() if k not in _PARENT_ONLY}
     return dict(env, REFLEXDB_DATABASE_URL=db_url, REFLEXDB_HOME=str(tmp_path / "home"),
                 REFLEXDB_MODEL_CACHE=str(model_cache), PYTHONUNBUFFERED="1")
 

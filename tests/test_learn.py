@@ -22,6 +22,9 @@ from reflexdb.config import parse_config
 pytestmark = pytest.mark.slow
 
 REFLEXDB = [sys.executable, "-m", "reflexdb.cli.main"]
+# Set in this process by in-process tests (MLflow's set_tracking_uri, torch.distributed's
+# rendezvous); children must choose their own.
+_PARENT_ONLY = {"MLFLOW_TRACKING_URI", "MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK"}
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +55,7 @@ def write_config(tmp_path, data) -> Path:
 def env_for(db_url, tmp_path, model_cache):
     # MLflow's set_tracking_uri (called by in-process tests) exports MLFLOW_TRACKING_URI: drop it so
     # each child logs to its own REFLEXDB_HOME.
-    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    env = {k: v for k, v in os.environ.items() if k not in _PARENT_ONLY}
     return dict(env, REFLEXDB_DATABASE_URL=db_url, REFLEXDB_HOME=str(tmp_path / "home"),
                 REFLEXDB_MODEL_CACHE=str(model_cache), PYTHONUNBUFFERED="1")
 

@@ -322,3 +322,17 @@ def test_open_accepts_plain_postgresql_urls(db_url):
     for url in (plain, plain.replace("postgresql://", "postgres://", 1)):
         with Store.open(url) as s:
             assert s.table_counts()["runs"] == 0
+
+
+def test_write_groups_many_in_one_transaction(store):
+    run, tasks = setup_run(store)
+    rng = np.random.default_rng(3)
+    groups = [make_group(rng, run, t, size=s) for t, s in zip(tasks, (2, 5, 3))]
+    written = store.write_groups(groups)
+    assert [len(w.trajectory_ids) for w in written] == [2, 5, 3]
+    back = store.read_groups([w.group_id for w in written], embeddings=True)
+    for src, w, g in zip(groups, written, back):
+        assert [t.id for t in g.trajectories] == list(w.trajectory_ids)
+        for a, b in zip(src.trajectories, g.trajectories):
+            assert np.array_equal(a.response_ids, b.response_ids) and a.embedding.tobytes() == b.embedding.tobytes()
+            assert b.turns[-1].text == a.turns[-1].text

@@ -42,7 +42,9 @@ def init_distributed(device: str) -> None:
 
     if torch.distributed.is_initialized():
         return
-    launched = "MASTER_PORT" in os.environ  # torchrun / deepspeed chose the rendezvous
+    # Under torchrun / deepspeed the launcher owns the rendezvous. A single process picks its own
+    # port, even if it inherited MASTER_PORT from a parent that uses it (that port is taken).
+    launched = int(os.environ.get("WORLD_SIZE", "1")) > 1 or "TORCHELASTIC_RUN_ID" in os.environ
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     for key, value in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0")):
         os.environ.setdefault(key, value)
