@@ -113,3 +113,11 @@ def reflexdb_home(tmp_path, monkeypatch) -> Path:
     home.mkdir()
     monkeypatch.setenv("REFLEXDB_HOME", str(home))
     return home
+
+
+@pytest.fixture(scope="session")
+def model_cache(tmp_path_factory) -> Path:
+    """One cache of converted and generated models (SmolLM2, the tiny model) for the session."""
+    path = Path(os.environ.get("REFLEXDB_MODEL_CACHE") or tmp_path_factory.mktemp("models"))
+    os.environ["REFLEXDB_MODEL_CACHE"] = str(path)
+    return path

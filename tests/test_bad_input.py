@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from sqlalchemy import text
 
-from reflexdb import DatabaseUnavailable, GroupIn, InvalidGroup, SchemaOutdated, Store, TrajectoryIn, TurnIn
+from reflexdb import DatabaseUnavailable, GroupIn, InvalidGroup, SchemaOutdated, Store, TurnIn
 from reflexdb.db import make_engine
 from reflexdb import migrate
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import os
 import signal
 import subprocess
 import sys
@@ -13,25 +12,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from sqlalchemy import text
 
 from reflexdb import GroupIn, Store, TaskIn, TrajectoryIn, TurnIn
 from reflexdb.config import parse_config
 
+from .processes import REFLEXDB, child_env, rows
+
 # Model and process tests: run on the embedded pass of CI; the external-server pass skips them.
 pytestmark = pytest.mark.slow
 
-REFLEXDB = [sys.executable, "-m", "reflexdb.cli.main"]
-# Set in this process by in-process tests (MLflow's set_tracking_uri, torch.distributed's
-# rendezvous); children must choose their own.
-_PARENT_ONLY = {"MLFLOW_TRACKING_URI", "MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK"}
 
 
-@pytest.fixture(scope="module")
-def model_cache(tmp_path_factory) -> Path:
-    path = Path(os.environ.get("REFLEXDB_MODEL_CACHE") or tmp_path_factory.mktemp("models"))
-    os.environ["REFLEXDB_MODEL_CACHE"] = str(path)
-    return path
 
 
 def config_data(**learner) -> dict:
@@ -52,17 +43,8 @@ def write_config(tmp_path, data) -> Path:
     return path
 
 
-def env_for(db_url, tmp_path, model_cache):
-    # MLflow's set_tracking_uri (called by in-process tests) exports MLFLOW_TRACKING_URI: drop it so
-    # each child logs to its own REFLEXDB_HOME.
-    env = {k: v for k, v in os.environ.items() if k not in _PARENT_ONLY}
-    return dict(env, REFLEXDB_DATABASE_URL=db_url, REFLEXDB_HOME=str(tmp_path / "home"),
-                REFLEXDB_MODEL_CACHE=str(model_cache), PYTHONUNBUFFERED="1")
 
 
-def rows(store, sql, **params):
-    with store.engine.connect() as conn:
-        return [tuple(r) for r in conn.execute(text(sql), params)]
 
 
 def seed_groups(store, run_name: str, n_groups: int, G: int = 4, seed: int = 0) -> list[int]:
@@ -86,7 +68,7 @@ def seed_groups(store, run_name: str, n_groups: int, G: int = 4, seed: int = 0) 
 
 def test_collect_and_learn_as_two_processes(store, db_url, tmp_path, model_cache):
     cfg = write_config(tmp_path, config_data())
-    env = env_for(db_url, tmp_path, model_cache)
+    env = child_env(db_url, tmp_path, model_cache)
     collector = subprocess.Popen(REFLEXDB + ["collect", "-c", str(cfg)], env=env, stdout=subprocess.PIPE,
                                  stderr=subprocess.PIPE, text=True)
     try:
@@ -141,7 +123,7 @@ def test_resume_after_kill_9(store, db_url, tmp_path, model_cache):
     data = config_data(publish_every=3, max_reuse=1)
     data["max_staleness"] = 100  # seeded groups are all version 0
     cfg = write_config(tmp_path, data)
-    env = env_for(db_url, tmp_path, model_cache)
+    env = child_env(db_url, tmp_path, model_cache)
     proc = subprocess.Popen(REFLEXDB + ["learn", "-c", str(cfg), "--max-steps", "8"], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -252,7 +234,7 @@ def _learn_once(tmp_path, name, db_url, model_cache, launcher):
     data.update(run=name, max_staleness=100)
     (tmp_path / name).mkdir()
     cfg = write_config(tmp_path / name, data)
-    env = env_for(db_url, tmp_path / name, model_cache)
+    env = child_env(db_url, tmp_path / name, model_cache)
     proc = subprocess.run(launcher + ["learn", "-c", str(cfg), "--max-steps", "1"], env=env,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -314,7 +296,7 @@ def eligible_ids(store, run_id):
 
 def test_reflexdb_run_starts_both_processes(store, db_url, tmp_path, model_cache):
     cfg = write_config(tmp_path, config_data())
-    env = env_for(db_url, tmp_path, model_cache)
+    env = child_env(db_url, tmp_path, model_cache)
     proc = subprocess.run(REFLEXDB + ["run", str(cfg), "--max-steps", "2"], env=env, capture_output=True,
                           text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -17,7 +17,7 @@ import pytest
 from reflexdb import GroupIn, InvalidGroup, NotFound, ReflexdbError, Store, TaskIn, TrajectoryIn, TurnIn
 from reflexdb.db import connect_raw
 
-from .factories import make_group, make_trajectory, setup_run
+from .factories import make_group, setup_run
 
 
 def _counts(store) -> dict[str, int]:
