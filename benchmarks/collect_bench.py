@@ -31,8 +31,8 @@ with the raw loop (1.0 = same speed): on a shared machine, the a/b overhead is o
 that ratio is close to what the split explains.
 
 Optionally (``--hf-generate``, on by default) HF transformers' own ``model.generate`` on the
-same prompts and seeds (sampling with ``top_k=0``, ``num_return_sequences=G``) once per round,
-as a reference point: it samples different tokens, so compare its tokens/s only.
+same prompts and seeds (sampling with ``top_k=0``, ``num_return_sequences=G``) once after the
+rounds, as a reference point: it samples different tokens, so compare its tokens/s only.
 
 Quick run (about a minute once the model is cached)::
 
@@ -415,6 +415,7 @@ def machine_info(dbs: Databases) -> dict:
     info = {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count(),
             "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
             "transformers": transformers.__version__, "postgres": dbs.server_version(),
+            "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY"), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"),
             "database": "external (--url)" if dbs.tmp is None else "embedded, temporary directory"}
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -436,7 +437,11 @@ def uptime() -> str:
 def summarise(results: list[Result], tpb: int) -> dict:
     a = [r for r in results if r.kind == "raw" and r.tasks_per_batch == tpb]
     b = [r for r in results if r.kind == "collector" and r.tasks_per_batch == tpb]
-    pairs = [{"round": ra.round, "overhead_traj": 1 - rb.traj_s / ra.traj_s, "overhead_tok": 1 - rb.tok_s / ra.tok_s}
+    def work_cpu(r: Result) -> float:  # CPU seconds the run cost: this process plus the server
+        return r.cpu + (r.server_cpu or 0.0)
+
+    pairs = [{"round": ra.round, "overhead_traj": 1 - rb.traj_s / ra.traj_s, "overhead_tok": 1 - rb.tok_s / ra.tok_s,
+              "overhead_cpu": 1 - (rb.trajectories / work_cpu(rb)) / (ra.trajectories / work_cpu(ra))}
              for ra, rb in zip(a, b)]
 
     def total(rs):
@@ -455,6 +460,9 @@ def summarise(results: list[Result], tpb: int) -> dict:
         # 1 - collector/raw throughput over the summed times of all rounds, and the median pair
         "overhead_traj": 1 - (tb / sb) / (ta / sa), "overhead_tok": 1 - (kb / sb) / (ka / sa),
         "overhead_median_pair": float(np.median([p["overhead_traj"] for p in pairs])),
+        # The same in trajectories per CPU second (process + embedded server): on a shared machine
+        # a run's wall time includes waiting for a core, its CPU time does not.
+        "overhead_cpu": 1 - (tb / sum(work_cpu(r) for r in b)) / (ta / sum(work_cpu(r) for r in a)),
         "identical_tokens": all(r.identical for r in b),
         # Direct measure, immune to drift between runs: the share of the collector's run() time
         # not spent inside engine.generate (everything the store and the bookkeeping cost).
@@ -476,14 +484,16 @@ def print_tables(results: list[Result], summaries: list[dict], groups_per_run: d
               f"{r.traj_s:.3f} | {r.tok_s:.1f} | {r.cpu:.1f} | {server} | {same} |")
     print()
     print("| tasks/batch | raw trajectories/s | collector trajectories/s | raw tokens/s | collector tokens/s | "
-          "overhead (summed times) | overhead per pair | collector time outside generate | "
-          "generate time in collector / raw |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "overhead (summed times) | overhead per pair | overhead in CPU time (per pair) | "
+          "collector time outside generate | generate time in collector / raw |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for s in summaries:
         per_pair = ", ".join(f"{100 * p['overhead_traj']:+.1f}%" for p in s["pairs"])
+        per_pair_cpu = ", ".join(f"{100 * p['overhead_cpu']:+.1f}%" for p in s["pairs"])
         print(f"| {s['tasks_per_batch']} | {s['raw']['trajectories_per_s']:.3f} | "
               f"{s['collector']['trajectories_per_s']:.3f} | {s['raw']['tokens_per_s']:.1f} | "
               f"{s['collector']['tokens_per_s']:.1f} | {100 * s['overhead_traj']:+.2f}% | {per_pair} | "
+              f"{100 * s['overhead_cpu']:+.2f}% ({per_pair_cpu}) | "
               f"{100 * s['collector_time_outside_generate']:.2f}% | {s['generate_time_collector_over_raw']:.3f} |")
     print()
     keys = ["generate", "reward_fn", "records", "write_group", "admission", "reload_check", "claim_and_loop",
@@ -526,7 +536,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--groups", type=int, default=4, help="groups per run (a and b)")
     ap.add_argument("--rounds", type=int, default=3, help="a/b pairs per tasks_per_batch")
     ap.add_argument("--hf-generate", action=argparse.BooleanOptionalAction, default=True,
-                    help="also time transformers' model.generate on the same prompts, once per round")
+                    help="also time transformers' model.generate on the same prompts (once, after the rounds)")
     ap.add_argument("--threads", type=int, help="torch.set_num_threads (default: torch's)")
     ap.add_argument("--profile", type=Path, help="cProfile one extra collector run into this file")
     ap.add_argument("--json-out", type=Path)
@@ -586,10 +596,10 @@ def main(argv: list[str] | None = None) -> int:
                                         for (_, x), y in zip(stored, raw_ids)))
                 results.append(rb)
                 show(rb, f", identical tokens to raw: {rb.identical}")
-                if args.hf_generate:
-                    rc = run_hf_generate(engine, cfg, batches, seeds, rnd)
-                    results.append(rc)
-                    show(rc, "; its own samples")
+            if args.hf_generate:
+                rc = run_hf_generate(engine, cfg, batches, seeds, args.rounds)
+                results.append(rc)
+                show(rc, "; its own samples")
             summaries.append(summarise(results, tpb))
         if args.profile:
             tpb = tpbs[-1]
