@@ -115,6 +115,7 @@ class Store:
         self.url = engine.url.render_as_string(hide_password=False)
         self.synchronous_commit = synchronous_commit
         self._embedding_dims: dict[int, int] = {}
+        self._claimed_dims: dict[int, int] = {}
 
     @classmethod
     def open(cls, url: str | None = None, *, check_schema: bool = True, **kwargs) -> Store:
@@ -232,6 +233,17 @@ class Store:
     def write_groups(self, groups: Sequence[GroupIn], *, complete_claim: str | None = None) -> list[WrittenGroup]:
         """Write several groups in one transaction: all become visible together, or none."""
         prepared = [prepare_group(g) for g in groups]
+        self._claimed_dims = {}
+        try:
+            written = self._write_all(prepared, groups, complete_claim)
+        except BaseException:
+            self._claimed_dims = {}
+            raise
+        self._embedding_dims.update(self._claimed_dims)  # committed: safe to remember
+        return written
+
+    def _write_all(self, prepared: list[PreparedGroup], groups: Sequence[GroupIn],
+                   complete_claim: str | None) -> list[WrittenGroup]:
         try:
             with self._raw() as conn:
                 cur = conn.cursor()
@@ -260,14 +272,15 @@ class Store:
         if p.embedding_dim is None:
             return
         run_id = p.src.run_id
-        dim = self._embedding_dims.get(run_id)
+        dim = self._embedding_dims.get(run_id) or self._claimed_dims.get(run_id)
         if dim is None:
             row = cur.execute(
                 Q["claim_embedding_dim"], {"dim": p.embedding_dim, "model": p.src.embedding_model, "run_id": run_id}
             ).fetchone() or cur.execute(Q["run_embedding_dim"], {"run_id": run_id}).fetchone()
             if row is None:
                 raise InvalidGroup("run_id", f"run {run_id} does not exist")
-            dim = self._embedding_dims[run_id] = row[0]
+            dim = row[0]  # cached by write_groups only once this transaction has committed
+            self._claimed_dims[run_id] = dim
         if dim != p.embedding_dim:
             i = next(i for i, t in enumerate(p.trajectories) if t.embedding is not None)
             raise InvalidGroup(

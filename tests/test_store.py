@@ -336,3 +336,29 @@ def test_write_groups_many_in_one_transaction(store):
         for a, b in zip(src.trajectories, g.trajectories):
             assert np.array_equal(a.response_ids, b.response_ids) and a.embedding.tobytes() == b.embedding.tobytes()
             assert b.turns[-1].text == a.turns[-1].text
+
+
+def test_embedding_dim_not_remembered_from_a_rolled_back_write(store):
+    run, (task, *_) = setup_run(store)
+    rng = np.random.default_rng(0)
+    with pytest.raises(InvalidGroup):  # the 16-d group is rolled back with the bad one
+        store.write_groups([make_group(rng, run, task, dim=16), make_group(rng, run, 10**9, dim=16)])
+    # The run still has no dimension, so 8-d vectors are accepted (by this same Store too).
+    store.write_group(make_group(rng, run, task, dim=8))
+    with pytest.raises(InvalidGroup, match="embedding dimension 8"):
+        store.write_group(make_group(rng, run, task, dim=16))
+
+
+def test_large_reads_equal_group_by_group_reads(store):
+    """Reads of >= 128 trajectories fetch payloads on two connections; the result is the same."""
+    run, tasks = setup_run(store, n_tasks=20)
+    rng = np.random.default_rng(4)
+    ids = [store.write_group(make_group(rng, run, t, size=8)).group_id for t in tasks]
+    together = store.read_groups(ids, embeddings=True)  # 160 trajectories: the parallel path
+    assert sum(len(g.trajectories) for g in together) == 160
+    for g in together:
+        [alone] = store.read_groups([g.id], embeddings=True)  # 8 trajectories: one connection
+        for a, b in zip(g.trajectories, alone.trajectories):
+            assert a.id == b.id and a.turns == b.turns
+            for field in ("prompt_ids", "response_ids", "logprobs", "token_policy_versions", "loss_mask", "embedding"):
+                assert getattr(a, field).tobytes() == getattr(b, field).tobytes(), field
