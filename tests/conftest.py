@@ -39,7 +39,8 @@ def pg_server_url(tmp_path_factory) -> str:
     if url:
         from reflexdb.settings import normalize_url
 
-        return normalize_url(url)
+        yield normalize_url(url)
+        return
     from reflexdb import embedded
 
     # Not under pytest's basetemp: pytest deletes old basetemps when other sessions start, which

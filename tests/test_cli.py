@@ -42,7 +42,11 @@ def test_db_status_masks_password(store, db_url, tmp_path):
     # Same server, same database, with a password in the URL: trust auth ignores it.
     from sqlalchemy.engine import make_url
 
-    url = make_url(db_url).set(password="hunter2").render_as_string(hide_password=False)
+    import getpass
+
+    u = make_url(db_url)
+    # libpq's default user is the OS user; name it so the URL carries user:password@.
+    url = u.set(username=u.username or getpass.getuser(), password="hunter2").render_as_string(hide_password=False)
     proc = run_cli(["db", "status"], url, tmp_path)
     assert "hunter2" not in proc.stdout and ":***@" in proc.stdout
 
