@@ -34,13 +34,14 @@ Optionally (``--hf-generate``, on by default) HF transformers' own ``model.gener
 same prompts and seeds (sampling with ``top_k=0``, ``num_return_sequences=G``) once after the
 rounds, as a reference point: it samples different tokens, so compare its tokens/s only.
 
-Quick run (about a minute once the model is cached)::
+Quick run (about a minute and a half once the model is cached)::
 
     REFLEXDB_MODEL_CACHE=/tmp/reflexdb-models python benchmarks/collect_bench.py --quick
 
-Full run (the numbers in docs/benchmarks-collector.md; under ten minutes on 2 idle cores)::
+Full run (the numbers in docs/benchmarks-collector.md: 7.3 minutes on 2 cores at load 3; one torch
+thread, because two threads spinning on two shared cores collapse under any other load)::
 
-    REFLEXDB_MODEL_CACHE=/tmp/reflexdb-models python benchmarks/collect_bench.py --json-out /tmp/collect.json
+    REFLEXDB_MODEL_CACHE=/tmp/reflexdb-models python benchmarks/collect_bench.py --threads 1 --json-out /tmp/collect.json
 
 ``--url`` uses an external server instead of a temporary embedded one (the benchmark creates
 and drops its own databases there; the role needs CREATEDB). ``--profile FILE`` runs one extra
@@ -181,6 +182,11 @@ def server_cpu(pgdata: Path | None) -> float | None:
     return total
 
 
+def server_delta(s0: float | None, s1: float | None) -> float | None:
+    # A server process that exits in between (an autovacuum worker) takes its CPU time with it.
+    return None if s0 is None or s1 is None else max(0.0, s1 - s0)
+
+
 # ---------------------------------------------------------------------------------------------- runs
 
 
@@ -266,7 +272,7 @@ def run_raw(engine: HFEngine, cfg: Config, batches: list[list[list[dict]]], seed
     seconds = time.perf_counter() - t0
     s1 = server_cpu(pgdata)
     r = Result("raw", cfg.collector.tasks_per_batch, rnd, seconds, trajs, tokens, cpu=self_cpu() - c0,
-               server_cpu=None if s0 is None or s1 is None else s1 - s0)
+               server_cpu=server_delta(s0, s1))
     return r, ids
 
 
@@ -322,7 +328,7 @@ def run_collector(engine: HFEngine, cfg: Config, url: str, n_groups: int, pgdata
         del engine.generate
     acc["setup"] = setup_s
     r = Result("collector", cfg.collector.tasks_per_batch, rnd, seconds, stats.trajectories, stats.tokens, cpu=c1 - c0,
-               server_cpu=None if s0 is None or s1 is None else s1 - s0, breakdown=acc)
+               server_cpu=server_delta(s0, s1), breakdown=acc)
     return r, store, collector.run_id
 
 
@@ -518,7 +524,7 @@ def print_tables(results: list[Result], summaries: list[dict], groups_per_run: d
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true",
-                    help="about a minute: 2 groups per run, 32 new tokens, tasks_per_batch 1, no HF reference")
+                    help="1-2 minutes: 2 groups per run, 32 new tokens, tasks_per_batch 1, no HF reference")
     ap.add_argument("--url", help="external PostgreSQL admin URL (default: a temporary embedded server)")
     ap.add_argument("--workdir", help="directory for the embedded server (default: a new temp dir)")
     ap.add_argument("--keep", action="store_true", help="keep the databases / data directory")
