@@ -5,7 +5,10 @@ Reads top to bottom as the loop it is::
     setup: run, tasks, collector row, newest policy weights
     loop:  reload weights if a newer policy exists
            admission control (staleness bound eta) -> wait for a policy if too far ahead
-           claim tasks (SKIP LOCKED) -> generate G samples each -> rewards -> groups
+           NexGRPO replay requests first: claim (SKIP LOCKED) -> G - 2 fresh samples each ->
+             replay group [y+, b*, fresh...], the request completed in the same transaction
+           else claim tasks (SKIP LOCKED; soft retirement for nexgrpo) -> G samples each ->
+             rewards -> groups
            write each group in one transaction (retried while the database is away),
            releasing the task's claim in the same transaction
     stop:  SIGINT/SIGTERM once -> finish the in-flight group, then exit 0;
@@ -28,9 +31,9 @@ import psycopg
 import sqlalchemy.exc
 from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_exponential
 
-from reflexdb import GroupIn, Store, TrajectoryIn, TurnIn, work
+from reflexdb import GroupIn, Store, TrajectoryIn, TurnIn, replay, work
 from reflexdb.config import Config
-from reflexdb.errors import DatabaseUnavailable
+from reflexdb.errors import DatabaseUnavailable, NotFound, ReplayRequestLost
 
 from .engines import Engine, Sample, SamplingParams, make_engine
 from .engines.base import checkpoint_path
@@ -57,12 +60,15 @@ class Stats:
     correct: int = 0
     reward_errors: int = 0
     skipped_rows: int = 0
+    replay_groups: int = 0
+    fresh_samples: int = 0  # trajectories sampled by this collector (replayed copies excluded)
     started: float = field(default_factory=time.monotonic)
 
     def line(self, version: int) -> str:
         dt = max(time.monotonic() - self.started, 1e-9)
-        pass1 = self.correct / self.trajectories if self.trajectories else float("nan")
-        return (f"policy v{version} | groups {self.groups} | trajectories {self.trajectories} "
+        pass1 = self.correct / self.fresh_samples if self.fresh_samples else float("nan")
+        replays = f" ({self.replay_groups} replay)" if self.replay_groups else ""
+        return (f"policy v{version} | groups {self.groups}{replays} | trajectories {self.trajectories} "
                 f"({self.trajectories / dt:.2f}/s) | tokens/s {self.tokens / dt:.1f} | pass@1 {pass1:.3f}")
 
 
@@ -87,6 +93,9 @@ class Collector:
         self.stopping = False
         self.stats = Stats()
         self._rng = np.random.default_rng([cfg.seed, os.getpid()])
+        # NexGRPO soft retirement: a retired task is drawn with probability ε when its turn comes.
+        self.retire_prob = cfg.nexgrpo.retire_prob if cfg.algorithm == "nexgrpo" else None
+        self.retirement = work.RetirementDraws()
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -137,9 +146,15 @@ class Collector:
                 want = self.c.tasks_per_batch
                 if max_groups is not None:
                     want = min(want, max_groups - self.stats.groups)
+                requests = self._retry(lambda: replay.claim_requests(
+                    self.store, self.run_id, self.name, want, claim_ttl_s=self.c.claim_ttl_s))
+                if requests:  # NexGRPO replay groups come before fresh tasks
+                    self._write(self._collect_replay(requests))
+                    continue
                 claimed = self._retry(lambda: work.claim_tasks(
                     self.store, self.run_id, self.name, want, max_collections=self.c.max_collections or 2**31 - 1,
-                    claim_ttl_s=self.c.claim_ttl_s,
+                    claim_ttl_s=self.c.claim_ttl_s, retire_prob=self.retire_prob, rng=self._rng,
+                    draws=self.retirement,
                 ))
                 if not claimed:
                     if self.c.max_collections is not None and self._retry(self._all_collected):
@@ -164,6 +179,7 @@ class Collector:
     def _shutdown(self, reported: Stats, status: str) -> None:
         try:
             work.release_claims(self.store, self.run_id, self.name)
+            replay.release_requests(self.store, self.run_id, self.name)
             self._report(reported)
             work.mark_stopped(self.store, self.collector_id, status)
         except _TRANSIENT as exc:  # the database is gone: claims expire by TTL anyway
@@ -204,7 +220,7 @@ class Collector:
 
         with self.store.engine.connect() as conn:
             left = conn.execute(text(
-                "SELECT count(*) FROM tasks WHERE run_id = :r AND split = 'train' AND NOT retired "
+                "SELECT count(*) FROM tasks WHERE run_id = :r AND split = 'train' "
                 "AND times_collected < :m"), {"r": self.run_id, "m": self.c.max_collections}).scalar()
         return left == 0
 
@@ -216,11 +232,43 @@ class Collector:
         samples = self.engine.generate(prompts, n=self.c.group_size, params=params)
         return [self._group(task, prompt, batch) for task, prompt, batch in zip(claimed, prompts, samples)]
 
+    def _collect_replay(self, requests: list[replay.ReplayRequest]) -> list[GroupIn]:
+        """NexGRPO replay groups: ``[y+, b*]`` (stored, replayed with their behaviour log-probs) and
+        G − 2 fresh rollouts of the current policy for each claimed request."""
+        prompts = [prompt_messages(self.cfg.tasks.template, r.prompt) for r in requests]
+        n = max(r.group_size for r in requests) - 2
+        samples: list[list[Sample]] = [[] for _ in requests]
+        if n > 0:
+            seed = int(self._rng.integers(2**31))
+            params = SamplingParams(**{**self.params.__dict__, "seed": seed})
+            samples = self.engine.generate(prompts, n=n, params=params)
+        groups = []
+        for r, prompt, batch in zip(requests, prompts, samples):
+            try:
+                positive, negative = self._retry(lambda r=r: self.store.read_trajectories([r.positive_id, r.negative_id]))
+            except NotFound as exc:  # deleted since the learner planned it: nothing to replay
+                self.echo(f"replay request {r.id} cancelled: {exc}")
+                self._retry(lambda r=r: replay.cancel_request(self.store, r.id))
+                continue
+            fresh = self._trajectories(r.ground_truth, prompt, batch[: r.group_size - 2])
+            groups.append(replay.replay_group(r, positive, negative, fresh, policy_version=self.version,
+                                              collector=self.name,
+                                              embedding_model=model_display_name(self.model_location)))
+        return groups
+
     def _group(self, task: work.ClaimedTask, prompt: list[dict], samples: list[Sample]) -> GroupIn:
+        return GroupIn(
+            run_id=self.run_id, task_id=task.id, policy_version=self.version,
+            trajectories=self._trajectories(task.ground_truth, prompt, samples),
+            workflow="group", kind="fresh", collector=self.name,
+            embedding_model=model_display_name(self.model_location), embedding_layer=-1,
+        )
+
+    def _trajectories(self, ground_truth: str | None, prompt: list[dict], samples: list[Sample]) -> list[TrajectoryIn]:
         trajectories = []
         for s in samples:
             try:
-                r: RewardResult = self.reward_fn(s.text, task.ground_truth)
+                r: RewardResult = self.reward_fn(s.text, ground_truth)
                 reward, correct, answer, error = float(r.reward), r.correct, r.extracted, None
             except Exception as exc:  # a user's reward function must never crash the collector
                 reward, correct, answer, error = None, None, None, f"{type(exc).__name__}: {exc}"
@@ -233,19 +281,22 @@ class Collector:
                 correct=correct, turns=turns, finish_reason=s.finish_reason, extracted_answer=answer,
                 embedding=s.embedding, error=error,
             ))
-        return GroupIn(
-            run_id=self.run_id, task_id=task.id, policy_version=self.version, trajectories=trajectories,
-            workflow="group", kind="fresh", collector=self.name,
-            embedding_model=model_display_name(self.model_location), embedding_layer=-1,
-        )
+        return trajectories
 
     def _write(self, groups: list[GroupIn]) -> None:
         for g in groups:
-            self._retry(lambda g=g: self.store.write_group(g, complete_claim=self.name))
+            try:
+                self._retry(lambda g=g: self.store.write_group(g, complete_claim=self.name))
+            except ReplayRequestLost as exc:  # another collector fills it: drop ours
+                self.echo(str(exc))
+                continue
+            fresh = [t for t in g.trajectories if t.origin != "replayed"]
             self.stats.groups += 1
+            self.stats.replay_groups += g.kind == "replay"
             self.stats.trajectories += len(g.trajectories)
-            self.stats.tokens += sum(len(t.response_ids) for t in g.trajectories)
-            self.stats.correct += sum(bool(t.correct) for t in g.trajectories)
+            self.stats.fresh_samples += len(fresh)
+            self.stats.tokens += sum(len(t.response_ids) for t in fresh)
+            self.stats.correct += sum(bool(t.correct) for t in fresh)
 
     def _retry(self, fn):
         """Run ``fn``, retrying with exponential backoff while the database is unreachable."""

@@ -5,7 +5,7 @@ The public Python API of the store::
     from reflexdb import Store, GroupIn, TrajectoryIn, TurnIn, TaskIn
 """
 
-from .errors import DatabaseUnavailable, InvalidGroup, NotFound, ReflexdbError, SchemaOutdated
+from .errors import DatabaseUnavailable, InvalidGroup, NotFound, ReflexdbError, ReplayRequestLost, SchemaOutdated
 from .records import (
     Group,
     GroupIn,
@@ -23,5 +23,5 @@ __version__ = "0.1.0"
 
 __all__ = [
     "DatabaseUnavailable", "Group", "GroupIn", "InvalidGroup", "NotFound", "PolicyVersion", "ReflexdbError",
-    "SchemaOutdated", "Store", "TaskIn", "Trajectory", "TrajectoryIn", "Turn", "TurnIn", "WrittenGroup",
+    "ReplayRequestLost", "SchemaOutdated", "Store", "TaskIn", "Trajectory", "TrajectoryIn", "Turn", "TurnIn", "WrittenGroup",
 ]

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .errors import ReflexdbError
 
@@ -109,6 +109,19 @@ class LearnerConfig(_Section):
     eval_samples: int = Field(8, ge=1, le=1024, description="k of pass@k in `reflexdb eval` (samples per eval task).")
 
 
+class NexGRPOConfig(_Section):
+    """NexGRPO's knobs (METHODS.md §3, NexGRPO.md Sec. 4; docs/nexgrpo.md). Read when ``algorithm: nexgrpo``."""
+
+    conf_low: float = Field(0.2, ge=0.0, le=1.0, description="ℓ_low: an incorrect trajectory enters the negative pool only with confidence ≥ this (gate ends included).")
+    conf_high: float = Field(0.9, ge=0.0, le=1.0, description="ℓ_high: ... and confidence ≤ this.")
+    replay_ratio: float = Field(0.5, ge=0.0, le=1.0, description="α: replay groups per batch = min(⌊α·groups_per_step⌋, replayable tasks).")
+    start_pass_at_1: float = Field(0.35, ge=0.0, le=1.0, description="Delayed start: replay begins once a batch's on-policy pass@1 exceeds this (and stays on).")
+    retire_prob: float = Field(0.05, ge=0.0, le=1.0, description="ε: a retired task (latest group all correct) is drawn with this probability when its turn comes.")
+    difficulty_sd: float = Field(1.0, gt=0.0, le=1000.0, description="σ of the difficulty weight N(k; n/2, σ) over tasks with k of n rollouts correct.")
+    refresh: bool = Field(True, description="Confidence refresh: recompute b*'s confidence under the learner's weights and skip it when it left the gate.")
+    refresh_candidates: int = Field(4, ge=1, le=1024, description="Most similar negatives the refresh tries per replay task before giving the task up for this step.")
+
+
 class Config(_Section):
     run: str = Field(..., min_length=1, max_length=200, description="Run name; created on first use.")
     algorithm: str = Field("grpo", description="Training algorithm (the learner's).")
@@ -119,6 +132,17 @@ class Config(_Section):
     tasks: TasksConfig = Field(default_factory=TasksConfig)
     collector: CollectorConfig = Field(default_factory=CollectorConfig)
     learner: LearnerConfig = Field(default_factory=LearnerConfig)
+    nexgrpo: NexGRPOConfig = Field(default_factory=NexGRPOConfig)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Config:
+        n = self.nexgrpo
+        if n.conf_low > n.conf_high:
+            raise ValueError(f"nexgrpo.conf_low ({n.conf_low}) must not exceed nexgrpo.conf_high ({n.conf_high})")
+        if self.algorithm == "nexgrpo" and self.collector.group_size < 3:
+            raise ValueError(f"collector.group_size is {self.collector.group_size}; nexgrpo needs at least 3 "
+                             "(a replay group holds y+, b* and G - 2 fresh rollouts)")
+        return self
 
     def masked(self) -> dict[str, Any]:
         """The config as plain data with secrets (database password) masked, for logging."""
@@ -160,6 +184,8 @@ def _describe(err: dict) -> str:
         return f"{key}: unknown key"
     if kind == "missing":
         return f"{key}: required"
+    if not err["loc"]:  # a check across keys (model validator): its message names the keys
+        return err["msg"].removeprefix("Value error, ")
     allowed = _allowed_range(tuple(err["loc"]))
     suffix = f"; allowed: {allowed}" if allowed else ""
     return f"{key}: {err['msg']} (got {err.get('input')!r}{suffix})"

@@ -40,3 +40,10 @@ class NotFound(ReflexdbError, LookupError):
     """A run, group, trajectory or policy version that does not exist was asked for."""
 
     exit_code = 6
+
+
+class ReplayRequestLost(ReflexdbError):
+    """A replay group's request is no longer the writer's (its claim expired and another collector
+    took it, or it was cancelled); the group was not written."""
+
+    exit_code = 7

@@ -91,6 +91,8 @@ class GroupIn:
         workflow: the workflow that produced it (``group``, ``r3l``, ``lte``, ``cleaner``, ...).
         kind: ``fresh`` | ``replay`` | ``hinted`` | ``retry`` | ``eval``.
         embedding_model, embedding_layer: where the trajectories' embeddings come from.
+        replay_request_id: the NexGRPO replay request this group fulfils (kind ``replay``); the
+            store marks it done in the transaction that writes the group.
     """
 
     run_id: int
@@ -103,6 +105,7 @@ class GroupIn:
     embedding_model: str = "unknown"
     embedding_layer: int = -1
     meta: dict[str, Any] = field(default_factory=dict)
+    replay_request_id: int | None = None
 
 
 @dataclass

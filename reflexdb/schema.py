@@ -105,16 +105,16 @@ tasks = Table(
     Column("prompt", Text, nullable=False),
     Column("ground_truth", Text),
     Column("meta", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
-    # NexGRPO soft retirement (METHODS.md §3).
-    Column("retired", Boolean, nullable=False, server_default=text("false")),
-    Column("retired_at", DateTime(timezone=True)),
     # Work claiming by collectors (FOR UPDATE SKIP LOCKED).
     Column("claimed_by", Text),
     Column("claimed_at", DateTime(timezone=True)),
     Column("times_collected", Integer, nullable=False, server_default=text("0")),
+    # NexGRPO soft retirement (METHODS.md §3): turns a retired task was passed over (not drawn).
+    # Whether a task is retired is the view nexgrpo_retired_tasks, computed from its groups.
+    Column("times_passed", Integer, nullable=False, server_default=text("0")),
     _now(),
     UniqueConstraint("run_id", "dataset", "split", "task_key"),
-    Index(None, "run_id", "split", "retired"),
+    Index(None, "run_id", "split"),
 )
 
 policy_versions = Table(
@@ -337,5 +337,43 @@ collectors = Table(
     UniqueConstraint("run_id", "name"),
 )
 
+#: Values allowed in ``replay_requests.status``.
+REPLAY_STATUSES = ("pending", "claimed", "done", "cancelled")
+
+# NexGRPO replay requests (METHODS.md §3): the learner asks for a replay group around a stored
+# positive anchor y+ and boundary failure b*; a collector claims the request (SKIP LOCKED), samples
+# G - 2 fresh rollouts and writes the group of kind 'replay', completing the request in the same
+# transaction.
+replay_requests = Table(
+    "replay_requests",
+    metadata,
+    Column("id", BigInteger, Identity(), primary_key=True),
+    Column("run_id", BigInteger, ForeignKey("runs.id", ondelete="CASCADE"), nullable=False),
+    Column("task_id", BigInteger, ForeignKey("tasks.id", ondelete="CASCADE"), nullable=False),
+    # y+ (uniform from the positive pool) and b* (the most similar negative that passed the refresh).
+    Column("positive_id", BigInteger, ForeignKey("trajectories.id", ondelete="CASCADE"), nullable=False),
+    Column("negative_id", BigInteger, ForeignKey("trajectories.id", ondelete="CASCADE"), nullable=False),
+    Column("cosine", Float, nullable=False),  # cos(phi(y+), phi(b*))
+    Column("negative_confidence", Float),  # b*'s stored (behaviour) confidence
+    Column("refreshed_confidence", Float),  # b*'s confidence under the learner's weights at request time
+    Column("discarded", SmallInteger, nullable=False, server_default=text("0")),  # more similar candidates the refresh discarded
+    Column("group_size", SmallInteger, nullable=False),  # G of the replay group: y+, b* and G - 2 fresh rollouts
+    Column("learner_step", Integer, nullable=False),
+    Column("learner_version", Integer, nullable=False),
+    Column("status", Text, nullable=False, server_default="pending"),
+    Column("claimed_by", Text),
+    Column("claimed_at", DateTime(timezone=True)),
+    Column("group_id", BigInteger, ForeignKey("groups.id", ondelete="SET NULL")),  # the group that fulfilled it
+    Column("completed_at", DateTime(timezone=True)),
+    _now(),
+    CheckConstraint(_in("status", REPLAY_STATUSES), name="status"),
+    CheckConstraint("group_size >= 2", name="group_size"),
+    Index(None, "run_id", "status", "id"),
+    Index(None, "group_id"),
+)
+
 #: Views created by migrations from ``reflexdb/sql/views/<name>.sql``, in creation order.
-VIEWS = ("failures", "group_stats", "staleness", "learner_eligible")
+VIEWS = (
+    "failures", "group_stats", "staleness", "learner_eligible",
+    "nexgrpo_positive_pool", "nexgrpo_negative_pool", "nexgrpo_retired_tasks", "nexgrpo_replay_candidates",
+)

@@ -34,7 +34,7 @@ from sqlalchemy.engine import Engine
 
 from . import migrate, schema
 from .db import connect_raw, make_engine
-from .errors import InvalidGroup, NotFound, ReflexdbError
+from .errors import InvalidGroup, NotFound, ReflexdbError, ReplayRequestLost
 from .records import (
     Group,
     GroupIn,
@@ -231,7 +231,13 @@ class Store:
         return self.write_groups([group], complete_claim=complete_claim)[0]
 
     def write_groups(self, groups: Sequence[GroupIn], *, complete_claim: str | None = None) -> list[WrittenGroup]:
-        """Write several groups in one transaction: all become visible together, or none."""
+        """Write several groups in one transaction: all become visible together, or none.
+
+        Raises:
+            InvalidGroup: naming the offending field; nothing is written.
+            ReplayRequestLost: a group's ``replay_request_id`` is done, cancelled or claimed by
+                another collector than ``complete_claim``; nothing is written.
+        """
         prepared = [prepare_group(g) for g in groups]
         self._claimed_dims = {}
         try:
@@ -261,7 +267,18 @@ class Store:
                     written.append(self._group_rows(p, ids, rows))
                 rows.copy(cur)
                 if complete_claim is not None:
-                    cur.execute(Q["complete_claims"], {"ids": [g.task_id for g in groups], "collector": complete_claim})
+                    claimed = [g.task_id for g in groups if g.replay_request_id is None]
+                    if claimed:
+                        cur.execute(Q["complete_claims"], {"ids": claimed, "collector": complete_claim})
+                for g, w in zip(groups, written):
+                    if g.replay_request_id is not None:
+                        done = cur.execute(Q["complete_request"], {"id": g.replay_request_id, "group_id": w.group_id,
+                                                                   "collector": complete_claim}).fetchone()
+                        if done is None:
+                            raise ReplayRequestLost(
+                                f"replay request {g.replay_request_id} is no longer "
+                                f"{'collector ' + repr(complete_claim) if complete_claim else 'open'}'s "
+                                "(claim expired and taken by another collector, or cancelled); group not written")
                 return written
         except psycopg.errors.ForeignKeyViolation as exc:
             raise InvalidGroup(_fk_field(exc), f"refers to a row that does not exist ({exc.diag.message_detail})") from None

@@ -5,6 +5,10 @@
   claim and counts the collection in the same transaction (``Store.write_group(...,
   complete_claim=name)``). A claim older than ``claim_ttl_s`` is considered abandoned (a collector
   died) and can be taken by another.
+- **Soft retirement** (NexGRPO, METHODS.md §3): with ``retire_prob`` set, a claimed task that is
+  retired (view ``nexgrpo_retired_tasks``: its latest group was all correct) is kept with
+  probability ε and otherwise passed over: released, with its turn counted (``times_passed``), so
+  it waits for the next epoch. Each time a retired task's turn comes it is drawn with probability ε.
 - **Admission control** (AReaL's ``max_head_offpolicyness``): the n-th on-policy group of a run
   is consumed by learner step ``n // groups_per_step``, which trains policy version
   ``(n // groups_per_step) // publish_every`` (one version every ``publish_every`` steps). A
@@ -19,6 +23,8 @@ import os
 import socket
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from .sqlfile import load_queries
 from .store import Store
@@ -36,20 +42,61 @@ class ClaimedTask:
     ground_truth: str | None
     meta: dict[str, Any]
     times_collected: int
+    retired: bool = False  # only looked up under soft retirement
+
+
+@dataclass
+class RetirementDraws:
+    """What soft retirement decided in a claim: retired tasks kept (drawn) and passed over."""
+
+    drawn: int = 0
+    passed: int = 0
+
+
+#: Claim rounds per call under soft retirement (each round passes some retired tasks over).
+MAX_CLAIM_ROUNDS = 64
 
 
 def claim_tasks(
     store: Store, run_id: int, collector: str, n: int = 1, *, split: str = "train",
-    max_collections: int = 2**31 - 1, claim_ttl_s: float = 600.0, include_retired: bool = False,
+    max_collections: int = 2**31 - 1, claim_ttl_s: float = 600.0, retire_prob: float | None = None,
+    rng: np.random.Generator | None = None, draws: RetirementDraws | None = None,
 ) -> list[ClaimedTask]:
-    """Claim up to ``n`` tasks for ``collector`` (possibly none, if all are taken or done)."""
-    with store._raw() as conn:
-        rows = conn.execute(
-            W["claim_tasks"],
-            {"run_id": run_id, "split": split, "max_collections": max_collections, "ttl": claim_ttl_s, "n": n,
-             "collector": collector, "include_retired": include_retired},
-        ).fetchall()
-    return [ClaimedTask(*r) for r in rows]
+    """Claim up to ``n`` tasks for ``collector`` (possibly none, if all are taken or done).
+
+    Args:
+        retire_prob: NexGRPO's ε. ``None`` (default): retirement is ignored, every task is drawn
+            in turn. Otherwise each claimed retired task is kept with probability ``retire_prob``
+            and passed over otherwise (its turn counted); the claim continues until ``n`` tasks are
+            kept, no task is left to claim, or :data:`MAX_CLAIM_ROUNDS` rounds were drawn.
+        rng: the random generator of the draws (default: a fresh one).
+        draws: if given, counts the retired tasks drawn and passed over.
+    """
+    soft = retire_prob is not None
+    rng = rng if rng is not None else np.random.default_rng()
+    kept: list[ClaimedTask] = []
+    with store._raw() as conn:  # one transaction: passed-over tasks are released with the claim
+        for _ in range(MAX_CLAIM_ROUNDS if soft else 1):
+            rows = conn.execute(
+                W["claim_tasks"],
+                {"run_id": run_id, "split": split, "max_collections": max_collections, "ttl": claim_ttl_s,
+                 "n": n - len(kept), "collector": collector, "soft_retirement": soft},
+            ).fetchall()
+            passed = []
+            for task in sorted((ClaimedTask(*r) for r in rows), key=lambda t: t.id):
+                if task.retired and rng.random() >= retire_prob:
+                    passed.append(task.id)
+                else:
+                    kept.append(task)
+                    if draws is not None and task.retired:
+                        draws.drawn += 1
+            if passed:
+                conn.execute(W["pass_tasks"], {"ids": passed, "collector": collector})
+                if draws is not None:
+                    draws.passed += len(passed)
+            if not rows or len(kept) >= n:
+                break
+    return kept
 
 
 def release_claims(store: Store, run_id: int, collector: str) -> None:

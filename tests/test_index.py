@@ -19,9 +19,9 @@ from reflexdb import index as index_mod
 from reflexdb.db import connect_raw
 from reflexdb.index import EmbeddingIndex, Neighbor, database_identity
 from .factories import make_group, setup_run
+from .processes import REFLEXDB
 
 DIM = 16
-REFLEXDB = "/work/venv/bin/reflexdb"
 
 
 # ---------------------------------------------------------------------------- helpers
@@ -403,7 +403,7 @@ def test_cli_similar_unknown_trajectory_is_a_clean_error(store, db_url, reflexdb
     env = {**os.environ, "REFLEXDB_DATABASE_URL": db_url, "REFLEXDB_HOME": str(reflexdb_home)}
     env.pop("REFLEXDB_DEBUG", None)
     for tid, message in ((987654, "error: no trajectory with id 987654"), (plain[0], "has no embedding")):
-        proc = subprocess.run([REFLEXDB, "similar", str(tid)], env=env, capture_output=True, text=True, timeout=120)
+        proc = subprocess.run([*REFLEXDB, "similar", str(tid)], env=env, capture_output=True, text=True, timeout=120)
         assert proc.returncode == NotFound.exit_code, proc.stderr
         assert message in proc.stderr
         assert "Traceback" not in proc.stderr

@@ -38,6 +38,8 @@ class Batch:
     response_mask: torch.Tensor  # [B, T] bool: loss mask (response tokens that carry loss)
     behaviour_logprobs: torch.Tensor  # [B, T] float32
     policy_versions: torch.Tensor  # [B] int64: producing version of each trajectory
+    replayed: torch.Tensor  # [B] bool: a stored trajectory replayed (origin 'replayed'): ratio denominator π_beh
+    confidence: torch.Tensor  # [B] float32: stored confidence exp(mean behaviour log-prob) (NaN if unknown)
     group_versions: list[int]
     group_kinds: list[str]
 
@@ -56,12 +58,31 @@ class Batch:
                      group_kinds=self.group_kinds, **sl)
 
 
-def eligible_group_ids(store: Store, run_id: int, n: int, *, after: int = 0) -> list[int]:
-    """The ``n`` oldest eligible group ids of the run with id > ``after`` (see the view's header)."""
+def eligible_group_ids(store: Store, run_id: int, n: int, *, after: int = 0, max_replay: int | None = None) -> list[int]:
+    """The ``n`` oldest eligible group ids of the run with id > ``after`` (see the view's header).
+
+    With ``max_replay`` (NexGRPO), the batch takes at most that many replay groups, oldest first, and
+    fills the rest with the oldest fresh groups; when fresh groups run short, more replay groups
+    fill in. Ids come back in increasing order.
+    """
     with store.engine.connect() as conn:
-        return list(conn.execute(text(
-            "SELECT group_id FROM learner_eligible WHERE run_id = :r AND eligible AND group_id > :after "
-            "ORDER BY group_id LIMIT :n"), {"r": run_id, "after": after, "n": n}).scalars())
+        rows = conn.execute(text(
+            "SELECT group_id, kind FROM learner_eligible WHERE run_id = :r AND eligible AND group_id > :after "
+            "ORDER BY group_id LIMIT :n"), {"r": run_id, "after": after, "n": n if max_replay is None else 4 * n + 64}).all()
+    if max_replay is None:
+        return [r[0] for r in rows]
+    return compose_batch([(int(g), k) for g, k in rows], n, max_replay)
+
+
+def compose_batch(rows: list[tuple[int, str]], n: int, max_replay: int) -> list[int]:
+    """``n`` group ids from ``(group_id, kind)`` rows in FIFO order: up to ``max_replay`` replay
+    groups, fresh groups for the rest, more replay groups if fresh ones run short."""
+    replay = [g for g, k in rows if k == "replay"]
+    fresh = [g for g, k in rows if k != "replay"]
+    take_replay = replay[:max_replay]
+    take_fresh = fresh[: n - len(take_replay)]
+    extra = replay[len(take_replay): len(take_replay) + n - len(take_replay) - len(take_fresh)]
+    return sorted(take_replay + take_fresh + extra)
 
 
 def oldest_unconsumed(store: Store, run_id: int) -> int:
@@ -70,6 +91,22 @@ def oldest_unconsumed(store: Store, run_id: int) -> int:
         first = conn.execute(text(
             "SELECT min(group_id) FROM learner_eligible WHERE run_id = :r AND reason = 'ok'"), {"r": run_id}).scalar()
     return (first - 1) if first else 0
+
+
+def pack_sequences(pairs: list[tuple], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Right-pad ``(prompt_ids, response_ids)`` pairs: input_ids `[B, L]`, attention_mask `[B, L]`,
+    prompt_lengths `[B]`, response_lengths `[B]`."""
+    P = np.array([len(p) for p, _ in pairs])
+    T = np.array([len(r) for _, r in pairs])
+    L = int((P + T).max())
+    input_ids = np.full((len(pairs), L), pad_id, dtype=np.int64)
+    attn = np.zeros((len(pairs), L), dtype=np.int64)
+    for i, (p, r) in enumerate(pairs):
+        input_ids[i, :len(p)] = p
+        input_ids[i, len(p):len(p) + len(r)] = r
+        attn[i, :len(p) + len(r)] = 1
+    return (torch.from_numpy(input_ids), torch.from_numpy(attn), torch.from_numpy(P.astype(np.int64)),
+            torch.from_numpy(T.astype(np.int64)))
 
 
 def pack(groups: list[Group], pad_id: int) -> Batch:
@@ -108,6 +145,9 @@ def pack(groups: list[Group], pad_id: int) -> Batch:
         response_mask=torch.from_numpy(rmask),
         behaviour_logprobs=torch.from_numpy(blp),
         policy_versions=torch.tensor([t.policy_version for _, t in trajs], dtype=torch.int64),
+        replayed=torch.tensor([t.origin == "replayed" for _, t in trajs]),
+        confidence=torch.tensor([t.confidence if t.confidence is not None else float("nan") for _, t in trajs],
+                                dtype=torch.float32),
         group_versions=[g.policy_version for g in groups],
         group_kinds=[g.kind for g in groups],
     )

@@ -2,13 +2,16 @@
 
 One step reads top to bottom (:meth:`Learner.step`)::
 
-    groups  = oldest eligible groups (view learner_eligible: staleness and reuse rules)
+    groups  = oldest eligible groups (view learner_eligible: staleness and reuse rules);
+              NexGRPO: up to ⌊α·B⌋ of them replay groups
     batch   = padded tensors (prompt ⊕ response, loss mask, behaviour log-probs)
-    old     = π_old log-probs: recomputed under the weights at the step's start, or behaviour
+    old     = π_old log-probs: recomputed under the weights at the step's start, or behaviour;
+              replayed stored trajectories always use their behaviour log-probs (π_beh)
     adv     = group-normalised advantages, then the configured transforms
     loss    = the registered loss over micro-batches (gradient accumulation), backward, optimizer step
     record  = learner_steps row + the trajectories consumed (one transaction)
     publish = every k steps: DeepSpeed state, HF safetensors, policy_versions row + NOTIFY
+    replay  = NexGRPO: plan the next replay tasks and post replay requests (trainer/nexgrpo.py)
 
 Resume is from the last *published* state: steps recorded after it are rolled back (their
 consumption deleted, times_sampled restored), so nothing is consumed twice or skipped.
@@ -17,6 +20,7 @@ consumption deleted, times_sampled restored), so nothing is consumed twice or sk
 from __future__ import annotations
 
 import inspect
+import json
 import logging
 import math
 import shutil
@@ -34,9 +38,10 @@ from reflexdb.errors import ReflexdbError
 from reflexdb.settings import home
 
 from .advantages import group_advantages
-from .batch import Batch, eligible_group_ids, oldest_unconsumed, pack
+from .batch import Batch, eligible_group_ids, oldest_unconsumed, pack, pack_sequences
 from .engine import EngineSettings, TrainingEngine
 from .losses.registry import get_loss
+from .nexgrpo import PlanStats, ReplayPlanner, replay_quota
 from .tracking import Tracker
 
 log = logging.getLogger("reflexdb.learn")
@@ -119,6 +124,10 @@ class Learner:
         self.bad_in_row = 0
         self._after = 0  # group ids at or below are consumed or stale (speeds up the view query)
         self.stopping = False
+        self.nexgrpo = cfg.algorithm == "nexgrpo"
+        self.replay_active = False  # NexGRPO delayed start: set once a batch's pass@1 exceeds the threshold
+        self.planner: ReplayPlanner | None = None
+        self.plan_stats = PlanStats()
 
     # ------------------------------------------------------------------ setup and resume
 
@@ -148,6 +157,13 @@ class Learner:
                 "learner.groups_per_step": self.L.groups_per_step, "learner.publish_every": self.L.publish_every,
                 "learner.max_staleness": self.cfg.max_staleness, "learner.max_reuse": self.L.max_reuse,
             })
+            if self.nexgrpo:
+                n = self.cfg.nexgrpo
+                self.store.set_settings(self.run_id, {
+                    "nexgrpo.conf_low": n.conf_low, "nexgrpo.conf_high": n.conf_high,
+                    "nexgrpo.difficulty_sd": n.difficulty_sd, "nexgrpo.retire_prob": n.retire_prob,
+                    "nexgrpo.replay_ratio": n.replay_ratio,
+                })
         if resume:
             client = self.engine.load_state(latest.meta["learner_state"], latest.meta["state_tag"])
             self.step_no = int(client["step"])
@@ -168,6 +184,28 @@ class Learner:
                 self.version = latest.version
             self.echo(f"learner for run {self.cfg.run!r}: loss {loss_name(self.cfg)}, "
                       f"{self.L.groups_per_step} groups/step, publish every {self.L.publish_every}")
+        if self.nexgrpo and self.main:
+            self._setup_replay()
+
+    def _setup_replay(self) -> None:
+        """NexGRPO: the FAISS index and planner; replay is on if a surviving step already crossed the
+        delayed-start threshold (steps rolled back on resume no longer count)."""
+        import numpy as np
+
+        from reflexdb.index import EmbeddingIndex
+
+        n = self.cfg.nexgrpo
+        self.planner = ReplayPlanner(
+            self.store, self.run_id, EmbeddingIndex.open(self.store, self.run_id), conf_low=n.conf_low,
+            conf_high=n.conf_high, refresh=n.refresh, refresh_candidates=n.refresh_candidates,
+            group_size=self.cfg.collector.group_size, rng=np.random.default_rng([self.cfg.seed, self.step_no]))
+        with self.store.engine.connect() as conn:
+            self.replay_active = bool(conn.execute(text(
+                "SELECT EXISTS (SELECT 1 FROM learner_steps WHERE run_id = :r "
+                "AND (metrics->>'reward/pass_at_1')::float8 > :t)"), {"r": self.run_id, "t": n.start_pass_at_1}).scalar())
+        if self.replay_active:
+            self.echo("nexgrpo: replay is on (a batch's pass@1 already exceeded "
+                      f"{n.start_pass_at_1}); planning replay requests")
 
     def _check_state(self, policy) -> None:
         state = Path(policy.meta["learner_state"]) / policy.meta["state_tag"]
@@ -217,15 +255,18 @@ class Learner:
                 self.echo(self._progress(result))
                 if self.step_no % self.L.publish_every == 0 and not result.skipped:
                     self.publish()
+                if self.nexgrpo:
+                    self.plan_replay(result)
         finally:
             self.tracker.close()
 
     def wait_for_groups(self, deadline: float | None) -> list[int] | None:
         """Block until ``groups_per_step`` eligible groups exist; ``None`` if stopped or out of time."""
         n = self.L.groups_per_step
+        max_replay = replay_quota(n, self.cfg.nexgrpo.replay_ratio, n) if self.nexgrpo else None
         last_said = time.monotonic()
         while not self.stopping:
-            ids = eligible_group_ids(self.store, self.run_id, n, after=self._after)
+            ids = eligible_group_ids(self.store, self.run_id, n, after=self._after, max_replay=max_replay)
             if len(ids) >= n:
                 return ids
             if deadline is not None and time.monotonic() >= deadline:
@@ -296,7 +337,12 @@ class Learner:
 
     @torch.no_grad()
     def old_logprobs(self, batch: Batch) -> torch.Tensor:
-        """π_old per token `[B, T]`: recomputed under the current weights, or the behaviour log-probs."""
+        """The ratio denominator per token `[B, T]`.
+
+        π_old (recomputed under the weights at the step's start, or the behaviour log-probs, as
+        configured) for on-policy rows; the stored behaviour log-probs π_beh for replayed stored
+        trajectories (origin ``replayed``: NexGRPO's y+ and b*, NexGRPO.md Eq. 7).
+        """
         if self.L.pi_old == "behaviour":
             return batch.behaviour_logprobs
         out = torch.zeros_like(batch.behaviour_logprobs)
@@ -307,7 +353,7 @@ class Learner:
             lp, _ = self.engine.token_logprobs(mb.input_ids, mb.attention_mask, mb.prompt_lengths,
                                                mb.response_lengths, temperature=self.temperature, grad=False)
             out[sl, :lp.shape[1]] = lp.float().cpu()
-        return out
+        return torch.where(batch.replayed[:, None], batch.behaviour_logprobs, out)  # Eq. 7: π_beh for replay
 
     @torch.no_grad()
     def ref_logprobs(self, batch: Batch) -> torch.Tensor | None:
@@ -389,6 +435,69 @@ class Learner:
         for g in self.engine.optimizer.param_groups:
             g["lr"] = lr
 
+    # ------------------------------------------------------------------ NexGRPO replay
+
+    def plan_replay(self, result: StepResult) -> None:
+        """After a step: switch replay on (delayed start), then keep ⌊α·B⌋ replay tasks in flight.
+
+        Rank 0 plans and posts requests; with several ranks, the others take part in the
+        confidence-refresh forward passes (ZeRO-3 shards the weights) until rank 0 says it is done.
+        """
+        n = self.cfg.nexgrpo
+        if not self.replay_active and result.metrics.get("reward/pass_at_1", 0.0) > n.start_pass_at_1:
+            self.replay_active = True  # every rank sees the same batch, so every rank flips together
+            self.echo(f"nexgrpo: batch pass@1 {result.metrics['reward/pass_at_1']:.3f} > {n.start_pass_at_1}: "
+                      "replay starts")
+        if not self.replay_active:
+            metrics = {"replay/active": 0.0}
+        elif self.main:
+            B = self.L.groups_per_step
+            try:
+                self.plan_stats = self.planner.plan(
+                    lambda n_candidates: replay_quota(B, n.replay_ratio, n_candidates), self._score,
+                    step=self.step_no, version=self.version, min_version=self.version - self.cfg.max_staleness)
+            finally:
+                if self.world > 1:
+                    torch.distributed.broadcast_object_list([None], src=0)  # "no more scoring"
+            metrics = {"replay/active": 1.0, **self.plan_stats.metrics()}
+        else:
+            while True:
+                box = [None]
+                torch.distributed.broadcast_object_list(box, src=0)
+                if box[0] is None:
+                    break
+                self._confidences(box[0])
+            return
+        if self.main:
+            from reflexdb import replay
+
+            metrics["replay/retired_tasks"] = float(replay.retired_count(self.store, self.run_id))
+            metrics = {k: v for k, v in metrics.items() if math.isfinite(v)}
+            self.tracker.log_metrics(metrics, self.step_no)
+            with self.store.engine.begin() as conn:  # the step's row holds them too (SQL without MLflow)
+                conn.execute(text("UPDATE learner_steps SET metrics = metrics || CAST(:m AS jsonb) "
+                                  "WHERE run_id = :r AND step = :s"),
+                             {"m": json.dumps(metrics), "r": self.run_id, "s": self.step_no})
+
+    def _score(self, trajectories) -> list[float]:
+        """ℓ_θ of stored trajectories under the current weights (rank 0; others join in :meth:`plan_replay`)."""
+        payload = [(t.prompt_ids, t.response_ids) for t in trajectories]
+        if self.world > 1:
+            torch.distributed.broadcast_object_list([payload], src=0)
+        return self._confidences(payload)
+
+    @torch.no_grad()
+    def _confidences(self, payload: list[tuple]) -> list[float]:
+        """``exp(mean_t log π_θ(o_t))`` over each response (NexGRPO.md Eq. 3), temperature as sampled."""
+        out: list[float] = []
+        step = max(1, self.L.micro_batch_size)
+        for start in range(0, len(payload), step):
+            ids, attn, P, T = pack_sequences(payload[start:start + step], self.engine.pad_id)
+            lp, _ = self.engine.token_logprobs(ids, attn, P, T, temperature=self.temperature, grad=False)
+            mean = lp.double().sum(dim=1) / T.to(lp.device).clamp(min=1)
+            out.extend(torch.exp(mean).cpu().tolist())
+        return out
+
     # ------------------------------------------------------------------ publishing
 
     def publish(self) -> None:
@@ -424,7 +533,8 @@ class Learner:
         m: dict[str, float] = {f"loss/{k}": v for k, v in stats.items()}
         valid = batch.valid
         m["reward/mean"] = float(batch.rewards[valid].mean()) if valid.any() else float("nan")
-        m["reward/pass_at_1"] = float(batch.correct.float().mean())
+        fresh = ~batch.replayed  # pass@1 of what the policy sampled, not of replayed copies
+        m["reward/pass_at_1"] = float(batch.correct[fresh].float().mean()) if fresh.any() else float("nan")
         m["reward/missing"] = float((~valid).sum())
         classes = {"none": 0, "some": 0, "all": 0}
         for g in groups:
@@ -432,6 +542,14 @@ class Learner:
             classes["none" if c == 0 else "all" if c == len(g.trajectories) else "some"] += 1
         for k, v in classes.items():
             m[f"groups/{k}_pass"] = float(v)
+        if self.nexgrpo:
+            replays = [g for g in groups if g.kind == "replay"]
+            m["replay/share"] = len(replays) / len(groups)
+            negatives = batch.replayed & ~batch.correct
+            m["replay/negative_confidence"] = (float(batch.confidence[negatives].nanmean()) if negatives.any()
+                                               else float("nan"))
+            cosines = [float(g.meta["cosine"]) for g in replays if "cosine" in g.meta]
+            m["replay/pair_cosine"] = sum(cosines) / len(cosines) if cosines else float("nan")
         stale = [self.version - v for v in batch.group_versions]
         m["staleness/mean"] = sum(stale) / len(stale)
         m["staleness/max"] = float(max(stale))
@@ -449,4 +567,5 @@ class Learner:
         return (f"step {r.step} | loss {r.loss:.4f} | reward {m['reward/mean']:.3f} | pass@1 {m['reward/pass_at_1']:.3f} "
                 f"| groups none/some/all {int(m['groups/none_pass'])}/{int(m['groups/some_pass'])}/"
                 f"{int(m['groups/all_pass'])} | staleness {m['staleness/mean']:.2f} (max {int(m['staleness/max'])}) "
-                f"| v{self.version} | {m['perf/tokens_per_s']:.0f} tok/s")
+                f"| v{self.version} | {m['perf/tokens_per_s']:.0f} tok/s"
+                + (f" | replay {m['replay/share']:.2f}" if "replay/share" in m else ""))

@@ -1,22 +1,31 @@
 -- Queries of the collector's work protocol (reflexdb.work), loaded by name.
 
 -- name: claim_tasks
--- Claim up to n tasks of a run for one collector: the least-collected first (epochs), in a
--- pseudo-random order within an epoch, skipping tasks another collector holds (SKIP LOCKED
--- never waits; a claim older than the TTL is treated as abandoned by a dead collector).
+-- Claim up to n tasks of a run for one collector: the least-collected first (epochs; a turn a
+-- retired task was passed over by soft retirement counts as its turn), in a pseudo-random order
+-- within an epoch, skipping tasks another collector holds (SKIP LOCKED never waits; a claim
+-- older than the TTL is treated as abandoned by a dead collector). retired (nexgrpo_retired_tasks)
+-- is looked up for the claimed rows only, and only when soft retirement is on.
 WITH c AS (
     SELECT id FROM tasks
     WHERE run_id = %(run_id)s AND split = %(split)s
-      AND (NOT retired OR %(include_retired)s)
       AND times_collected < %(max_collections)s
       AND (claimed_by IS NULL OR claimed_at < now() - make_interval(secs => %(ttl)s))
-    ORDER BY times_collected, hashtext(id::text || ':' || times_collected::text), id
+    ORDER BY times_collected + times_passed,
+             hashtext(id::text || ':' || (times_collected + times_passed)::text), id
     LIMIT %(n)s
     FOR UPDATE SKIP LOCKED
 )
 UPDATE tasks t SET claimed_by = %(collector)s, claimed_at = now()
 FROM c WHERE t.id = c.id
-RETURNING t.id, t.dataset, t.split, t.task_key, t.prompt, t.ground_truth, t.meta, t.times_collected;
+RETURNING t.id, t.dataset, t.split, t.task_key, t.prompt, t.ground_truth, t.meta, t.times_collected,
+          (%(soft_retirement)s AND EXISTS (SELECT 1 FROM nexgrpo_retired_tasks v WHERE v.task_id = t.id));
+
+-- name: pass_tasks
+-- Soft retirement: the draw passed over these claimed retired tasks; release them and count the
+-- turn (they move to the next epoch without being collected).
+UPDATE tasks SET claimed_by = NULL, claimed_at = NULL, times_passed = times_passed + 1
+WHERE id = ANY(%(ids)s) AND claimed_by = %(collector)s;
 
 -- name: release_claims
 -- Give back a collector's claims without counting a collection (shutdown, abandoned group).
@@ -49,9 +58,12 @@ WHERE id = %(id)s;
 UPDATE collectors SET status = %(status)s, stopped_at = now(), last_seen = now() WHERE id = %(id)s;
 
 -- name: produced_groups
--- On-policy groups of a run written so far, plus groups other collectors hold claims for (in
--- flight): the admission check counts both.
+-- Groups the learner trains on (fresh and replay) written so far for a run, plus the ones other
+-- collectors hold claims for (in flight: task claims and replay-request claims): the admission
+-- check counts both.
 SELECT
-    (SELECT count(*) FROM groups WHERE run_id = %(run_id)s AND kind = 'fresh'),
+    (SELECT count(*) FROM groups WHERE run_id = %(run_id)s AND kind IN ('fresh', 'replay')),
     (SELECT count(*) FROM tasks WHERE run_id = %(run_id)s AND claimed_by IS NOT NULL
+       AND claimed_by <> %(collector)s AND claimed_at >= now() - make_interval(secs => %(ttl)s))
+    + (SELECT count(*) FROM replay_requests WHERE run_id = %(run_id)s AND status = 'claimed'
        AND claimed_by <> %(collector)s AND claimed_at >= now() - make_interval(secs => %(ttl)s));

@@ -1,0 +1,207 @@
+"""GRPO vs NexGRPO on the built-in arithmetic task with SmolLM2-135M-Instruct on CPU.
+
+Both runs use the same config except ``algorithm`` (and the run name): same seed, same tasks,
+same learner settings, the same number of learner steps (``--steps``) and the same wall-clock
+budget (``--max-seconds``, whichever ends first). Each run is exactly what a user would type::
+
+    reflexdb run CONFIG --max-steps N --max-seconds S     # a collector and a learner process
+    reflexdb eval -c CONFIG --checkpoint latest -k K      # held-out pass@1 / pass@k
+
+plus one ``reflexdb eval --checkpoint base`` for the starting point (the same for both: same
+model, same eval tasks, same sampling seed). Afterwards the script reads, from the experience
+database, every learner step's metrics (on-policy pass@1, replay share, replayed-negative
+confidence stored and refreshed) and the MLflow run ids, and writes them as JSON and as the
+markdown tables of docs/experiments.md.
+
+    python benchmarks/nexgrpo_vs_grpo.py --home /tmp/nx-exp --steps 20 --max-seconds 1500 \\
+        --json-out /tmp/nx-exp/results.json
+
+``--home`` becomes ``REFLEXDB_HOME`` (embedded PostgreSQL, checkpoints, MLflow); reuse it to
+re-render (``--report``). Torch threads per process: ``--threads`` (default 1: the collector and
+the learner share 2 cores; see docs/benchmarks.md on OpenMP spinning).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import yaml
+
+CLI = [sys.executable, "-m", "reflexdb.cli.main"]
+
+
+def config(name: str, algorithm: str, args) -> dict:
+    return {
+        "run": name,
+        "algorithm": algorithm,
+        "model": "smollm2",
+        "max_staleness": 1,
+        "seed": args.seed,
+        "tasks": {"source": "arithmetic", "level": 1, "train_size": 80, "eval_size": 8, "template": "plain",
+                  "seed": args.seed},
+        "collector": {"group_size": 8, "tasks_per_batch": 4,
+                      "sampling": {"temperature": 1.0, "max_new_tokens": args.max_new_tokens}},
+        "learner": {"groups_per_step": args.groups, "micro_batch_size": 16, "lr": args.lr,
+                    "eval_samples": args.eval_samples, "publish_every": 1},
+        "nexgrpo": {"conf_low": 0.2, "conf_high": 0.9, "replay_ratio": 0.5, "start_pass_at_1": 0.35,
+                    "retire_prob": 0.05},
+    }
+
+
+def sh(cmd: list[str], env: dict, log: Path) -> tuple[int, float, str]:
+    t0 = time.monotonic()
+    with open(log, "a") as fh:
+        fh.write(f"$ {' '.join(cmd)}\n")
+        fh.flush()
+        proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        fh.write(proc.stdout)
+    return proc.returncode, time.monotonic() - t0, proc.stdout
+
+
+def parse_eval(out: str) -> dict:
+    m = re.search(r"(\S+): pass@1 ([\d.]+)\s+pass@(\d+) ([\d.]+)\s+\((\d+) \S+ tasks x (\d+) samples; MLflow run (\w+)\)", out)
+    if not m:
+        raise RuntimeError(f"could not parse the eval output:\n{out[-2000:]}")
+    return {"label": m.group(1), "pass_at_1": float(m.group(2)), "k": int(m.group(3)),
+            "pass_at_k": float(m.group(4)), "tasks": int(m.group(5)), "samples": int(m.group(6)),
+            "mlflow_run_id": m.group(7)}
+
+
+def step_metrics(url: str, run: str) -> list[dict]:
+    import psycopg
+
+    keys = ["reward/pass_at_1", "replay/share", "replay/negative_confidence", "replay/negative_confidence_refreshed",
+            "replay/pair_cosine", "replay/refresh_discard_rate", "replay/retired_tasks", "perf/step_seconds"]
+    with psycopg.connect(url.replace("postgresql+psycopg://", "postgresql://")) as conn:
+        rows = conn.execute(
+            "SELECT s.step, s.policy_version, extract(epoch FROM s.created_at - r.created_at), s.metrics "
+            "FROM learner_steps s JOIN runs r ON r.id = s.run_id WHERE r.name = %s ORDER BY s.step", (run,)).fetchall()
+    return [{"step": st, "version": v, "t": float(t), **{k: m.get(k) for k in keys}} for st, v, t, m in rows]
+
+
+def counts(url: str, run: str) -> dict:
+    import psycopg
+
+    with psycopg.connect(url.replace("postgresql+psycopg://", "postgresql://")) as conn:
+        row = conn.execute("""
+            SELECT (SELECT count(*) FROM groups g WHERE g.run_id = r.id AND g.kind = 'fresh'),
+                   (SELECT count(*) FROM groups g WHERE g.run_id = r.id AND g.kind = 'replay'),
+                   (SELECT count(DISTINCT c.group_id) FROM consumption c JOIN groups g ON g.id = c.group_id
+                     WHERE g.run_id = r.id AND g.kind = 'replay'),
+                   (SELECT count(*) FROM replay_requests q WHERE q.run_id = r.id),
+                   (SELECT DISTINCT meta->>'mlflow_run_id' FROM policy_versions p WHERE p.run_id = r.id LIMIT 1)
+            FROM runs r WHERE r.name = %s""", (run,)).fetchone()
+    return dict(zip(["fresh_groups", "replay_groups", "replay_groups_consumed", "replay_requests",
+                     "mlflow_learner_run_id"], row))
+
+
+def report(res: dict) -> str:
+    out = []
+    base = res["base_eval"]
+    out.append("| run | learner steps | wall s (run) | held-out pass@1 before | after | change | pass@%d after | "
+               "replay groups consumed | MLflow learner run | MLflow eval run |" % base["k"])
+    out.append("|---|---:|---:|---:|---:|---:|---:|---:|---|---|")
+    for algo in ("grpo", "nexgrpo"):
+        r = res["runs"].get(algo)
+        if not r:
+            continue
+        e = r["eval"]
+        out.append(f"| {algo} | {len(r['steps'])} | {r['wall_s']:.0f} | {base['pass_at_1']:.3f} | {e['pass_at_1']:.3f} "
+                   f"| {e['pass_at_1'] - base['pass_at_1']:+.3f} | {e['pass_at_k']:.3f} | "
+                   f"{r['counts']['replay_groups_consumed']} | `{r['counts']['mlflow_learner_run_id']}` | "
+                   f"`{e['mlflow_run_id']}` |")
+    out.append("")
+    out.append("Per step (on-policy batch pass@1; NexGRPO: replay share, replayed negatives' stored confidence, "
+               "refreshed confidence of the b* planned that step):")
+    out.append("")
+    out.append("| step | GRPO pass@1 | NexGRPO pass@1 | replay share | b* confidence (stored) | b* confidence (refreshed) | retired tasks |")
+    out.append("|---:|---:|---:|---:|---:|---:|---:|")
+    g = {s["step"]: s for s in res["runs"].get("grpo", {}).get("steps", [])}
+    n = {s["step"]: s for s in res["runs"].get("nexgrpo", {}).get("steps", [])}
+
+    def f(x):
+        return "" if x is None else f"{x:.3f}"
+
+    for step in sorted(set(g) | set(n)):
+        a, b = g.get(step, {}), n.get(step, {})
+        out.append(f"| {step} | {f(a.get('reward/pass_at_1'))} | {f(b.get('reward/pass_at_1'))} | "
+                   f"{f(b.get('replay/share'))} | {f(b.get('replay/negative_confidence'))} | "
+                   f"{f(b.get('replay/negative_confidence_refreshed'))} | "
+                   f"{'' if b.get('replay/retired_tasks') is None else int(b['replay/retired_tasks'])} |")
+    return "\n".join(out)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--home", type=Path, required=True)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--max-seconds", type=float, default=1500)
+    ap.add_argument("--groups", type=int, default=4)
+    ap.add_argument("--lr", type=float, default=1e-5)
+    ap.add_argument("--max-new-tokens", type=int, default=48)
+    ap.add_argument("--eval-samples", type=int, default=16)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--only", choices=["grpo", "nexgrpo"], default=None)
+    ap.add_argument("--json-out", type=Path)
+    ap.add_argument("--report", type=Path, help="re-render the tables of a results file and exit")
+    args = ap.parse_args()
+    if args.report:
+        print(report(json.loads(args.report.read_text())))
+        return
+    args.home.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, REFLEXDB_HOME=str(args.home), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
+               OMP_NUM_THREADS=str(args.threads), PYTHONUNBUFFERED="1")
+    env.pop("REFLEXDB_DATABASE_URL", None)
+    log = args.home / "experiment.log"
+    res = json.loads(args.json_out.read_text()) if args.json_out and args.json_out.exists() else {"runs": {}}
+    res.update({"machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
+                "started": datetime.now(timezone.utc).isoformat(), "args": {k: str(v) for k, v in vars(args).items()}})
+    subprocess.run(CLI + ["db", "upgrade"], env=env, check=True, capture_output=True)
+    url = subprocess.run(CLI + ["db", "url"], env=env, check=True, capture_output=True, text=True).stdout.strip()
+    cfgs = {}
+    for algo in ("grpo", "nexgrpo"):
+        path = args.home / f"{algo}.yaml"
+        path.write_text(yaml.safe_dump(config(f"exp-{algo}-s{args.seed}", algo, args), sort_keys=False))
+        cfgs[algo] = path
+    if "base_eval" not in res:
+        code, _, out = sh(CLI + ["eval", "-c", str(cfgs["grpo"]), "--checkpoint", "base"], env, log)
+        if code:
+            raise SystemExit(f"base eval failed; see {log}")
+        res["base_eval"] = parse_eval(out)
+        print("base:", res["base_eval"], flush=True)
+    for algo in ("grpo", "nexgrpo"):
+        if args.only and algo != args.only:
+            continue
+        with open(args.home / "load.txt", "a") as fh:
+            fh.write(f"{algo} start {os.getloadavg()}\n")
+        code, wall, _ = sh(CLI + ["run", str(cfgs[algo]), "--max-steps", str(args.steps), "--max-seconds",
+                                  str(args.max_seconds)], env, log)
+        if code:
+            raise SystemExit(f"{algo} run failed (exit {code}); see {log}")
+        code, _, out = sh(CLI + ["eval", "-c", str(cfgs[algo]), "--checkpoint", "latest"], env, log)
+        if code:
+            raise SystemExit(f"{algo} eval failed; see {log}")
+        name = f"exp-{algo}-s{args.seed}"
+        res["runs"][algo] = {"wall_s": wall, "eval": parse_eval(out), "steps": step_metrics(url, name),
+                             "counts": counts(url, name), "load_after": os.getloadavg()}
+        print(algo, res["runs"][algo]["eval"], flush=True)
+        if args.json_out:
+            args.json_out.write_text(json.dumps(res, indent=1, default=str))
+    res["finished"] = datetime.now(timezone.utc).isoformat()
+    if args.json_out:
+        args.json_out.write_text(json.dumps(res, indent=1, default=str))
+    print(report(res))
+
+
+if __name__ == "__main__":
+    main()

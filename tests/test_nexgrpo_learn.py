@@ -1,0 +1,174 @@
+"""NexGRPO with a real model: a collector fills a replay request, the learner uses the right ratio
+denominators and refreshes confidences under its weights, and both processes run it end to end
+(tiny random model, real DeepSpeed on CPU)."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+from reflexdb import GroupIn, TrajectoryIn, TurnIn, replay
+from reflexdb.config import parse_config
+from reflexdb.replay import ReplayRequestIn
+
+from .processes import REFLEXDB, child_env, rows
+
+pytestmark = pytest.mark.slow
+
+DIM = 64  # the tiny model's hidden size
+
+
+def config_data(run="nx", **nexgrpo) -> dict:
+    return {
+        "run": run, "model": "tiny", "algorithm": "nexgrpo", "max_staleness": 100,
+        "tasks": {"train_size": 6, "eval_size": 0},
+        "collector": {"group_size": 4, "sampling": {"max_new_tokens": 6}, "progress_every_s": 1,
+                      "poll_interval_s": 0.2},
+        "learner": {"groups_per_step": 2, "micro_batch_size": 4, "lr": 1e-3, "poll_interval_s": 0.2},
+        "nexgrpo": {"conf_low": 0.0, "start_pass_at_1": 0.0, **nexgrpo},
+    }
+
+
+def seed_pools(store, cfg, n_tasks=3, seed=0) -> list[tuple[int, list[int]]]:
+    """Groups of 4 (2 correct, 2 incorrect with stored confidence ≈ 0.6) on the first train tasks,
+    with token ids in the tiny model's vocabulary and 64-d embeddings."""
+    from reflexdb.collector.sources import build_tasks
+
+    rng = np.random.default_rng(seed)
+    run = store.create_run(cfg.run, algorithm=cfg.algorithm)
+    task_ids = store.add_tasks(run, build_tasks(cfg.tasks)[0])
+    out = []
+    for task in task_ids[:n_tasks]:
+        trajs = []
+        for j in range(4):
+            T = int(rng.integers(4, 8))
+            trajs.append(TrajectoryIn(
+                prompt_ids=rng.integers(0, 1000, 6), response_ids=rng.integers(0, 1000, T),
+                logprobs=np.full(T, -0.5, np.float32), reward=float(j < 2), correct=j < 2,
+                turns=[TurnIn("user", "q"), TurnIn("assistant", "a", 0, T)],
+                embedding=rng.standard_normal(DIM).astype(np.float32)))
+        g = store.write_group(GroupIn(run_id=run, task_id=task, policy_version=0, trajectories=trajs))
+        out.append((task, list(g.trajectory_ids)))
+    return out
+
+
+def test_replay_group_is_filled_by_the_collector_and_trained_with_pi_beh(store, tmp_path, monkeypatch,
+                                                                         model_cache):
+    from reflexdb.collector.runner import Collector
+    from reflexdb.trainer.batch import pack
+    from reflexdb.trainer.learner import Learner
+
+    monkeypatch.setenv("REFLEXDB_HOME", str(tmp_path / "home"))
+    cfg = parse_config(config_data())
+    [(task, (y, _, b, _))] = seed_pools(store, cfg, n_tasks=1)
+    run = store.run_id(cfg.run)
+    [rid] = replay.post_requests(store, run, [ReplayRequestIn(task, y, b, 0.8, 0.6, 0.5, 0, 4)],
+                                 learner_step=0, learner_version=0)
+    collector = Collector(cfg, store, echo=lambda m: None)
+    collector.setup()
+    stats = collector.run(max_groups=1)  # the request comes before any fresh task
+    assert (stats.groups, stats.replay_groups) == (1, 1)
+    [(gid, status)] = rows(store, "SELECT group_id, status FROM replay_requests WHERE id = :i", i=rid)
+    assert status == "done"
+    [group] = store.read_groups([gid], embeddings=True)
+    t = group.trajectories
+    # exactly y+, b* and G - 2 = 2 fresh rollouts of the current policy
+    assert group.kind == "replay" and len(t) == 4
+    assert [(x.origin, x.parent_trajectory_id) for x in t] == [("replayed", y), ("replayed", b), ("base", None),
+                                                              ("base", None)]
+    assert all(x.embedding is not None and x.embedding.shape == (DIM,) for x in t[2:])
+    assert [x.correct for x in t[:2]] == [True, False]
+
+    learner = Learner(cfg, store, echo=lambda m: None)
+    learner.setup()
+    batch = pack([group], learner.engine.pad_id)
+    assert batch.replayed.tolist() == [True, True, False, False]
+    old = learner.old_logprobs(batch)
+    recomputed, _ = learner.engine.token_logprobs(batch.input_ids, batch.attention_mask, batch.prompt_lengths,
+                                                  batch.response_lengths, grad=False)
+    mask = batch.response_mask
+    # y+ and b*: the stored behaviour log-probs (-0.5 each), not the current model's.
+    assert torch.equal(old[:2][mask[:2]], torch.full_like(old[:2][mask[:2]], -0.5))
+    assert not torch.allclose(recomputed[:2][mask[:2]], old[:2][mask[:2]], atol=0.1)
+    # fresh rollouts: π_old recomputed under the weights at the step's start.
+    assert torch.allclose(old[2:][mask[2:]], recomputed[2:][mask[2:]].float(), atol=1e-6)
+    # The confidence refresh scores a stored trajectory under the same weights: exp(mean log π_θ).
+    [neg] = store.read_trajectories([b])
+    [conf] = learner._score([neg])
+    T = len(neg.response_ids)
+    assert conf == pytest.approx(float(torch.exp(recomputed[1, :T].double().mean())), rel=1e-5)
+    # Training on it runs and reports the replay metrics of the batch.
+    result = learner.step([gid])
+    assert not result.skipped
+    assert result.metrics["replay/share"] == 1.0
+    assert result.metrics["replay/negative_confidence"] == pytest.approx(float(np.exp(-0.5)), rel=1e-6)
+    assert result.metrics["replay/pair_cosine"] == pytest.approx(0.8)
+    assert result.metrics["reward/pass_at_1"] == float(np.mean([x.correct for x in t[2:]]))  # fresh rows only
+
+
+def test_nexgrpo_collector_and_learner_processes(store, db_url, tmp_path, model_cache):
+    data = config_data(run="nx-e2e")
+    cfg_path = tmp_path / "nexgrpo.yaml"
+    cfg_path.write_text(yaml.safe_dump(data))
+    seed_pools(store, parse_config(data))
+    env = child_env(db_url, tmp_path, model_cache)
+    collector = subprocess.Popen(REFLEXDB + ["collect", "-c", str(cfg_path)], env=env, stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True)
+    try:
+        learner = subprocess.run(REFLEXDB + ["learn", "-c", str(cfg_path), "--max-steps", "5"], env=env,
+                                 capture_output=True, text=True, timeout=900)
+        assert learner.returncode == 0, learner.stderr[-3000:]
+    finally:
+        collector.terminate()
+        _, cerr = collector.communicate(timeout=120)
+    assert collector.returncode == 0, cerr[-3000:]
+    assert "replay starts" in learner.stderr
+    # Requests were posted after steps, filled by the collector, and the groups trained on.
+    done = rows(store, "SELECT r.id, g.kind, g.size FROM replay_requests r JOIN groups g ON g.id = r.group_id "
+                       "WHERE r.status = 'done'")
+    assert done and all(kind == "replay" and size == 4 for _, kind, size in done)
+    consumed = rows(store, "SELECT count(DISTINCT c.group_id) FROM consumption c JOIN groups g ON g.id = c.group_id "
+                           "WHERE g.kind = 'replay'")
+    assert consumed[0][0] >= 1
+    # At most ⌊α·B⌋ = 1 replay group per step.
+    per_step = rows(store, "SELECT s.step, count(DISTINCT c.group_id) FILTER (WHERE g.kind = 'replay') "
+                           "FROM learner_steps s JOIN consumption c ON c.step_id = s.id JOIN groups g ON g.id = c.group_id "
+                           "GROUP BY 1 ORDER BY 1")
+    assert all(n <= 1 for _, n in per_step)
+    # Every replayed trajectory traces back to a stored original of the same task.
+    bad = rows(store, "SELECT count(*) FROM trajectories t LEFT JOIN trajectories o ON o.id = t.parent_trajectory_id "
+                      "WHERE t.origin = 'replayed' AND (o.id IS NULL OR o.task_id <> t.task_id)")
+    assert bad == [(0,)]
+    # The metrics are in learner_steps and in MLflow.
+    [(share_max,)] = rows(store, "SELECT max((metrics->>'replay/share')::float8) FROM learner_steps")
+    assert share_max == 0.5
+    import mlflow
+
+    client = mlflow.tracking.MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'home' / 'mlflow.db'}")
+    [exp] = [e for e in client.search_experiments() if e.name == "reflexdb/nx-e2e"]
+    [run] = client.search_runs([exp.experiment_id])
+    for key in ("replay/share", "replay/negative_confidence", "replay/pair_cosine", "replay/retired_tasks",
+                "replay/refresh_discard_rate", "replay/negative_confidence_refreshed", "replay/active"):
+        assert key in run.data.metrics, key
+
+
+def test_delayed_start_waits_for_the_pass_at_1_threshold(store, tmp_path, monkeypatch, model_cache):
+    from reflexdb.trainer.learner import Learner
+
+    monkeypatch.setenv("REFLEXDB_HOME", str(tmp_path / "home"))
+    cfg = parse_config(config_data(run="nx-delay", start_pass_at_1=0.6))  # seeded batches have pass@1 0.5
+    seed_pools(store, cfg, n_tasks=3)
+    learner = Learner(cfg, store, echo=lambda m: None)
+    learner.setup()
+    deadline = time.monotonic() + 600
+    learner.run(max_steps=1)
+    assert time.monotonic() < deadline
+    assert not learner.replay_active
+    assert rows(store, "SELECT count(*) FROM replay_requests") == [(0,)]
+    [(m,)] = rows(store, "SELECT metrics->>'replay/active' FROM learner_steps WHERE step = 1")
+    assert m == "0.0"
