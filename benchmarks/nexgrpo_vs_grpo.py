@@ -4,7 +4,7 @@ Both runs use the same config except ``algorithm`` (and the run name): same seed
 same learner settings, the same number of learner steps (``--steps``) and the same wall-clock
 budget (``--max-seconds``, whichever ends first). Each run is exactly what a user would type::
 
-    reflexdb run CONFIG --max-steps N --max-seconds S     # a collector and a learner process
+    reflexdb run CONFIG --no-eval --max-steps N --max-seconds S   # a collector and a learner process
     reflexdb eval -c CONFIG --checkpoint latest -k K      # held-out pass@1 / pass@k
 
 plus one ``reflexdb eval --checkpoint base`` for the starting point (the same for both: same
@@ -57,6 +57,10 @@ def config(name: str, algorithm: str, args) -> dict:
     }
 
 
+def run_name(algo: str, args) -> str:
+    return f"exp-{algo}-s{args.seed}{args.tag}"
+
+
 def sh(cmd: list[str], env: dict, log: Path) -> tuple[int, float, str]:
     t0 = time.monotonic()
     with open(log, "a") as fh:
@@ -79,12 +83,15 @@ def parse_eval(out: str) -> dict:
 def step_metrics(url: str, run: str) -> list[dict]:
     import psycopg
 
+    # t: seconds since the run's policy v0 was published (the learner's start)
     keys = ["reward/pass_at_1", "replay/share", "replay/negative_confidence", "replay/negative_confidence_refreshed",
             "replay/pair_cosine", "replay/refresh_discard_rate", "replay/retired_tasks", "perf/step_seconds"]
     with psycopg.connect(url.replace("postgresql+psycopg://", "postgresql://")) as conn:
         rows = conn.execute(
-            "SELECT s.step, s.policy_version, extract(epoch FROM s.created_at - r.created_at), s.metrics "
-            "FROM learner_steps s JOIN runs r ON r.id = s.run_id WHERE r.name = %s ORDER BY s.step", (run,)).fetchall()
+            "SELECT s.step, s.policy_version, extract(epoch FROM s.created_at - p.created_at), s.metrics "
+            "FROM learner_steps s JOIN runs r ON r.id = s.run_id "
+            "JOIN policy_versions p ON p.run_id = r.id AND p.version = 0 WHERE r.name = %s ORDER BY s.step",
+            (run,)).fetchall()
     return [{"step": st, "version": v, "t": float(t), **{k: m.get(k) for k in keys}} for st, v, t, m in rows]
 
 
@@ -104,10 +111,37 @@ def counts(url: str, run: str) -> dict:
                      "mlflow_learner_run_id"], row))
 
 
+def done_steps(url: str, run: str) -> int:
+    import psycopg
+
+    with psycopg.connect(url.replace("postgresql+psycopg://", "postgresql://")) as conn:
+        row = conn.execute("SELECT max(s.step) FROM learner_steps s JOIN runs r ON r.id = s.run_id WHERE r.name = %s",
+                           (run,)).fetchone()
+    return int(row[0] or 0)
+
+
+def logged_eval(home: Path, run: str, label: str) -> dict | None:
+    """An evaluation already logged to MLflow (``reflexdb eval`` names its run RUN-eval-LABEL)."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{home / 'mlflow.db'}")
+    exp = client.get_experiment_by_name(f"reflexdb/{run}")
+    if exp is None:
+        return None
+    runs = [r for r in client.search_runs([exp.experiment_id]) if r.info.run_name == f"{run}-eval-{label}"]
+    if not runs:
+        return None
+    r = runs[0]
+    k = int(r.data.params["eval.k"])
+    return {"label": label, "pass_at_1": r.data.metrics["eval/pass_at_1"], "k": k,
+            "pass_at_k": r.data.metrics["eval/pass_at_k"], "tasks": int(r.data.metrics["eval/tasks"]), "samples": k,
+            "mlflow_run_id": r.info.run_id}
+
+
 def report(res: dict) -> str:
     out = []
     base = res["base_eval"]
-    out.append("| run | learner steps | wall s (run) | held-out pass@1 before | after | change | pass@%d after | "
+    out.append("| run | learner steps | training s | held-out pass@1 before | after | change | pass@%d after | "
                "replay groups consumed | MLflow learner run | MLflow eval run |" % base["k"])
     out.append("|---|---:|---:|---:|---:|---:|---:|---:|---|---|")
     for algo in ("grpo", "nexgrpo"):
@@ -115,7 +149,7 @@ def report(res: dict) -> str:
         if not r:
             continue
         e = r["eval"]
-        out.append(f"| {algo} | {len(r['steps'])} | {r['wall_s']:.0f} | {base['pass_at_1']:.3f} | {e['pass_at_1']:.3f} "
+        out.append(f"| {algo} | {len(r['steps'])} | {r['steps'][-1]['t']:.0f} | {base['pass_at_1']:.3f} | {e['pass_at_1']:.3f} "
                    f"| {e['pass_at_1'] - base['pass_at_1']:+.3f} | {e['pass_at_k']:.3f} | "
                    f"{r['counts']['replay_groups_consumed']} | `{r['counts']['mlflow_learner_run_id']}` | "
                    f"`{e['mlflow_run_id']}` |")
@@ -152,6 +186,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--only", choices=["grpo", "nexgrpo"], default=None)
+    ap.add_argument("--tag", default="", help="appended to the run names (a second run of the same seed)")
     ap.add_argument("--json-out", type=Path)
     ap.add_argument("--report", type=Path, help="re-render the tables of a results file and exit")
     args = ap.parse_args()
@@ -166,14 +201,24 @@ def main() -> None:
     res = json.loads(args.json_out.read_text()) if args.json_out and args.json_out.exists() else {"runs": {}}
     res.update({"machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
                 "started": datetime.now(timezone.utc).isoformat(), "args": {k: str(v) for k, v in vars(args).items()}})
-    subprocess.run(CLI + ["db", "upgrade"], env=env, check=True, capture_output=True)
-    url = subprocess.run(CLI + ["db", "url"], env=env, check=True, capture_output=True, text=True).stdout.strip()
+    os.environ.update(REFLEXDB_HOME=str(args.home))
+    os.environ.pop("REFLEXDB_DATABASE_URL", None)
+    from reflexdb import Store, migrate
+
+    # This process holds the embedded server open: it stops when its last user exits, which would
+    # be between the children otherwise.
+    store = Store.open(check_schema=False)
+    migrate.upgrade(store.engine)
+    url = store.url
     cfgs = {}
     for algo in ("grpo", "nexgrpo"):
-        path = args.home / f"{algo}.yaml"
-        path.write_text(yaml.safe_dump(config(f"exp-{algo}-s{args.seed}", algo, args), sort_keys=False))
+        path = args.home / f"{algo}{args.tag}.yaml"
+        path.write_text(yaml.safe_dump(config(run_name(algo, args), algo, args), sort_keys=False))
         cfgs[algo] = path
     if "base_eval" not in res:
+        res["base_eval"] = logged_eval(args.home, f"exp-grpo-s{args.seed}", "base") or logged_eval(
+            args.home, run_name("grpo", args), "base")
+    if not res.get("base_eval"):
         code, _, out = sh(CLI + ["eval", "-c", str(cfgs["grpo"]), "--checkpoint", "base"], env, log)
         if code:
             raise SystemExit(f"base eval failed; see {log}")
@@ -182,17 +227,23 @@ def main() -> None:
     for algo in ("grpo", "nexgrpo"):
         if args.only and algo != args.only:
             continue
+        name = run_name(algo, args)
         with open(args.home / "load.txt", "a") as fh:
             fh.write(f"{algo} start {os.getloadavg()}\n")
-        code, wall, _ = sh(CLI + ["run", str(cfgs[algo]), "--max-steps", str(args.steps), "--max-seconds",
-                                  str(args.max_seconds)], env, log)
-        if code:
-            raise SystemExit(f"{algo} run failed (exit {code}); see {log}")
-        code, _, out = sh(CLI + ["eval", "-c", str(cfgs[algo]), "--checkpoint", "latest"], env, log)
-        if code:
-            raise SystemExit(f"{algo} eval failed; see {log}")
-        name = f"exp-{algo}-s{args.seed}"
-        res["runs"][algo] = {"wall_s": wall, "eval": parse_eval(out), "steps": step_metrics(url, name),
+        wall = None
+        if done_steps(url, name) < args.steps:  # else: trained by an earlier invocation; collect its results
+            code, wall, _ = sh(CLI + ["run", str(cfgs[algo]), "--no-eval", "--max-steps", str(args.steps),
+                                      "--max-seconds", str(args.max_seconds)], env, log)
+            if code:
+                raise SystemExit(f"{algo} run failed (exit {code}); see {log}")
+        n = done_steps(url, name)
+        evaluated = logged_eval(args.home, name, f"v{n}")
+        if evaluated is None:
+            code, _, out = sh(CLI + ["eval", "-c", str(cfgs[algo]), "--checkpoint", "latest"], env, log)
+            if code:
+                raise SystemExit(f"{algo} eval failed; see {log}")
+            evaluated = parse_eval(out)
+        res["runs"][algo] = {"wall_s": wall, "eval": evaluated, "steps": step_metrics(url, name),
                              "counts": counts(url, name), "load_after": os.getloadavg()}
         print(algo, res["runs"][algo]["eval"], flush=True)
         if args.json_out:
@@ -200,6 +251,7 @@ def main() -> None:
     res["finished"] = datetime.now(timezone.utc).isoformat()
     if args.json_out:
         args.json_out.write_text(json.dumps(res, indent=1, default=str))
+    store.close()
     print(report(res))
 
 

@@ -14,8 +14,11 @@ def eval_command(
     k: int = typer.Option(None, "-k", min=1, help="Samples per task (pass@k); default learner.eval_samples."),
     max_tasks: int = typer.Option(None, "--max-tasks", min=1, help="Evaluate on at most this many tasks."),
     url: str = typer.Option(None, "--url", envvar="REFLEXDB_DATABASE_URL", help="PostgreSQL URL (default: config, then embedded)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the result as one JSON object instead of a line of text."),
+    overrides: list[str] = typer.Option(None, "--set", help="Override a config key: --set learner.lr=1e-5 (repeatable; the value is YAML)."),
 ) -> None:
     """Report pass@1 and pass@k on held-out tasks with the plain prompt, and log them to MLflow."""
     from reflexdb.trainer.cli_entry import run_eval
 
-    run_eval(config, checkpoint=checkpoint, split=split, k=k, max_tasks=max_tasks, url=url)
+    run_eval(config, checkpoint=checkpoint, split=split, k=k, max_tasks=max_tasks, url=url, as_json=as_json,
+             overrides=overrides)

@@ -41,8 +41,18 @@ def _root(
         os.environ["REFLEXDB_DEBUG"] = "1"
 
 
+#: Library chatter a person running reflexdb does not need (set them to see it again).
+QUIET_DEFAULTS = {
+    "HF_HUB_DISABLE_PROGRESS_BARS": "1",  # transformers' "Loading weights" / "Writing model shards" bars
+    "MLFLOW_LOGGING_LEVEL": "WARNING",  # "Creating initial MLflow database tables ..."
+    "TOKENIZERS_PARALLELISM": "false",  # the fork warning of the tokenizers library
+}
+
+
 def main() -> None:
     """Console-script entry point."""
+    for key, value in QUIET_DEFAULTS.items():
+        os.environ.setdefault(key, value)
     try:
         app()
     except ReflexdbError as exc:

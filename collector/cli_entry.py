@@ -8,17 +8,19 @@ from pathlib import Path
 import typer
 
 from reflexdb import Store
-from reflexdb.config import load_config
+from reflexdb.config import load_config, parse_overrides
 
 
 def run_collector(config_path: Path, *, max_groups: int | None = None, max_seconds: float | None = None,
-                  name: str | None = None, url: str | None = None) -> None:
+                  name: str | None = None, url: str | None = None, overrides: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    overrides = {"collector.name": name} if name else {}
-    cfg = load_config(config_path, overrides)  # validated before anything starts
+    changes = parse_overrides(overrides)
+    if name:
+        changes["collector.name"] = name
+    cfg = load_config(config_path, changes)  # validated before anything starts
     from .runner import Collector
 
-    store = Store.open(url or cfg.database_url)
+    store = Store.open(url or cfg.database_url, create_schema=True)
     try:
         collector = Collector(cfg, store, echo=lambda msg: typer.echo(f"[collect] {msg}", err=True))
         collector.setup()

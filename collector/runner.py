@@ -64,12 +64,18 @@ class Stats:
     fresh_samples: int = 0  # trajectories sampled by this collector (replayed copies excluded)
     started: float = field(default_factory=time.monotonic)
 
-    def line(self, version: int) -> str:
+    def line(self, version: int, since: Stats | None = None) -> str:
+        """A progress line; ``since``: the last report's counts, for the pass@1 of the groups since."""
         dt = max(time.monotonic() - self.started, 1e-9)
         pass1 = self.correct / self.fresh_samples if self.fresh_samples else float("nan")
         replays = f" ({self.replay_groups} replay)" if self.replay_groups else ""
+        recent = ""
+        if since is not None and self.fresh_samples > since.fresh_samples:
+            recent = (f"{(self.correct - since.correct) / (self.fresh_samples - since.fresh_samples):.3f} "
+                      f"since the last line, ")
         return (f"policy v{version} | groups {self.groups}{replays} | trajectories {self.trajectories} "
-                f"({self.trajectories / dt:.2f}/s) | tokens/s {self.tokens / dt:.1f} | pass@1 {pass1:.3f}")
+                f"({self.trajectories / dt:.2f}/s) | tokens/s {self.tokens / dt:.1f} | pass@1 {recent}{pass1:.3f} "
+                "overall")
 
 
 class Collector:
@@ -140,6 +146,9 @@ class Collector:
                     break
                 if deadline is not None and time.monotonic() >= deadline:
                     break
+                if time.monotonic() - last_report >= self.c.progress_every_s:  # heartbeat, also while waiting
+                    self._report(reported)
+                    last_report = time.monotonic()
                 self._maybe_reload()
                 if not self._admitted():
                     continue
@@ -164,9 +173,6 @@ class Collector:
                     continue
                 groups = self._collect(claimed)
                 self._write(groups)
-                if time.monotonic() - last_report >= self.c.progress_every_s:
-                    self._report(reported)
-                    last_report = time.monotonic()
         except Abandon:
             self.echo("abandoned the in-flight group; nothing of it was written")
         except BaseException:
@@ -180,7 +186,7 @@ class Collector:
         try:
             work.release_claims(self.store, self.run_id, self.name)
             replay.release_requests(self.store, self.run_id, self.name)
-            self._report(reported)
+            self._report(reported)  # the stopped line below says it all
             work.mark_stopped(self.store, self.collector_id, status)
         except _TRANSIENT as exc:  # the database is gone: claims expire by TTL anyway
             log.warning("could not record the shutdown in the database: %s", exc)
@@ -318,6 +324,9 @@ class Collector:
             trajectories=s.trajectories - reported.trajectories, tokens=s.tokens - reported.tokens,
             reward_errors=s.reward_errors - reported.reward_errors,
         ))
+        line = s.line(self.version, since=reported) if s.groups > reported.groups else None
         reported.groups, reported.trajectories, reported.tokens, reported.reward_errors = (
             s.groups, s.trajectories, s.tokens, s.reward_errors)
-        self.echo(s.line(self.version))
+        reported.correct, reported.fresh_samples = s.correct, s.fresh_samples
+        if line is not None:  # a heartbeat with nothing new says nothing
+            self.echo(line)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import os
 import shutil
 import subprocess
 from dataclasses import dataclass, field
@@ -10,6 +11,7 @@ from decimal import Decimal
 
 import numpy as np
 from sqlalchemy import inspect, text
+from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
 
 from . import embedded, migrate, schema
@@ -169,7 +171,12 @@ def psql(url: str | None, args: list[str]) -> int:
     """Run psql (from PATH, else the embedded server's) on the database; return its exit code."""
     full = libpq_url_for(url)  # a clear error if unreachable
     exe = shutil.which("psql") or str(embedded.psql_path())
-    return subprocess.call([exe, full, *args])
+    parsed = make_url(full)
+    env = dict(os.environ)
+    if parsed.password:  # not on psql's command line, where `ps` shows it to every user
+        env["PGPASSWORD"] = parsed.password
+        full = parsed.set(password=None).render_as_string(hide_password=False)
+    return subprocess.call([exe, full, *args], env=env)
 
 
 def libpq_url_for(url: str | None) -> str:

@@ -35,7 +35,7 @@ class SamplingConfig(_Section):
 
 class TasksConfig(_Section):
     source: Literal["arithmetic", "file"] = Field("arithmetic", description="Built-in arithmetic generator, or a JSONL/Parquet file.")
-    path: Path | None = Field(None, description="Dataset file (source: file).")
+    path: Path | None = Field(None, description="Dataset file (source: file); a relative path is looked up next to the config file first, then in the current directory.")
     question_field: str = Field("question", description="Field holding the question (source: file).")
     answer_field: str = Field("answer", description="Field holding the answer; GSM8K's '#### 42' suffix is understood (source: file).")
     dataset: str | None = Field(None, description="Name stored with the tasks (default: 'arithmetic' or the file's stem).")
@@ -99,7 +99,8 @@ class LearnerConfig(_Section):
     dtype: Literal["float32", "bfloat16"] = Field("float32", description="Training precision.")
     device: str = Field("cpu", description="cpu or cuda (DeepSpeed uses gloo on CPU, nccl on GPU).")
     max_reuse: int = Field(1, ge=1, le=1000, description="A group is consumed by at most this many steps (samples-per-insert limit per group).")
-    max_steps: int | None = Field(None, ge=1, description="Stop after this many learner steps (None = run until stopped).")
+    max_steps: int | None = Field(None, ge=1, description="Stop after this many learner steps in total (None = run until stopped).")
+    max_seconds: float | None = Field(None, gt=0, description="Time budget: start no new step after this many seconds of this learner process (None = no limit).")
     max_bad_steps: int = Field(3, ge=1, le=1000, description="Stop after this many consecutive steps with a non-finite loss.")
     checkpoint_dir: Path | None = Field(None, description="Where published weights and learner state go (default: $REFLEXDB_HOME/checkpoints/<run>).")
     keep_states: int = Field(2, ge=1, le=1000, description="DeepSpeed states kept for resume (older ones are deleted; published weights are kept).")
@@ -126,7 +127,7 @@ class Config(_Section):
     run: str = Field(..., min_length=1, max_length=200, description="Run name; created on first use.")
     algorithm: str = Field("grpo", description="Training algorithm (the learner's).")
     model: str = Field("smollm2", description="'smollm2' (the wheel's SmolLM2-135M-Instruct), 'tiny' (random test model) or a local HF model directory.")
-    database_url: str | None = Field(None, description="PostgreSQL URL; default REFLEXDB_DATABASE_URL or the embedded server.")
+    database_url: str | None = Field(None, description="PostgreSQL URL, used when neither --url nor REFLEXDB_DATABASE_URL is given (collect, learn, eval, run); then database_url in $REFLEXDB_HOME/config.toml; else the embedded server.")
     max_staleness: int = Field(1, ge=0, le=1000, description="η: policy versions a group may lag behind the learner when consumed.")
     seed: int = Field(0, description="Seed of sampling (each group derives its own).")
     tasks: TasksConfig = Field(default_factory=TasksConfig)
@@ -211,13 +212,38 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Co
         data = yaml.safe_load(p.read_text()) or {}
     except yaml.YAMLError as exc:
         raise ConfigError(f"config file {p} is not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{p}: expected a mapping of keys to values at the top level")
     for dotted, value in (overrides or {}).items():
         node = data
         *parents, leaf = dotted.split(".")
-        for part in parents:
+        for i, part in enumerate(parents):
             node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"cannot set {dotted}: {'.'.join(parents[:i + 1])} is not a section in {p}")
         node[leaf] = value
+    tasks = data.get("tasks")
+    if isinstance(tasks, dict) and isinstance(tasks.get("path"), str):
+        rel = Path(tasks["path"]).expanduser()
+        if not rel.is_absolute() and (p.parent / rel).exists():  # next to the config file first
+            tasks["path"] = str((p.parent / rel).resolve())
     return parse_config(data, str(p))
+
+
+def parse_overrides(items: list[str] | None) -> dict[str, Any]:
+    """``KEY=VALUE`` strings (``--set``) as dotted-key overrides; values are read as YAML
+    (``--set learner.lr=1e-5``, ``--set collector.sampling.stop=[".", "!"]``)."""
+    out: dict[str, Any] = {}
+    for item in items or []:
+        key, sep, raw = item.partition("=")
+        key = key.strip()
+        if not sep or not key or any(not part for part in key.split(".")):
+            raise ConfigError(f"--set {item!r}: expected KEY=VALUE with a dotted key, e.g. learner.lr=1e-5")
+        try:
+            out[key] = yaml.safe_load(raw) if raw.strip() else None
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"--set {item!r}: the value is not valid YAML: {exc}") from None
+    return out
 
 
 def _type_name(ann: Any) -> str:

@@ -1,24 +1,44 @@
-"""``reflexdb run``: start collectors and a learner as separate processes, as a user would by hand.
+"""``reflexdb run``: evaluate, train with collectors and a learner as separate processes, evaluate.
 
-The children are exactly ``reflexdb collect -c CONFIG`` and ``reflexdb learn -c CONFIG``; they
-meet only in the database. This process migrates the schema, keeps the embedded server up while
-they run, waits for the learner to finish, then stops the collectors (SIGTERM: each finishes its
-in-flight group) and prints a summary. Ctrl-C stops everything the same way.
+The children are exactly the commands a user would type by hand::
+
+    reflexdb eval    -c CONFIG --checkpoint base      # held-out pass@1 before (latest when resuming)
+    reflexdb collect -c CONFIG --name RUN-collector-0 # one per --collectors
+    reflexdb learn   -c CONFIG [--max-steps N] [--max-seconds S]
+    reflexdb eval    -c CONFIG --checkpoint latest    # ... and after
+
+(``--set KEY=VALUE`` overrides go to every child.) They meet only in the database. This process
+migrates the schema, keeps the embedded server up while they run, waits for the learner to
+finish, then stops the collectors (SIGTERM: each finishes its in-flight group) and prints the
+improvement, the MLflow UI command and SQL queries to try.
+
+Signals: the children run in their own process group, so a Ctrl-C reaches only this process,
+which passes one SIGTERM to each running child: the learner finishes its step and publishes, the
+collectors finish their groups. A second Ctrl-C passes a second SIGTERM (stop now; resume still
+works). If this process dies, the kernel sends the children SIGTERM (Linux).
+
+Threads: on a small machine the collector and the learner compete for cores, and OpenMP threads
+that spin-wait slow both down many times over (docs/benchmarks.md). Unless ``OMP_NUM_THREADS`` is
+set, each training child gets ``max(1, cores // processes)`` threads; evaluations, which run
+alone, get them all.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from sqlalchemy import text
 
 from . import admin
-from .config import load_config
+from .config import load_config, parse_overrides
 from .db import database_url
 from .settings import resolve_target
 from .store import Store
@@ -26,51 +46,172 @@ from .store import Store
 CLI = [sys.executable, "-m", "reflexdb.cli.main"]
 
 
-def run(config: Path, *, max_steps: int | None, max_seconds: float | None, collectors: int = 1,
-        echo=print) -> int:
-    cfg = load_config(config)  # validated before anything starts
-    url = database_url(resolve_target(cfg.database_url))
-    admin.upgrade(url)
-    store = Store.open(url)  # also keeps the embedded server alive for the children
-    env = dict(os.environ, REFLEXDB_DATABASE_URL=url)  # not on the command line: it may hold a password
-    learn_cmd = CLI + ["learn", "-c", str(config)]
-    if max_steps:
-        learn_cmd += ["--max-steps", str(max_steps)]
-    if max_seconds:
-        learn_cmd += ["--max-seconds", str(max_seconds)]
-    procs = [subprocess.Popen(CLI + ["collect", "-c", str(config), "--name", f"{cfg.run}-collector-{i}"], env=env)
-             for i in range(collectors)]
-    echo(f"started {collectors} collector(s) and a learner for run {cfg.run!r}; Ctrl-C stops them cleanly")
-    learner = subprocess.Popen(learn_cmd, env=env)
-    interrupted = False
+@dataclass
+class RunResult:
+    """What ``reflexdb run`` did; ``exit_code`` is the process's."""
 
-    def forward(signum, _frame):
-        nonlocal interrupted
-        interrupted = True
-        for p in [learner, *procs]:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
+    exit_code: int
+    interrupted: bool = False
+    steps: int = 0
+    version: int | None = None
+    before: dict | None = None  # reflexdb eval --json of the starting checkpoint
+    after: dict | None = None
+    queries: list[str] = field(default_factory=list)
 
-    old = signal.signal(signal.SIGINT, forward), signal.signal(signal.SIGTERM, forward)
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
+    """Ask the kernel to SIGTERM this child when the launcher dies (Linux prctl PR_SET_PDEATHSIG)."""
     try:
-        code = learner.wait()
-        for p in procs:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)
+    except Exception:
+        pass
+
+
+def _threads(n_processes: int) -> str:
+    return str(max(1, (os.cpu_count() or 1) // max(1, n_processes)))
+
+
+def suggested_queries(run: str, run_id: int) -> list[str]:
+    """Three SQL queries to try after a run (the quickstart prints them; a test runs them)."""
+    return [
+        "SELECT policy_version, count(*) AS groups, round(avg(pass_rate)::numeric, 3) AS pass_rate "
+        f"FROM group_stats WHERE run_id = {run_id} AND kind <> 'eval' GROUP BY 1 ORDER BY 1",
+        "SELECT prompt, extracted_answer, ground_truth, round(confidence::numeric, 3) AS confidence "
+        f"FROM failures WHERE run = '{run.replace(chr(39), chr(39) * 2)}' AND split = 'train' "
+        "ORDER BY confidence DESC LIMIT 5",
+        "SELECT step, policy_version, round((metrics->>'reward/pass_at_1')::numeric, 3) AS pass_at_1, "
+        "round((metrics->>'staleness/mean')::numeric, 2) AS staleness "
+        f"FROM learner_steps WHERE run_id = {run_id} ORDER BY step",
+    ]
+
+
+class Launcher:
+    """One ``reflexdb run``: its children, its signal handling and its summary."""
+
+    def __init__(self, config: Path, *, max_steps: int | None, max_seconds: float | None, collectors: int,
+                 overrides: list[str] | None, evaluate: bool, echo: Callable[[str], None]):
+        self.config, self.overrides = Path(config), list(overrides or [])
+        self.cfg = load_config(config, parse_overrides(self.overrides))  # validated before anything starts
+        self.max_steps, self.max_seconds = max_steps, max_seconds
+        self.n_collectors, self.evaluate, self.echo = collectors, evaluate, echo
+        self.children: list[subprocess.Popen] = []
+        self.interrupts = 0
+
+    def _env(self, threads: str | None) -> dict[str, str]:
+        env = dict(os.environ, REFLEXDB_DATABASE_URL=self.url)  # not on a command line: it may hold a password
+        if threads and "OMP_NUM_THREADS" not in os.environ:
+            env["OMP_NUM_THREADS"] = threads
+        return env
+
+    def _start(self, args: list[str], threads: str | None, **kw) -> subprocess.Popen:
+        cmd = CLI + args + ["-c", str(self.config)] + [f"--set={o}" for o in self.overrides]
+        proc = subprocess.Popen(cmd, env=self._env(threads), start_new_session=True, preexec_fn=_die_with_parent,
+                                **kw)
+        self.children.append(proc)
+        return proc
+
+    def _on_signal(self, signum, _frame) -> None:
+        self.interrupts += 1
+        if self.interrupts == 1:
+            self.echo("stopping: the learner finishes its step and publishes, the collectors finish their groups "
+                      "(Ctrl-C again to stop at once)")
+        else:
+            self.echo("stopping now")
+        for p in self.children:
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)
+
+    def _eval(self, checkpoint: str) -> dict | None:
+        proc = self._start(["eval", "--checkpoint", checkpoint, "--json"], None, stdout=subprocess.PIPE, text=True)
+        out, _ = proc.communicate()
+        if proc.returncode != 0 or self.interrupts:
+            if not self.interrupts:
+                self.echo(f"evaluation of {checkpoint} failed (exit {proc.returncode}); see the messages above")
+            return None
+        return json.loads(out.strip().splitlines()[-1])
+
+    def run(self) -> RunResult:
+        # REFLEXDB_DATABASE_URL wins over the config's database_url, as in collect / learn / eval.
+        self.url = database_url(resolve_target(os.environ.get("REFLEXDB_DATABASE_URL") or self.cfg.database_url))
+        admin.upgrade(self.url)
+        store = Store.open(self.url)  # also keeps the embedded server alive for the children
+        old = signal.signal(signal.SIGINT, self._on_signal), signal.signal(signal.SIGTERM, self._on_signal)
+        result = RunResult(exit_code=0)
+        try:
+            run_id = store.create_run(self.cfg.run, algorithm=self.cfg.algorithm, config=self.cfg.masked())
+            latest = store.latest_policy(run_id)
+            if self.evaluate:
+                start = "latest" if latest is not None and latest.version > 0 else "base"
+                self.echo(f"evaluating the {start} model on the held-out tasks first")
+                result.before = self._eval(start)
+            if not self.interrupts:
+                result.exit_code = self._train()
+            if self.evaluate and not self.interrupts and result.exit_code == 0:
+                self.echo("evaluating the trained model on the held-out tasks")
+                result.after = self._eval("latest")
+        finally:
+            signal.signal(signal.SIGINT, old[0])
+            signal.signal(signal.SIGTERM, old[1])
+        with store.engine.connect() as conn:
+            result.steps, result.version = conn.execute(text(
+                "SELECT coalesce((SELECT max(step) FROM learner_steps WHERE run_id = :r), 0), "
+                "(SELECT max(version) FROM policy_versions WHERE run_id = :r)"), {"r": run_id}).one()
+        store.close()
+        result.interrupted = self.interrupts > 0
+        result.queries = suggested_queries(self.cfg.run, run_id)
+        if result.interrupted:
+            result.exit_code = 130
+        return result
+
+    def _train(self) -> int:
+        n = self.n_collectors + 1
+        for i in range(self.n_collectors):
+            self._start(["collect", "--name", f"{self.cfg.run}-collector-{i}"], _threads(n))
+        learn = ["learn"]
+        if self.max_steps:
+            learn += ["--max-steps", str(self.max_steps)]
+        if self.max_seconds:
+            learn += ["--max-seconds", str(self.max_seconds)]
+        self.echo(f"started {self.n_collectors} collector(s) and a learner for run {self.cfg.run!r}; "
+                  "Ctrl-C stops them cleanly")
+        learner = self._start(learn, _threads(n))
+        code = learner.wait()
+        collectors = [p for p in self.children if p is not learner and p.poll() is None]
+        for p in collectors:
+            p.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + 300
-        for p in procs:
-            p.wait(timeout=max(1.0, deadline - time.monotonic()))
-    finally:
-        signal.signal(signal.SIGINT, old[0])
-        signal.signal(signal.SIGTERM, old[1])
-    run_id = store.run_id(cfg.run)
-    with store.engine.connect() as conn:
-        steps, version = conn.execute(text(
-            "SELECT (SELECT max(step) FROM learner_steps WHERE run_id = :r), "
-            "(SELECT max(version) FROM policy_versions WHERE run_id = :r)"), {"r": run_id}).one()
-        groups = conn.execute(text("SELECT count(*) FROM groups WHERE run_id = :r AND kind = 'fresh'"),
-                              {"r": run_id}).scalar()
-    store.close()
-    echo(f"run {cfg.run!r}: {steps or 0} learner steps, policy v{version}, {groups} groups collected"
-         + ("; interrupted: run the same command to resume" if interrupted else ""))
-    return code
+        for p in collectors:
+            try:
+                p.wait(timeout=max(1.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+        return code
+
+
+def run(config: Path, *, max_steps: int | None = None, max_seconds: float | None = None, collectors: int = 1,
+        overrides: list[str] | None = None, evaluate: bool = True, echo=print) -> RunResult:
+    """``reflexdb run``: see the module docstring."""
+    return Launcher(config, max_steps=max_steps, max_seconds=max_seconds, collectors=collectors,
+                    overrides=overrides, evaluate=evaluate, echo=echo).run()
+
+
+def summary(cfg_run: str, r: RunResult) -> str:
+    """The lines ``reflexdb run`` ends with."""
+    lines = [f"run {cfg_run!r}: {r.steps} learner steps, policy v{r.version}"]
+    if r.before and r.after:
+        delta = 100 * (r.after["pass_at_1"] - r.before["pass_at_1"])
+        lines.append(f"held-out pass@1 ({r.after['tasks']} {r.after['split']} tasks x {r.after['samples_per_task']} "
+                     f"samples): {r.before['label']} {r.before['pass_at_1']:.3f} -> {r.after['label']} "
+                     f"{r.after['pass_at_1']:.3f} ({delta:+.1f} points)")
+    elif r.before:
+        lines.append(f"held-out pass@1 of {r.before['label']}: {r.before['pass_at_1']:.3f}")
+    if r.interrupted:
+        lines.append(f"interrupted at step {r.steps} (policy v{r.version} published): run the same command to "
+                     "resume; nothing trained is lost")
+    lines.append("")
+    lines.append("follow the run in MLflow:  reflexdb ui   (then open http://127.0.0.1:5000)")
+    lines.append("three SQL queries to try:")
+    lines += [f'  reflexdb sql "{q}"' for q in r.queries]
+    return "\n".join(lines)

@@ -118,8 +118,14 @@ class Store:
         self._claimed_dims: dict[int, int] = {}
 
     @classmethod
-    def open(cls, url: str | None = None, *, check_schema: bool = True, **kwargs) -> Store:
+    def open(cls, url: str | None = None, *, check_schema: bool = True, create_schema: bool = False,
+             **kwargs) -> Store:
         """Connect to ``url`` (default: the configured database or the embedded server).
+
+        Args:
+            create_schema: create the schema if the database has none yet (a new database). An
+                existing schema at another revision is never migrated here: that stays an explicit
+                ``reflexdb db upgrade``.
 
         Raises:
             DatabaseUnavailable: the server cannot be reached.
@@ -128,6 +134,11 @@ class Store:
         engine = make_engine(url)
         if check_schema:
             try:
+                if create_schema:
+                    with engine.connect() as conn:
+                        empty = migrate.current_revision(conn) is None
+                    if empty:
+                        migrate.upgrade(engine)
                 migrate.check_current(engine)
             except ReflexdbError:
                 engine.dispose()

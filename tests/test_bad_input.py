@@ -149,3 +149,18 @@ def test_cli_schema_outdated_message(empty_db_url, tmp_path):
     env = {"REFLEXDB_DATABASE_URL": empty_db_url, "REFLEXDB_HOME": str(tmp_path), "PATH": "/usr/bin:/bin"}
     proc = subprocess.run(REFLEXDB + ["db", "status"], env=env, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and "run `reflexdb db upgrade`" in proc.stdout
+
+
+def test_create_schema_only_in_an_empty_database(empty_db_url):
+    """collect / learn / eval create the schema in a new database, but never migrate an old one."""
+    engine = make_engine(empty_db_url)
+    with Store.open(empty_db_url, create_schema=True) as s:  # a new database: schema created
+        assert s.create_run("x") > 0
+    with engine.connect() as conn:
+        assert migrate.current_revision(conn) == migrate.head_revision()
+    migrate.downgrade(engine, "0001")
+    with pytest.raises(SchemaOutdated, match="at revision 0001 but this code needs"):
+        Store.open(empty_db_url, create_schema=True)  # an old schema: upgrading stays explicit
+    with engine.connect() as conn:
+        assert migrate.current_revision(conn) == "0001"
+    engine.dispose()

@@ -286,6 +286,7 @@ def test_grpo_lambda_trains_with_its_reference_model(store, tmp_path, monkeypatc
     result = lr.step(eligible_ids(store, lr.run_id))
     assert not result.skipped and math.isfinite(result.loss)
     assert "loss/kl" in result.metrics and "loss/trace_mean" in result.metrics
+    assert math.isfinite(result.metrics["policy/grad_norm"]) and result.metrics["policy/grad_norm"] > 0
 
 
 def eligible_ids(store, run_id):
@@ -297,10 +298,43 @@ def eligible_ids(store, run_id):
 def test_reflexdb_run_starts_both_processes(store, db_url, tmp_path, model_cache):
     cfg = write_config(tmp_path, config_data())
     env = child_env(db_url, tmp_path, model_cache)
-    proc = subprocess.run(REFLEXDB + ["run", str(cfg), "--max-steps", "2"], env=env, capture_output=True,
-                          text=True, timeout=600)
+    proc = subprocess.run(REFLEXDB + ["run", str(cfg), "--max-steps", "2", "--set", "learner.eval_samples=2"], env=env,
+                          capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "[collect]" in proc.stderr and "[learn]" in proc.stderr
-    assert "run 'learn-test': 2 learner steps, policy v2" in proc.stderr
+    assert "run 'learn-test': 2 learner steps, policy v2" in proc.stdout
+    # evaluated before (base) and after (v2), both as eval groups of the run
+    assert "held-out pass@1 (8 eval tasks x 2 samples): base " in proc.stdout and " -> v2 " in proc.stdout
+    assert rows(store, "SELECT meta->>'label', count(*) FROM groups WHERE kind = 'eval' GROUP BY 1 ORDER BY 1") == [
+        ("base", 8), ("v2", 8)]
     assert rows(store, "SELECT status FROM collectors") == [("stopped",)]
     assert rows(store, "SELECT count(*) FROM tasks WHERE claimed_by IS NOT NULL") == [(0,)]
+
+
+def test_reflexdb_run_ctrl_c_stops_cleanly_and_resumes(store, db_url, tmp_path, model_cache):
+    cfg = write_config(tmp_path, config_data())
+    env = child_env(db_url, tmp_path, model_cache)
+    proc = subprocess.Popen(REFLEXDB + ["run", str(cfg), "--max-steps", "50", "--no-eval"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 300
+        while rows(store, "SELECT count(*) FROM learner_steps") < [(2,)]:
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGINT)  # what Ctrl-C sends to the launcher
+        out, err = proc.communicate(timeout=300)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err[-3000:]
+    [(steps,)] = rows(store, "SELECT max(step) FROM learner_steps")
+    assert f"interrupted at step {steps} (policy v{steps} published): run the same command to resume" in out
+    assert "Traceback" not in err and "abandoned" not in err  # one signal each: finished, not abandoned
+    # The learner finished its step and published it; the collector finished its group and stopped.
+    assert rows(store, "SELECT max(version) FROM policy_versions") == [(steps,)]
+    assert rows(store, "SELECT status FROM collectors") == [("stopped",)]
+    assert rows(store, "SELECT count(*) FROM tasks WHERE claimed_by IS NOT NULL") == [(0,)]
+    again = subprocess.run(REFLEXDB + ["run", str(cfg), "--max-steps", str(steps + 1), "--no-eval"], env=env,
+                           capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert f"resumed run 'learn-test' at step {steps}" in again.stderr
+    assert rows(store, "SELECT max(step) FROM learner_steps") == [(steps + 1,)]

@@ -2,23 +2,28 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
+import os
 import signal
 from pathlib import Path
 
 import typer
 
 from reflexdb import Store
-from reflexdb.config import load_config
+from reflexdb.config import load_config, parse_overrides
 
 
 def run_learner(config_path: Path, *, max_steps: int | None = None, max_seconds: float | None = None,
-                url: str | None = None) -> None:
+                url: str | None = None, overrides: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    cfg = load_config(config_path)  # validated before anything starts
+    cfg = load_config(config_path, parse_overrides(overrides))  # validated before anything starts
+    if cfg.learner.device == "cpu":
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")  # say so, instead of DeepSpeed's "unable to detect" warning
     from .learner import Learner
 
-    store = Store.open(url or cfg.database_url)
+    store = Store.open(url or cfg.database_url, create_schema=True)
     echo = lambda msg: typer.echo(f"[learn] {msg}", err=True)  # noqa: E731
     try:
         learner = Learner(cfg, store, echo=echo)
@@ -33,7 +38,7 @@ def run_learner(config_path: Path, *, max_steps: int | None = None, max_seconds:
 
         signal.signal(signal.SIGINT, handler)
         signal.signal(signal.SIGTERM, handler)
-        learner.run(max_steps=max_steps, max_seconds=max_seconds)
+        learner.run(max_steps=max_steps, max_seconds=max_seconds if max_seconds is not None else cfg.learner.max_seconds)
         if learner.step_no % cfg.learner.publish_every != 0:
             learner.publish()  # nothing trained is lost on a clean stop
         learner.echo(f"stopped at step {learner.step_no}, policy v{learner.version}")
@@ -42,16 +47,19 @@ def run_learner(config_path: Path, *, max_steps: int | None = None, max_seconds:
 
 
 def run_eval(config_path: Path, *, checkpoint: str, split: str, k: int | None, max_tasks: int | None,
-             url: str | None) -> None:
+             url: str | None, as_json: bool = False, overrides: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    cfg = load_config(config_path)
+    cfg = load_config(config_path, parse_overrides(overrides))
     from .evaluate import evaluate
 
-    store = Store.open(url or cfg.database_url)
+    store = Store.open(url or cfg.database_url, create_schema=True)
     try:
         r = evaluate(cfg, store, checkpoint, split=split, k=k, max_tasks=max_tasks,
                      echo=lambda msg: typer.echo(f"[eval] {msg}", err=True))
     finally:
         store.close()
+    if as_json:
+        typer.echo(json.dumps(dataclasses.asdict(r)))
+        return
     typer.echo(f"{r.label}: pass@1 {r.pass_at_1:.4f}  pass@{r.samples_per_task} {r.pass_at_k:.4f}  "
                f"({r.tasks} {r.split} tasks x {r.samples_per_task} samples; MLflow run {r.mlflow_run_id})")

@@ -158,11 +158,18 @@ class TrainingEngine:
         Returns the global gradient norm at a boundary (before clipping), else None.
         """
         boundary = self.ds.is_gradient_accumulation_boundary()
+        own = None
+        if boundary and self.settings.zero_stage == 0:
+            # ZeRO-0 with a client optimizer records no norm in DeepSpeed: take it here, after the
+            # boundary backward averaged the gradients over ranks and before the step clips them.
+            grads = [p.grad for p in self.ds.module.parameters() if p.grad is not None]
+            if grads:
+                own = float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.float()) for g in grads])))
         self.ds.step()
         if not boundary:
             return None
         norm = self.ds.get_global_grad_norm()
-        return float(norm) if norm is not None else None
+        return float(norm) if norm is not None else own
 
     def zero_grad(self) -> None:
         self.ds.zero_grad()

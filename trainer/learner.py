@@ -239,6 +239,7 @@ class Learner:
 
     def run(self, *, max_steps: int | None = None, max_seconds: float | None = None) -> None:
         max_steps = max_steps if max_steps is not None else self.L.max_steps
+        self._max_steps = max_steps
         deadline = None if max_seconds is None else time.monotonic() + max_seconds
         try:
             while not self.stopping:
@@ -325,9 +326,9 @@ class Learner:
     def _all_reduce(self, values: list[float]) -> list[float]:
         if self.world == 1:
             return values
-        t = torch.tensor(values, dtype=torch.float64)
+        t = torch.tensor(values, dtype=torch.float64, device=self.engine.device)  # NCCL reduces CUDA tensors only
         torch.distributed.all_reduce(t)
-        return t.tolist()
+        return t.cpu().tolist()
 
     def _slices(self, batch: Batch) -> list[slice]:
         """Exactly ``n_micro`` row slices (the accumulation count DeepSpeed was configured with),
@@ -451,10 +452,13 @@ class Learner:
         if not self.replay_active:
             metrics = {"replay/active": 0.0}
         elif self.main:
-            B = self.L.groups_per_step
+            B, depth = self.L.groups_per_step, self.cfg.max_staleness + 1
             try:
+                # Requests posted now become groups that are consumed up to max_staleness + 1 steps
+                # later (collectors work that far ahead): keep that many batches' worth in flight so
+                # every batch finds its ⌊α·B⌋ replay groups ready.
                 self.plan_stats = self.planner.plan(
-                    lambda n_candidates: replay_quota(B, n.replay_ratio, n_candidates), self._score,
+                    lambda n_candidates: depth * replay_quota(B, n.replay_ratio, n_candidates), self._score,
                     step=self.step_no, version=self.version, min_version=self.version - self.cfg.max_staleness)
             finally:
                 if self.world > 1:
@@ -558,14 +562,16 @@ class Learner:
             m["policy/grad_norm"] = grad_norm
         n_tokens = float(batch.response_mask.sum())
         m["perf/tokens_per_s"] = n_tokens / max(t_step, 1e-9)
+        m["perf/trajectories_per_s"] = batch.size / max(t_step, 1e-9)
         m["perf/batch_seconds"] = t_batch
         m["perf/step_seconds"] = t_step
         return {k: (v if math.isfinite(v) else float("nan")) for k, v in m.items()}
 
     def _progress(self, r: StepResult) -> str:
         m = r.metrics
-        return (f"step {r.step} | loss {r.loss:.4f} | reward {m['reward/mean']:.3f} | pass@1 {m['reward/pass_at_1']:.3f} "
+        of = f"/{self._max_steps}" if getattr(self, "_max_steps", None) else ""
+        return (f"step {r.step}{of} | loss {r.loss:.4f} | reward {m['reward/mean']:.3f} | pass@1 {m['reward/pass_at_1']:.3f} "
                 f"| groups none/some/all {int(m['groups/none_pass'])}/{int(m['groups/some_pass'])}/"
                 f"{int(m['groups/all_pass'])} | staleness {m['staleness/mean']:.2f} (max {int(m['staleness/max'])}) "
-                f"| v{self.version} | {m['perf/tokens_per_s']:.0f} tok/s"
+                f"| v{self.version} | {m['perf/trajectories_per_s']:.2f} traj/s, {m['perf/tokens_per_s']:.0f} tok/s"
                 + (f" | replay {m['replay/share']:.2f}" if "replay/share" in m else ""))
