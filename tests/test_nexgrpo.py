@@ -146,7 +146,8 @@ def test_compose_batch_takes_at_most_the_replay_share():
     rows_ = [(1, "fresh"), (2, "replay"), (3, "replay"), (4, "fresh"), (5, "replay"), (6, "fresh")]
     assert compose_batch(rows_, 4, 2) == [1, 2, 3, 4]
     assert compose_batch(rows_, 4, 1) == [1, 2, 4, 6]
-    assert compose_batch(rows_, 6, 1) == [1, 2, 3, 4, 5, 6]  # fresh ran short: replay fills in
+    assert compose_batch(rows_, 6, 2) == [1, 2, 3, 4, 6]  # fresh short: fewer, never more replay
+    assert compose_batch([(2, "replay"), (3, "replay"), (5, "replay")], 4, 2) == [2, 3]
     assert compose_batch(rows_, 3, 0) == [1, 4, 6]
 
 

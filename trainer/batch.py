@@ -62,8 +62,8 @@ def eligible_group_ids(store: Store, run_id: int, n: int, *, after: int = 0, max
     """The ``n`` oldest eligible group ids of the run with id > ``after`` (see the view's header).
 
     With ``max_replay`` (NexGRPO), the batch takes at most that many replay groups, oldest first, and
-    fills the rest with the oldest fresh groups; when fresh groups run short, more replay groups
-    fill in. Ids come back in increasing order.
+    fills the rest with the oldest fresh groups; fewer than ``n`` ids come back while fresh groups
+    are short (the learner waits for more). Ids come back in increasing order.
     """
     with store.engine.connect() as conn:
         rows = conn.execute(text(
@@ -75,14 +75,16 @@ def eligible_group_ids(store: Store, run_id: int, n: int, *, after: int = 0, max
 
 
 def compose_batch(rows: list[tuple[int, str]], n: int, max_replay: int) -> list[int]:
-    """``n`` group ids from ``(group_id, kind)`` rows in FIFO order: up to ``max_replay`` replay
-    groups, fresh groups for the rest, more replay groups if fresh ones run short."""
-    replay = [g for g, k in rows if k == "replay"]
-    fresh = [g for g, k in rows if k != "replay"]
-    take_replay = replay[:max_replay]
-    take_fresh = fresh[: n - len(take_replay)]
-    extra = replay[len(take_replay): len(take_replay) + n - len(take_replay) - len(take_fresh)]
-    return sorted(take_replay + take_fresh + extra)
+    """Up to ``n`` group ids from ``(group_id, kind)`` rows in FIFO order: at most ``max_replay``
+    replay groups, fresh groups for the rest (fewer than ``n`` when fresh ones are short).
+
+    Replay groups never fill in for missing fresh ones: collectors fill replay requests first, so
+    at times only replay groups are ready, and taking them all would make one batch all replay and
+    the next ones none (measured: docs/experiments.md).
+    """
+    replay = [g for g, k in rows if k == "replay"][:max_replay]
+    fresh = [g for g, k in rows if k != "replay"][: n - len(replay)]
+    return sorted(replay + fresh)
 
 
 def oldest_unconsumed(store: Store, run_id: int) -> int:

@@ -452,11 +452,11 @@ class Learner:
         if not self.replay_active:
             metrics = {"replay/active": 0.0}
         elif self.main:
-            B, depth = self.L.groups_per_step, self.cfg.max_staleness + 1
+            B, depth = self.L.groups_per_step, 1 + min(self.cfg.max_staleness, 1)
             try:
-                # Requests posted now become groups that are consumed up to max_staleness + 1 steps
-                # later (collectors work that far ahead): keep that many batches' worth in flight so
-                # every batch finds its ⌊α·B⌋ replay groups ready.
+                # With max_staleness ≥ 1 the collectors work a batch ahead: requests posted now are
+                # filled while the learner trains on groups already written, and reach the batch
+                # after next. Two batches' worth in flight lets every batch find its ⌊α·B⌋.
                 self.plan_stats = self.planner.plan(
                     lambda n_candidates: depth * replay_quota(B, n.replay_ratio, n_candidates), self._score,
                     step=self.step_no, version=self.version, min_version=self.version - self.cfg.max_staleness)
