@@ -375,5 +375,6 @@ replay_requests = Table(
 #: Views created by migrations from ``reflexdb/sql/views/<name>.sql``, in creation order.
 VIEWS = (
     "failures", "group_stats", "staleness", "learner_eligible",
-    "nexgrpo_positive_pool", "nexgrpo_negative_pool", "nexgrpo_retired_tasks", "nexgrpo_replay_candidates",
+    "task_latest_group", "nexgrpo_positive_pool", "nexgrpo_negative_pool", "nexgrpo_retired_tasks",
+    "nexgrpo_replay_candidates",
 )

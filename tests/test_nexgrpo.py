@@ -419,3 +419,15 @@ def test_admission_counts_replay_groups_and_claimed_requests(store):
     a = work.admission(store, run, "me", policy_version=0, eta=0, groups_per_step=2, publish_every=1)
     assert a.next_group == 3  # fresh + replay written, plus another collector's claimed request
     assert not a.allowed and a.consume_version == 1
+
+
+def test_task_latest_group_counts_own_rollouts(store):
+    run, (a, b) = setup_run(store, "latest", 2)
+    rng = np.random.default_rng(13)
+    write(store, run, a, [traj(rng, True), traj(rng, True)])
+    g2 = write(store, run, a, [traj(rng, True, origin="replayed"), traj(rng, False, 0.5, origin="replayed"),
+                               traj(rng, True), traj(rng, False, 0.4), traj(rng, False, 0.4)], kind="replay",
+               version=3)
+    write(store, run, a, [traj(rng, True)], kind="eval")  # newest, but eval: not the latest group
+    got = rows(store, "SELECT task_id, group_id, policy_version, n_rollouts, n_correct FROM task_latest_group")
+    assert got == [(a, g2.group_id, 3, 3, 1)]  # b has no group: no row

@@ -4,8 +4,8 @@
 - ``tasks.times_passed`` replaces ``tasks.retired``/``retired_at``: whether a task is retired is
   the view ``nexgrpo_retired_tasks`` (computed from its groups, one source of truth); the column
   counts the turns a retired task was passed over by the soft-retirement draw.
-- Views ``nexgrpo_positive_pool``, ``nexgrpo_negative_pool``, ``nexgrpo_retired_tasks``,
-  ``nexgrpo_replay_candidates``.
+- Views ``task_latest_group``, ``nexgrpo_positive_pool``, ``nexgrpo_negative_pool``,
+  ``nexgrpo_retired_tasks``, ``nexgrpo_replay_candidates``.
 
 Revision ID: 0004
 Revises: 0003
@@ -22,7 +22,8 @@ down_revision = "0003"
 branch_labels = None
 depends_on = None
 
-VIEWS = ("nexgrpo_positive_pool", "nexgrpo_negative_pool", "nexgrpo_retired_tasks", "nexgrpo_replay_candidates")
+VIEWS = ("task_latest_group", "nexgrpo_positive_pool", "nexgrpo_negative_pool", "nexgrpo_retired_tasks",
+         "nexgrpo_replay_candidates")
 
 
 def upgrade() -> None:

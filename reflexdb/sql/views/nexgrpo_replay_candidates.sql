@@ -4,7 +4,8 @@
 -- Rule (NexGRPO.md Sec. 4.3 "Mixed Batch Construction", after ExGRPO; METHODS.md §3): a task is
 -- a candidate when both its positive pool P_q and its negative pool N_q hold a trajectory with an
 -- embedding (boundary-failure sampling compares hidden states). Tasks are bucketed by k correct
--- of n rollouts in their latest fresh or replay group (replayed copies not counted) and weighted
+-- of n rollouts in their latest group (task_latest_group: fresh or replay, replayed copies not
+-- counted) and weighted
 -- by the Gaussian density N(k; n/2, sigma) = exp(-(k - n/2)^2 / (2 sigma^2)) / (sigma sqrt(2 pi)),
 -- so tasks the policy solves about half the time are replayed most. The learner draws
 -- min(floor(alpha B), |E|) of them per batch, without replacement, with probability proportional
@@ -22,37 +23,25 @@ WITH s AS (
     FROM runs r
 )
 SELECT
-    k.run_id,
-    k.id AS task_id,
-    k.split,
+    d.run_id,
+    d.task_id,
+    d.split,
     p.n_positive,
     n.n_negative,
-    lg.group_id AS latest_group_id,
+    d.group_id AS latest_group_id,
     d.n_correct AS k,
     d.n_rollouts AS n,
     exp(-0.5 * power((d.n_correct - d.n_rollouts / 2.0) / s.sd, 2)) / (s.sd * sqrt(2 * pi())) AS weight,
     (d.n_rollouts > 0 AND d.n_correct = d.n_rollouts) AS retired
-FROM tasks k
-JOIN s ON s.run_id = k.run_id
+FROM task_latest_group d
+JOIN s ON s.run_id = d.run_id
 CROSS JOIN LATERAL (
     SELECT count(*)::int AS n_positive FROM nexgrpo_positive_pool pp
-    WHERE pp.task_id = k.id AND pp.has_embedding
+    WHERE pp.task_id = d.task_id AND pp.has_embedding
 ) p
 CROSS JOIN LATERAL (
     SELECT count(*)::int AS n_negative FROM nexgrpo_negative_pool np
-    WHERE np.task_id = k.id AND np.has_embedding
+    WHERE np.task_id = d.task_id AND np.has_embedding
 ) n
-CROSS JOIN LATERAL (
-    SELECT g.id AS group_id
-    FROM groups g
-    WHERE g.task_id = k.id AND g.kind IN ('fresh', 'replay')
-    ORDER BY g.id DESC
-    LIMIT 1
-) lg
-CROSS JOIN LATERAL (
-    SELECT count(*)::int AS n_rollouts, (count(*) FILTER (WHERE t.correct))::int AS n_correct
-    FROM trajectories t
-    WHERE t.group_id = lg.group_id AND t.origin <> 'replayed'
-) d
 WHERE p.n_positive > 0
   AND n.n_negative > 0;
