@@ -105,6 +105,11 @@ def test_collect_and_learn_as_two_processes(store, db_url, tmp_path, model_cache
     path = uri.removeprefix("file://")
     AutoModelForCausalLM.from_pretrained(path)
     assert weights_sha256(path) == sha
+    # Only the newest learner.keep_policies (3) weight directories are kept.
+    assert sorted(p.name for p in Path(path).parent.glob("v*")) == ["v1", "v2", "v3"]
+    gone = subprocess.run(REFLEXDB + ["eval", "-c", str(cfg), "--checkpoint", "v0"], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert gone.returncode == 6 and "the weights of policy v0" in gone.stderr and "keep_policies" in gone.stderr
     # MLflow holds the config and the documented metrics.
     import mlflow
 

@@ -50,7 +50,12 @@ def resolve_checkpoint(store: Store, run_id: int, spec: str, base_model) -> tupl
         policy = store.latest_policy(run_id) if spec == "latest" else store.get_policy(run_id, int(spec[1:]))
         if policy is None:
             raise NotFound("the run has no published policy yet")
-        return f"v{policy.version}", checkpoint_path(policy.checkpoint_uri), policy.version
+        path = checkpoint_path(policy.checkpoint_uri)
+        if not path.is_dir():
+            raise NotFound(f"the weights of policy v{policy.version} ({path}) are gone: the learner keeps only the "
+                           "newest learner.keep_policies versions; evaluate a newer one, or set keep_policies: null "
+                           "to keep them all")
+        return f"v{policy.version}", path, policy.version
     path = checkpoint_path(spec)
     if not path.is_dir():
         raise NotFound(f"checkpoint {spec} is not a directory (give base, latest, vN or a model directory)")

@@ -519,6 +519,7 @@ class Learner:
                 meta={"learner_state": str(states), "state_tag": tag, "mlflow_run_id": self.tracker.run_id},
             )
             self._prune_states(states, keep=tag)
+            self._prune_policies(version)
         self.version = version
         self.tracker.log_metrics({"perf/publish_seconds": time.monotonic() - t0, "policy/version": version},
                                  self.step_no)
@@ -529,6 +530,18 @@ class Learner:
         for old in tags[: -self.L.keep_states]:
             if old.name != keep:
                 shutil.rmtree(old, ignore_errors=True)
+
+    def _prune_policies(self, newest: int) -> None:
+        """Delete published weight directories older than the newest ``keep_policies`` versions.
+
+        Collectors load only the newest version, and resume reads the DeepSpeed state, so old
+        ``vK`` directories are only needed by ``reflexdb eval --checkpoint vK``.
+        """
+        if self.L.keep_policies is None:
+            return
+        for d in self.ckpt_dir.glob("v*"):
+            if d.is_dir() and d.name[1:].isdigit() and int(d.name[1:]) <= newest - self.L.keep_policies:
+                shutil.rmtree(d, ignore_errors=True)
 
     # ------------------------------------------------------------------ metrics
 
