@@ -106,6 +106,8 @@ class Launcher:
         return env
 
     def _start(self, args: list[str], threads: str | None, **kw) -> subprocess.Popen:
+        """Start a child; its stdout goes to our stderr (libraries print there) unless captured."""
+        kw.setdefault("stdout", sys.stderr)
         cmd = CLI + args + ["-c", str(self.config)] + [f"--set={o}" for o in self.overrides]
         proc = subprocess.Popen(cmd, env=self._env(threads), start_new_session=True, preexec_fn=_die_with_parent,
                                 **kw)

@@ -23,7 +23,7 @@ pytestmark = pytest.mark.slow
 ROOT = Path(__file__).parent.parent
 SHORT = ["collector.group_size=4", "collector.tasks_per_batch=1", "collector.sampling.max_new_tokens=12",
          "learner.groups_per_step=1", "learner.micro_batch_size=4", "learner.eval_samples=2", "tasks.eval_size=2",
-         "run=quickstart-short"]
+         "learner.keep_states=1", "learner.keep_policies=2", "run=quickstart-short"]
 
 
 def documented_metrics() -> set[str]:
