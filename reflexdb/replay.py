@@ -18,8 +18,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 from .records import GroupIn, Trajectory, TrajectoryIn, TurnIn
 from .sqlfile import load_queries
 from .store import Store
@@ -208,11 +206,6 @@ def replay_group(request: ReplayRequest, positive: Trajectory, negative: Traject
     )
 
 
-def confidence(logprobs: np.ndarray) -> float:
-    """ℓ(o) = exp(mean_t log π(o_t)) (NexGRPO.md Eq. 3)."""
-    return float(np.exp(np.mean(logprobs, dtype=np.float64))) if len(logprobs) else float("nan")
-
-
 def in_gate(conf: float, low: float, high: float) -> bool:
     """Whether a confidence lies in the gate ``[low, high]`` (both ends included, as in the view)."""
     return low <= conf <= high
@@ -220,6 +213,6 @@ def in_gate(conf: float, low: float, high: float) -> bool:
 
 __all__ = [
     "Candidate", "Outstanding", "ReplayRequest", "ReplayRequestIn", "cancel_request", "cancel_stale_requests",
-    "candidates", "claim_requests", "confidence", "in_gate", "outstanding", "pool_ids", "post_requests",
+    "candidates", "claim_requests", "in_gate", "outstanding", "pool_ids", "post_requests",
     "release_requests", "replay_group", "replayed_copy", "retired_count",
 ]

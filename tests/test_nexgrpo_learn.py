@@ -5,7 +5,6 @@ denominators and refreshes confidences under its weights, and both processes run
 from __future__ import annotations
 
 import subprocess
-import time
 
 import numpy as np
 import pytest
@@ -165,9 +164,7 @@ def test_delayed_start_waits_for_the_pass_at_1_threshold(store, tmp_path, monkey
     seed_pools(store, cfg, n_tasks=3)
     learner = Learner(cfg, store, echo=lambda m: None)
     learner.setup()
-    deadline = time.monotonic() + 600
     learner.run(max_steps=1)
-    assert time.monotonic() < deadline
     assert not learner.replay_active
     assert rows(store, "SELECT count(*) FROM replay_requests") == [(0,)]
     [(m,)] = rows(store, "SELECT metrics->>'replay/active' FROM learner_steps WHERE step = 1")

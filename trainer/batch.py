@@ -115,20 +115,13 @@ def pack(groups: list[Group], pad_id: int) -> Batch:
     """Pack groups (read with payloads) into a right-padded :class:`Batch`."""
     trajs = [(gi, t) for gi, g in enumerate(groups) for t in g.trajectories]
     B = len(trajs)
-    P = np.array([len(t.prompt_ids) for _, t in trajs])
-    T = np.array([len(t.response_ids) for _, t in trajs])
-    L, Tm = int((P + T).max()), int(T.max())
-    input_ids = np.full((B, L), pad_id, dtype=np.int64)
-    attn = np.zeros((B, L), dtype=np.int64)
+    input_ids, attn, P, T = pack_sequences([(t.prompt_ids, t.response_ids) for _, t in trajs], pad_id)
+    Tm = int(T.max())
     rmask = np.zeros((B, Tm), dtype=bool)
     blp = np.zeros((B, Tm), dtype=np.float32)
     for i, (_, t) in enumerate(trajs):
-        p, r = len(t.prompt_ids), len(t.response_ids)
-        input_ids[i, :p] = t.prompt_ids
-        input_ids[i, p:p + r] = t.response_ids
-        attn[i, :p + r] = 1
-        rmask[i, :r] = t.loss_mask
-        blp[i, :r] = t.logprobs
+        rmask[i, :len(t.response_ids)] = t.loss_mask
+        blp[i, :len(t.response_ids)] = t.logprobs
     rewards = np.array([t.reward if t.reward is not None else 0.0 for _, t in trajs], dtype=np.float32)
     valid = np.array([t.reward is not None for _, t in trajs])
     rmask &= valid[:, None]  # a trajectory whose reward failed carries no loss
@@ -140,10 +133,10 @@ def pack(groups: list[Group], pad_id: int) -> Batch:
         correct=torch.tensor([bool(t.correct) for _, t in trajs]),
         valid=torch.from_numpy(valid),
         truncated=torch.tensor([t.truncated for _, t in trajs]),
-        input_ids=torch.from_numpy(input_ids),
-        attention_mask=torch.from_numpy(attn),
-        prompt_lengths=torch.from_numpy(P.astype(np.int64)),
-        response_lengths=torch.from_numpy(T.astype(np.int64)),
+        input_ids=input_ids,
+        attention_mask=attn,
+        prompt_lengths=P,
+        response_lengths=T,
         response_mask=torch.from_numpy(rmask),
         behaviour_logprobs=torch.from_numpy(blp),
         policy_versions=torch.tensor([t.policy_version for _, t in trajs], dtype=torch.int64),
