@@ -151,6 +151,21 @@ def test_compose_batch_takes_at_most_the_replay_share():
     assert compose_batch(rows_, 3, 0) == [1, 4, 6]
 
 
+def test_replay_groups_are_found_behind_a_backlog_of_fresh_ones(store):
+    """Collectors working ahead can write many fresh groups before a replay group; the batch still
+    takes the replay group (a single LIMIT over both kinds once hid it: the learner never saw it)."""
+    from reflexdb.trainer.batch import eligible_group_ids
+
+    run, [task] = setup_run(store, "backlog", 1)
+    rng = np.random.default_rng(0)
+    fresh = [write(store, run, task, [traj(rng, True), traj(rng, False)]).group_id for _ in range(150)]
+    [replay_group] = [write(store, run, task, [traj(rng, True), traj(rng, False)], kind="replay").group_id]
+    assert eligible_group_ids(store, run, 4, max_replay=2) == sorted(fresh[:3] + [replay_group])
+    assert eligible_group_ids(store, run, 4, max_replay=0) == fresh[:4]
+    assert eligible_group_ids(store, run, 4) == fresh[:4]  # GRPO: plain FIFO
+    assert eligible_group_ids(store, run, 4, after=fresh[-2], max_replay=2) == [fresh[-1], replay_group]
+
+
 # ------------------------------------------------------------------ boundary failures (FAISS)
 
 

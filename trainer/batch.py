@@ -64,13 +64,23 @@ def eligible_group_ids(store: Store, run_id: int, n: int, *, after: int = 0, max
     With ``max_replay`` (NexGRPO), the batch takes at most that many replay groups, oldest first, and
     fills the rest with the oldest fresh groups; fewer than ``n`` ids come back while fresh groups
     are short (the learner waits for more). Ids come back in increasing order.
+
+    The two kinds are ranked separately, so a replay group is found however many fresh groups
+    collectors have written ahead of it (a single ``LIMIT`` over both once hid replay groups
+    behind a backlog of fresh ones).
     """
     with store.engine.connect() as conn:
+        if max_replay is None:
+            rows = conn.execute(text(
+                "SELECT group_id FROM learner_eligible WHERE run_id = :r AND eligible AND group_id > :after "
+                "ORDER BY group_id LIMIT :n"), {"r": run_id, "after": after, "n": n}).all()
+            return [r[0] for r in rows]
         rows = conn.execute(text(
-            "SELECT group_id, kind FROM learner_eligible WHERE run_id = :r AND eligible AND group_id > :after "
-            "ORDER BY group_id LIMIT :n"), {"r": run_id, "after": after, "n": n if max_replay is None else 4 * n + 64}).all()
-    if max_replay is None:
-        return [r[0] for r in rows]
+            "SELECT group_id, kind FROM ("
+            " SELECT group_id, kind, row_number() OVER (PARTITION BY kind = 'replay' ORDER BY group_id) AS rank"
+            " FROM learner_eligible WHERE run_id = :r AND eligible AND group_id > :after) ranked "
+            "WHERE rank <= CASE WHEN kind = 'replay' THEN :m ELSE :n END ORDER BY group_id"),
+            {"r": run_id, "after": after, "n": n, "m": max_replay}).all()
     return compose_batch([(int(g), k) for g, k in rows], n, max_replay)
 
 
