@@ -128,6 +128,7 @@ class Learner:
         self.replay_active = False  # NexGRPO delayed start: set once a batch's pass@1 exceeds the threshold
         self.planner: ReplayPlanner | None = None
         self.plan_stats = PlanStats()
+        self._max_steps: int | None = None  # of the current run(), for the progress line
 
     # ------------------------------------------------------------------ setup and resume
 
@@ -439,7 +440,8 @@ class Learner:
     # ------------------------------------------------------------------ NexGRPO replay
 
     def plan_replay(self, result: StepResult) -> None:
-        """After a step: switch replay on (delayed start), then keep ⌊α·B⌋ replay tasks in flight.
+        """After a step: switch replay on (delayed start), then keep d·⌊α·B⌋ replay tasks in flight
+        (d = 2 when collectors may work ahead, i.e. max_staleness ≥ 1; docs/nexgrpo.md).
 
         Rank 0 plans and posts requests; with several ranks, the others take part in the
         confidence-refresh forward passes (ZeRO-3 shards the weights) until rank 0 says it is done.
@@ -582,7 +584,7 @@ class Learner:
 
     def _progress(self, r: StepResult) -> str:
         m = r.metrics
-        of = f"/{self._max_steps}" if getattr(self, "_max_steps", None) else ""
+        of = f"/{self._max_steps}" if self._max_steps else ""
         return (f"step {r.step}{of} | loss {r.loss:.4f} | reward {m['reward/mean']:.3f} | pass@1 {m['reward/pass_at_1']:.3f} "
                 f"| groups none/some/all {int(m['groups/none_pass'])}/{int(m['groups/some_pass'])}/"
                 f"{int(m['groups/all_pass'])} | staleness {m['staleness/mean']:.2f} (max {int(m['staleness/max'])}) "
