@@ -100,7 +100,7 @@ class LearnerConfig(_Section):
     device: str = Field("cpu", description="cpu or cuda (DeepSpeed uses gloo on CPU, nccl on GPU).")
     max_reuse: int = Field(1, ge=1, le=1000, description="A group is consumed by at most this many steps (samples-per-insert limit per group).")
     max_steps: int | None = Field(None, ge=1, description="Stop after this many learner steps in total (None = run until stopped).")
-    max_seconds: float | None = Field(None, gt=0, description="Time budget: start no new step after this many seconds of this learner process (None = no limit).")
+    max_seconds: float | None = Field(None, gt=0, description="Time budget: start no new step once this many seconds have passed since the learner was ready (model loaded, DeepSpeed up), even with groups waiting (None = no limit).")
     max_bad_steps: int = Field(3, ge=1, le=1000, description="Stop after this many consecutive steps with a non-finite loss.")
     checkpoint_dir: Path | None = Field(None, description="Where published weights and learner state go (default: $REFLEXDB_HOME/checkpoints/<run>).")
     keep_states: int = Field(2, ge=1, le=1000, description="DeepSpeed states kept for resume (older ones are deleted).")

@@ -180,6 +180,20 @@ def test_no_groups_waits_and_says_so(store, tmp_path, monkeypatch, model_cache):
     assert any("waiting for groups: 0 of 2 eligible" in m for m in msgs)
 
 
+def test_max_seconds_starts_no_step_after_the_deadline_even_with_groups_ready(store, tmp_path, monkeypatch,
+                                                                             model_cache):
+    # Groups for 2 steps are waiting; the deadline has passed before the first one could start.
+    # (The deadline was once checked only while waiting, so a learner fed by a collector working
+    # ahead never stopped on time.)
+    seed_groups(store, "learn-test", 4)
+    lr, msgs = _learner(store, tmp_path, monkeypatch)
+    lr.setup()
+    lr.run(max_steps=2, max_seconds=1e-6)
+    assert lr.step_no == 0
+    lr.run(max_steps=2)
+    assert lr.step_no == 2
+
+
 def test_nan_loss_skips_and_stops(store, tmp_path, monkeypatch, model_cache):
     import torch
 

@@ -246,7 +246,9 @@ class Learner:
             while not self.stopping:
                 if max_steps is not None and self.step_no >= max_steps:
                     break
-                groups = self.wait_for_groups(deadline) if self.main else None
+                groups = None
+                if self.main and (deadline is None or time.monotonic() < deadline):  # rank 0 decides for all
+                    groups = self.wait_for_groups(deadline)  # None: stopped, or out of time while waiting
                 if self.world > 1:  # every rank trains on the groups rank 0 chose
                     box = [groups]
                     torch.distributed.broadcast_object_list(box, src=0)
