@@ -182,6 +182,27 @@ def test_reward_function_errors_are_stored_not_raised(store, tiny_engine):
     assert rows(store, "SELECT reward_errors FROM collectors") == [(3,)]
 
 
+def test_a_response_that_decodes_to_nul_is_stored(store, tiny_engine):
+    # The tiny random model once sampled a token that decodes to NUL: the collector stopped with
+    # "contains a NUL character" (CI). The group is stored, token ids exact, U+FFFD in the text.
+    import dataclasses
+
+    class NulEngine:
+        def __getattr__(self, name):
+            return getattr(tiny_engine, name)
+
+        def generate(self, prompts, n=1, params=None):
+            out = tiny_engine.generate(prompts, n, params)
+            return [[dataclasses.replace(s, text="a\x00b") for s in ss] for ss in out]
+
+    c = _collector({"collector": {"group_size": 2, "sampling": {"max_new_tokens": 4}}}, store, NulEngine())
+    stats = c.run(max_groups=1)
+    assert stats.groups == 1
+    got = rows(store, "SELECT t.text FROM turns t WHERE t.role = 'assistant'")
+    assert got == [("a\ufffdb",)] * 2
+    assert all(n > 0 for (n,) in rows(store, "SELECT cardinality(response_ids) FROM token_payloads"))
+
+
 def test_skipped_dataset_rows_are_counted(store, tiny_engine, tmp_path, caplog):
     data = tmp_path / "mini.jsonl"
     data.write_text('{"question": "What is 1+1?", "answer": "#### 2"}\n'
