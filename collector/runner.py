@@ -273,18 +273,15 @@ class Collector:
     def _trajectories(self, ground_truth: str | None, prompt: list[dict], samples: list[Sample]) -> list[TrajectoryIn]:
         trajectories = []
         for s in samples:
-            # A model can emit a token that decodes to NUL, which PostgreSQL text cannot hold; the
-            # token ids stay exact, the stored (and graded) text shows U+FFFD in its place.
-            text = s.text.replace("\x00", "\ufffd")
             try:
-                r: RewardResult = self.reward_fn(text, ground_truth)
+                r: RewardResult = self.reward_fn(s.text, ground_truth)
                 reward, correct, answer, error = float(r.reward), r.correct, r.extracted, None
             except Exception as exc:  # a user's reward function must never crash the collector
                 reward, correct, answer, error = None, None, None, f"{type(exc).__name__}: {exc}"
                 self.stats.reward_errors += 1
             n = len(s.token_ids)
             turns = [TurnIn(m["role"], m["content"]) for m in prompt]
-            turns.append(TurnIn("assistant", text, 0, n))
+            turns.append(TurnIn("assistant", s.text, 0, n))
             trajectories.append(TrajectoryIn(
                 prompt_ids=s.prompt_ids, response_ids=s.token_ids, logprobs=s.logprobs, reward=reward,
                 correct=correct, turns=turns, finish_reason=s.finish_reason, extracted_answer=answer,

@@ -184,8 +184,16 @@ def test_reward_function_errors_are_stored_not_raised(store, tiny_engine):
 
 def test_a_response_that_decodes_to_nul_is_stored(store, tiny_engine):
     # The tiny random model once sampled a token that decodes to NUL: the collector stopped with
-    # "contains a NUL character" (CI). The group is stored, token ids exact, U+FFFD in the text.
+    # "contains a NUL character" (CI). The group is stored, token ids exact, U+FFFD in the text
+    # (Sample replaces it for every engine, so eval is covered too).
     import dataclasses
+
+    import numpy as np
+
+    from reflexdb.collector.engines.base import Sample
+
+    e = np.zeros(0, np.float32)
+    assert Sample(e, e, e, "stop", "x\x00y\x00", e).text == "x\ufffdy\ufffd"
 
     class NulEngine:
         def __getattr__(self, name):

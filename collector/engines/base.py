@@ -92,6 +92,8 @@ class Sample:
         finish_reason: ``stop`` (EOS, a stop token or a stop string) or ``length``
             (``max_new_tokens`` or the model's context length reached).
         text: the response decoded with special tokens skipped (a matched stop string is kept).
+            A decoded NUL character becomes U+FFFD: PostgreSQL text cannot hold NUL, and the
+            token ids stay exact.
         embedding: `[D]` float32 mean-pooled last-layer hidden state over the response
             (NexGRPO's φ(o)).
         stop: the stop string that ended the response, or ``None``.
@@ -104,6 +106,11 @@ class Sample:
     text: str
     embedding: np.ndarray
     stop: str | None = None
+
+    def __post_init__(self) -> None:
+        # Every engine's samples, in collect and in eval, reach the store through here.
+        if "\x00" in self.text:
+            object.__setattr__(self, "text", self.text.replace("\x00", "\ufffd"))
 
     @property
     def truncated(self) -> bool:
