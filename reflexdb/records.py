@@ -7,6 +7,7 @@ Shapes: ``T`` = response tokens, ``P`` = prompt tokens, ``D`` = embedding dimens
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -93,6 +94,9 @@ class GroupIn:
         embedding_model, embedding_layer: where the trajectories' embeddings come from.
         replay_request_id: the NexGRPO replay request this group fulfils (kind ``replay``); the
             store marks it done in the transaction that writes the group.
+        write_key: chosen once per group (a fresh UUID by default). Writing the same ``GroupIn``
+            again after an attempt whose commit was not acknowledged (the connection dropped)
+            returns the group the first attempt wrote instead of writing it twice.
     """
 
     run_id: int
@@ -106,6 +110,7 @@ class GroupIn:
     embedding_layer: int = -1
     meta: dict[str, Any] = field(default_factory=dict)
     replay_request_id: int | None = None
+    write_key: uuid.UUID = field(default_factory=uuid.uuid4)
 
 
 @dataclass

@@ -35,7 +35,7 @@ from sqlalchemy import (
     func,
     text,
 )
-from sqlalchemy.dialects.postgresql import ARRAY, JSONB, REAL
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB, REAL, UUID
 
 metadata = MetaData(
     naming_convention={
@@ -145,9 +145,16 @@ groups = Table(
     Column("collector", Text),
     Column("meta", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
     _now(),
+    # The writing transaction's id (pg_current_xact_id()): with a learner step's recorded snapshot
+    # it tells whether the step could see the group (view untrained_groups). NULL before 0005.
+    Column("xact_id", BigInteger, server_default=text("(pg_current_xact_id())::text::bigint")),
+    # Chosen by the writer once per group: a retried write whose first attempt did commit (the
+    # connection dropped before the acknowledgement) finds its group instead of writing it twice.
+    Column("write_key", UUID(as_uuid=True), unique=True),
     CheckConstraint(_in("kind", GROUP_KINDS), name="kind"),
     CheckConstraint("size > 0", name="size_positive"),
     Index(None, "run_id", "id"),
+    Index(None, "run_id", "policy_version"),
     Index(None, "task_id"),
 )
 
@@ -297,6 +304,9 @@ learner_steps = Table(
     Column("policy_version", Integer, nullable=False),
     Column("loss", Float),
     Column("metrics", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+    # pg_current_snapshot() of the query that chose the step's groups: which groups were committed
+    # (visible) when the learner chose (view untrained_groups). NULL before 0005.
+    Column("batch_snapshot", Text),
     _now(),
     UniqueConstraint("run_id", "step"),
 )
@@ -376,5 +386,5 @@ replay_requests = Table(
 VIEWS = (
     "failures", "group_stats", "staleness", "learner_eligible",
     "task_latest_group", "nexgrpo_positive_pool", "nexgrpo_negative_pool", "nexgrpo_retired_tasks",
-    "nexgrpo_replay_candidates",
+    "nexgrpo_replay_candidates", "untrained_groups",
 )

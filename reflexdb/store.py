@@ -291,10 +291,31 @@ class Store:
                                 f"{'collector ' + repr(complete_claim) if complete_claim else 'open'}'s "
                                 "(claim expired and taken by another collector, or cancelled); group not written")
                 return written
+        except psycopg.errors.UniqueViolation as exc:
+            if exc.diag.constraint_name != "uq_groups_write_key":
+                raise
+            return self._already_written(groups)
         except psycopg.errors.ForeignKeyViolation as exc:
             raise InvalidGroup(_fk_field(exc), f"refers to a row that does not exist ({exc.diag.message_detail})") from None
         except psycopg.errors.CheckViolation as exc:
             raise InvalidGroup(exc.diag.constraint_name or "?", exc.diag.message_primary or str(exc)) from None
+
+    def _already_written(self, groups: Sequence[GroupIn]) -> list[WrittenGroup]:
+        """The groups an earlier attempt of this write committed (same ``write_key``s).
+
+        A write is one transaction, so either every group of it exists or none does; a partial
+        match means two different writes shared a key, which is refused.
+        """
+        keys = [g.write_key for g in groups]
+        with self._raw() as conn:
+            found = {k: WrittenGroup(gid, tuple(tids))
+                     for k, gid, tids in conn.execute(Q["groups_by_write_key"], {"keys": keys}).fetchall()}
+        if len(found) != len(keys):
+            raise InvalidGroup("write_key", f"{len(found)} of the {len(keys)} groups' write keys belong to groups "
+                                            "already written; a GroupIn must not be reused for a different group")
+        log.info("%d group(s) were already written by an earlier attempt whose commit was not acknowledged",
+                 len(keys))
+        return [found[k] for k in keys]
 
     def _check_embedding_dim(self, cur: psycopg.Cursor, p: PreparedGroup) -> None:
         if p.embedding_dim is None:
@@ -329,7 +350,7 @@ class Store:
             Q["insert_group"],
             {"run_id": g.run_id, "task_id": g.task_id, "workflow": g.workflow, "kind": g.kind,
              "policy_version": int(g.policy_version), "size": len(p.trajectories), "collector": g.collector,
-             "meta": Jsonb(g.meta)},
+             "meta": Jsonb(g.meta), "write_key": g.write_key},
         )
 
     @staticmethod
@@ -457,17 +478,24 @@ class Store:
         meta: dict | None = None,
     ) -> PolicyVersion:
         """Record a new policy version and NOTIFY collectors (delivered when the row commits)."""
-        with self._raw() as conn:
-            try:
+        try:
+            with self._raw() as conn:
                 row = conn.execute(
                     Q["insert_policy"],
                     {"run_id": run_id, "version": version, "checkpoint_uri": checkpoint_uri, "sha256": sha256,
                      "step": step, "meta": Jsonb(meta or {})},
                 ).fetchone()
-            except psycopg.errors.UniqueViolation:
-                raise ReflexdbError(f"run {run_id} already has policy version {version}") from None
-            except psycopg.errors.ForeignKeyViolation:
-                raise NotFound(f"no run with id {run_id}") from None
+        except psycopg.errors.UniqueViolation:
+            row = None
+        except psycopg.errors.ForeignKeyViolation:
+            raise NotFound(f"no run with id {run_id}") from None
+        if row is None:
+            # The same version again is a retry whose first commit was not acknowledged; another
+            # version under the same number is an error.
+            existing = self.get_policy(run_id, version)
+            if (existing.checkpoint_uri, existing.sha256, existing.step) != (checkpoint_uri, sha256, step):
+                raise ReflexdbError(f"run {run_id} already has policy version {version}")
+            return existing
         return PolicyVersion(*row)
 
     def latest_policy(self, run_id: int) -> PolicyVersion | None:
@@ -539,26 +567,37 @@ class Store:
 
     def record_step(
         self, run_id: int, step: int, policy_version: int, trajectory_ids: Sequence[int], *,
-        loss: float | None = None, metrics: dict[str, float] | None = None,
+        loss: float | None = None, metrics: dict[str, float] | None = None, batch_snapshot: str | None = None,
     ) -> int:
         """Record learner step ``step`` and the trajectories it consumed; return the step's row id.
 
+        Args:
+            batch_snapshot: ``pg_current_snapshot()`` of the query that chose the step's groups
+                (view ``untrained_groups``).
+
+        Recording the same step with the same trajectories again returns the recorded row: a
+        retry after a commit whose acknowledgement was lost is not an error.
+
         Raises:
             NotFound: a trajectory id does not exist (nothing is recorded).
-            ReflexdbError: the run already has this step.
+            ReflexdbError: the run already has this step, with other trajectories.
         """
         ids = sorted({int(i) for i in trajectory_ids})
-        with self._raw() as conn:
-            try:
+        try:
+            with self._raw() as conn:
                 step_id, n = conn.execute(
                     Q["record_step"],
                     {"run_id": run_id, "step": step, "policy_version": policy_version, "loss": loss,
-                     "metrics": Jsonb(metrics or {}), "ids": ids},
+                     "metrics": Jsonb(metrics or {}), "ids": ids, "batch_snapshot": batch_snapshot},
                 ).fetchone()
-            except psycopg.errors.UniqueViolation:
-                raise ReflexdbError(f"run {run_id} already recorded step {step}") from None
-            if n != len(ids):
-                raise NotFound(f"{len(ids) - n} of the {len(ids)} consumed trajectory ids do not exist")
+                if n != len(ids):
+                    raise NotFound(f"{len(ids) - n} of the {len(ids)} consumed trajectory ids do not exist")
+        except psycopg.errors.UniqueViolation:
+            with self._raw() as conn:
+                row = conn.execute(Q["step_consumption"], {"run_id": run_id, "step": step}).fetchone()
+            if row is not None and [int(i) for i in row[1]] == ids:
+                return row[0]
+            raise ReflexdbError(f"run {run_id} already recorded step {step}") from None
         return step_id
 
     # ------------------------------------------------------------------ inspection

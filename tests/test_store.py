@@ -221,6 +221,8 @@ def test_policy_versions(store):
     assert store.get_policy(run, 0).checkpoint_uri == "file:///ckpt/0"
     with pytest.raises(ReflexdbError, match="already has policy version 1"):
         store.publish_policy(run, 1, "x")
+    # The same version again (a retry whose commit was not acknowledged) is the recorded one.
+    assert store.publish_policy(run, 1, "file:///ckpt/1", sha256="bb", step=10, meta={"k": 1}) == p
     with pytest.raises(NotFound):
         store.get_policy(run, 7)
 
@@ -268,8 +270,13 @@ def test_record_step_consumption(store, db_url):
         rows = conn.execute("SELECT trajectory_id, group_id FROM consumption WHERE step_id = %s ORDER BY 1",
                             (step_id,)).fetchall()
     assert rows == [(i, w.group_id) for i in w.trajectory_ids[:3]]
+    # The same step with the same trajectories again (a retry whose commit was not acknowledged)
+    # is the recorded step; other trajectories under the same step number are an error.
+    again = store.record_step(run, 1, 0, w.trajectory_ids[:3])
+    assert again == step_id
     with pytest.raises(ReflexdbError, match="already recorded step 2"):
-        store.record_step(run, 2, 1, w.trajectory_ids[:1])
+        store.record_step(run, 2, 1, w.trajectory_ids[1:2])
+    assert [t.times_sampled for t in store.read_trajectories(w.trajectory_ids, payloads=False)] == [2, 1, 1, 0]
     before = _counts(store)
     with pytest.raises(NotFound, match="1 of the 2"):
         store.record_step(run, 3, 1, [w.trajectory_ids[0], 10**9])
@@ -362,3 +369,26 @@ def test_large_reads_equal_group_by_group_reads(store):
             assert a.id == b.id and a.turns == b.turns
             for field in ("prompt_ids", "response_ids", "logprobs", "token_policy_versions", "loss_mask", "embedding"):
                 assert getattr(a, field).tobytes() == getattr(b, field).tobytes(), field
+
+
+def test_a_retried_write_finds_the_group_its_first_attempt_committed(store):
+    """The connection can drop after the server committed a group but before the writer heard back;
+    the writer's retry of the same GroupIn must not write the group a second time."""
+    import dataclasses
+
+    run, (task, *_) = setup_run(store)
+    rng = np.random.default_rng(3)
+    g = make_group(rng, run, task, size=3)
+    first = store.write_group(g)
+    before = _counts(store)
+    assert store.write_group(g) == first  # the retry: same group, same trajectory ids
+    assert _counts(store) == before  # nothing written twice
+    [a, b] = [make_group(rng, run, task, size=2), make_group(rng, run, task, size=2)]
+    both = store.write_groups([a, b])
+    assert store.write_groups([a, b]) == both
+    # A key reused for a different write (a GroupIn copied for another group) is refused.
+    other = dataclasses.replace(make_group(rng, run, task, size=2), write_key=a.write_key)
+    c = make_group(rng, run, task, size=2)
+    with pytest.raises(InvalidGroup, match="write_key"):
+        store.write_groups([other, c])
+    assert _counts(store)["groups"] == before["groups"] + 2

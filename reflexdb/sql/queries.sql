@@ -4,9 +4,9 @@
 -- name: insert_group
 -- Insert a group, queue its NOTIFY (delivered at commit) and reserve ids for its trajectories.
 WITH g AS (
-    INSERT INTO groups (run_id, task_id, workflow, kind, policy_version, size, collector, meta)
+    INSERT INTO groups (run_id, task_id, workflow, kind, policy_version, size, collector, meta, write_key)
     VALUES (%(run_id)s, %(task_id)s, %(workflow)s, %(kind)s, %(policy_version)s, %(size)s,
-            %(collector)s, %(meta)s)
+            %(collector)s, %(meta)s, %(write_key)s)
     RETURNING id
 ), n AS (
     SELECT pg_notify('reflexdb_groups',
@@ -16,6 +16,14 @@ WITH g AS (
 SELECT g.id, nextval(pg_get_serial_sequence('trajectories', 'id'))
 FROM g, n, generate_series(1, %(size)s)
 ORDER BY 2;
+
+-- name: groups_by_write_key
+-- Groups an earlier attempt of a write committed (its acknowledgement lost), with their
+-- trajectory ids in order.
+SELECT g.write_key, g.id, array_agg(t.id ORDER BY t.index_in_group)
+FROM groups g JOIN trajectories t ON t.group_id = g.id
+WHERE g.write_key = ANY(%(keys)s)
+GROUP BY g.write_key, g.id;
 
 -- name: claim_embedding_dim
 -- Fix a run's embedding dimension on its first vector (no row back when it was already set).
@@ -63,6 +71,25 @@ SELECT trajectory_id, turn_index, role, text, token_start, token_end, trainable,
 FROM turns WHERE trajectory_id = ANY(%(ids)s)
 ORDER BY trajectory_id, turn_index;
 
+-- name: eligible_groups
+-- The learner's batch: the n oldest eligible groups of a run (view learner_eligible), and the
+-- snapshot this statement saw (recorded with the step; view untrained_groups). min_version (the
+-- learner's version minus max_staleness) only narrows the scan to the staleness window.
+SELECT array_agg(group_id ORDER BY group_id), pg_current_snapshot()::text
+FROM (SELECT group_id FROM learner_eligible
+      WHERE run_id = %(run_id)s AND eligible AND policy_version >= %(min_version)s
+      ORDER BY group_id LIMIT %(n)s) x;
+
+-- name: eligible_groups_with_replay
+-- NexGRPO's batch candidates: the oldest max_replay eligible replay groups and the oldest n
+-- others, ranked separately (a replay group is found however many fresh groups are ahead of it),
+-- with their kinds and the statement's snapshot.
+SELECT array_agg(group_id ORDER BY group_id), array_agg(kind ORDER BY group_id), pg_current_snapshot()::text
+FROM (SELECT group_id, kind, row_number() OVER (PARTITION BY kind = 'replay' ORDER BY group_id) AS rank
+      FROM learner_eligible
+      WHERE run_id = %(run_id)s AND eligible AND policy_version >= %(min_version)s) ranked
+WHERE rank <= CASE WHEN kind = 'replay' THEN %(max_replay)s ELSE %(n)s END;
+
 -- name: groups_after
 -- Ids of a run's groups newer than a given id (the learner's wake-up check).
 SELECT id FROM groups WHERE run_id = %(run_id)s AND id > %(after)s ORDER BY id LIMIT %(limit)s;
@@ -88,8 +115,8 @@ SELECT p.* FROM p, n;
 -- name: record_step
 -- Record a learner step and the trajectories it consumed; bump their times_sampled.
 WITH s AS (
-    INSERT INTO learner_steps (run_id, step, policy_version, loss, metrics)
-    VALUES (%(run_id)s, %(step)s, %(policy_version)s, %(loss)s, %(metrics)s)
+    INSERT INTO learner_steps (run_id, step, policy_version, loss, metrics, batch_snapshot)
+    VALUES (%(run_id)s, %(step)s, %(policy_version)s, %(loss)s, %(metrics)s, %(batch_snapshot)s)
     RETURNING id
 ), c AS (
     INSERT INTO consumption (step_id, trajectory_id, group_id)
@@ -101,6 +128,14 @@ WITH s AS (
     RETURNING id
 )
 SELECT s.id, (SELECT count(*) FROM u) FROM s;
+
+-- name: step_consumption
+-- A recorded step's row id and the trajectory ids it consumed (is a retried record the same step?).
+SELECT s.id, coalesce(array_agg(c.trajectory_id ORDER BY c.trajectory_id)
+                      FILTER (WHERE c.trajectory_id IS NOT NULL), '{}')
+FROM learner_steps s LEFT JOIN consumption c ON c.step_id = s.id
+WHERE s.run_id = %(run_id)s AND s.step = %(step)s
+GROUP BY s.id;
 
 -- name: complete_claims
 -- A collector finished tasks: release its claims and count the collections (same transaction as
