@@ -9,6 +9,7 @@ import typer
 
 from reflexdb import Store
 from reflexdb.config import load_config, parse_overrides
+from reflexdb.retry import DbRetry
 
 
 def run_collector(config_path: Path, *, max_groups: int | None = None, max_seconds: float | None = None,
@@ -20,10 +21,13 @@ def run_collector(config_path: Path, *, max_groups: int | None = None, max_secon
     cfg = load_config(config_path, changes)  # validated before anything starts
     from .runner import Collector
 
-    store = Store.open(url or cfg.database_url, create_schema=True)
+    echo = lambda msg: typer.echo(f"[collect] {msg}", err=True)  # noqa: E731
+    # Started while the database is away: wait for it, as the loop does.
+    retry = DbRetry(cfg.collector.db_retry_s, echo, who="the collector")
+    store = retry(lambda: Store.open(url or cfg.database_url, create_schema=True))
     try:
-        collector = Collector(cfg, store, echo=lambda msg: typer.echo(f"[collect] {msg}", err=True))
-        collector.setup()
+        collector = Collector(cfg, store, echo=echo)
+        retry(collector.setup)
         collector.install_signal_handlers()
         collector.run(max_groups=max_groups, max_seconds=max_seconds)
     finally:

@@ -27,13 +27,11 @@ import time
 from dataclasses import dataclass, field
 
 import numpy as np
-import psycopg
-import sqlalchemy.exc
-from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_exponential
 
 from reflexdb import GroupIn, Store, TrajectoryIn, TurnIn, replay, work
 from reflexdb.config import Config
-from reflexdb.errors import DatabaseUnavailable, NotFound, ReplayRequestLost
+from reflexdb.errors import NotFound, ReplayRequestLost
+from reflexdb.retry import TRANSIENT, DbRetry
 
 from .engines import Engine, Sample, SamplingParams, make_engine
 from .engines.base import checkpoint_path
@@ -43,10 +41,6 @@ from .sources import build_tasks, prompt_messages
 from .tasks.templates import get_template
 
 log = logging.getLogger("reflexdb.collect")
-
-_TRANSIENT = (DatabaseUnavailable, psycopg.OperationalError, sqlalchemy.exc.OperationalError,
-              sqlalchemy.exc.InterfaceError)
-
 
 class Abandon(Exception):
     """Raised by the second SIGINT/SIGTERM: drop the in-flight group."""
@@ -102,6 +96,8 @@ class Collector:
         # NexGRPO soft retirement: a retired task is drawn with probability ε when its turn comes.
         self.retire_prob = cfg.nexgrpo.retire_prob if cfg.algorithm == "nexgrpo" else None
         self.retirement = work.RetirementDraws()
+        # Every database call of the loop rides out an outage of up to db_retry_s.
+        self._retry = DbRetry(self.c.db_retry_s, lambda msg: self.echo(msg), who=f"collector {self.name}")
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -188,7 +184,7 @@ class Collector:
             replay.release_requests(self.store, self.run_id, self.name)
             self._report(reported)  # the stopped line below says it all
             work.mark_stopped(self.store, self.collector_id, status)
-        except _TRANSIENT as exc:  # the database is gone: claims expire by TTL anyway
+        except TRANSIENT as exc:  # the database is gone: claims expire by TTL anyway
             log.warning("could not record the shutdown in the database: %s", exc)
         self.echo(f"collector {self.name} stopped: {self.stats.line(self.version)}")
 
@@ -303,19 +299,6 @@ class Collector:
             self.stats.fresh_samples += len(fresh)
             self.stats.tokens += sum(len(t.response_ids) for t in fresh)
             self.stats.correct += sum(bool(t.correct) for t in fresh)
-
-    def _retry(self, fn):
-        """Run ``fn``, retrying with exponential backoff while the database is unreachable."""
-        def before_sleep(state):
-            self.echo(f"database unreachable ({state.outcome.exception()}); retrying in "
-                      f"{state.next_action.sleep:.1f}s")
-
-        for attempt in Retrying(
-            retry=retry_if_exception_type(_TRANSIENT), stop=stop_after_delay(self.c.db_retry_s),
-            wait=wait_exponential(multiplier=0.5, max=10), before_sleep=before_sleep, reraise=True,
-        ):
-            with attempt:
-                return fn()
 
     def _report(self, reported: Stats) -> None:
         s = self.stats
