@@ -108,6 +108,7 @@ class LearnerConfig(_Section):
     tracking_uri: str | None = Field(None, description="MLflow tracking URI (default: sqlite:///$REFLEXDB_HOME/mlflow.db).")
     wait_log_every_s: float = Field(30.0, gt=0, description="While no eligible groups exist, say so this often.")
     poll_interval_s: float = Field(2.0, gt=0, description="Polling period while waiting for groups (NOTIFY wakes it earlier).")
+    db_retry_s: float = Field(300.0, ge=0, description="How long one database call is retried (with backoff) while the database is unreachable before the learner stops; a step whose consumption could not be recorded is never published.")
     eval_samples: int = Field(8, ge=1, le=1024, description="k of pass@k in `reflexdb eval` (samples per eval task).")
 
 

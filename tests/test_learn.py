@@ -311,7 +311,7 @@ def test_grpo_lambda_trains_with_its_reference_model(store, tmp_path, monkeypatc
 def eligible_ids(store, run_id):
     from reflexdb.trainer.batch import eligible_group_ids
 
-    return eligible_group_ids(store, run_id, 2)
+    return eligible_group_ids(store, run_id, 2).group_ids
 
 
 def test_reflexdb_run_starts_both_processes(store, db_url, tmp_path, model_cache):

@@ -160,10 +160,12 @@ def test_replay_groups_are_found_behind_a_backlog_of_fresh_ones(store):
     rng = np.random.default_rng(0)
     fresh = [write(store, run, task, [traj(rng, True), traj(rng, False)]).group_id for _ in range(150)]
     [replay_group] = [write(store, run, task, [traj(rng, True), traj(rng, False)], kind="replay").group_id]
-    assert eligible_group_ids(store, run, 4, max_replay=2) == sorted(fresh[:3] + [replay_group])
-    assert eligible_group_ids(store, run, 4, max_replay=0) == fresh[:4]
-    assert eligible_group_ids(store, run, 4) == fresh[:4]  # GRPO: plain FIFO
-    assert eligible_group_ids(store, run, 4, after=fresh[-2], max_replay=2) == [fresh[-1], replay_group]
+    assert eligible_group_ids(store, run, 4, max_replay=2).group_ids == sorted(fresh[:3] + [replay_group])
+    assert eligible_group_ids(store, run, 4, max_replay=0).group_ids == fresh[:4]
+    assert eligible_group_ids(store, run, 4).group_ids == fresh[:4]  # GRPO: plain FIFO
+    # The staleness-window bound never hides an eligible group (all of these are version 0).
+    assert eligible_group_ids(store, run, 4, min_version=-1, max_replay=2).group_ids == sorted(fresh[:3] + [replay_group])
+    assert eligible_group_ids(store, run, 4, min_version=1).group_ids == []
 
 
 # ------------------------------------------------------------------ boundary failures (FAISS)

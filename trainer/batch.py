@@ -18,6 +18,9 @@ import torch
 from sqlalchemy import text
 
 from reflexdb import Group, Store
+from reflexdb.sqlfile import load_queries
+
+Q = load_queries()
 
 
 @dataclass
@@ -58,30 +61,49 @@ class Batch:
                      group_kinds=self.group_kinds, **sl)
 
 
-def eligible_group_ids(store: Store, run_id: int, n: int, *, after: int = 0, max_replay: int | None = None) -> list[int]:
-    """The ``n`` oldest eligible group ids of the run with id > ``after`` (see the view's header).
+@dataclass(frozen=True)
+class Selection:
+    """The groups chosen for a step, and what the choosing query could see.
 
-    With ``max_replay`` (NexGRPO), the batch takes at most that many replay groups, oldest first, and
-    fills the rest with the oldest fresh groups; fewer than ``n`` ids come back while fresh groups
-    are short (the learner waits for more). Ids come back in increasing order.
-
-    The two kinds are ranked separately, so a replay group is found however many fresh groups
-    collectors have written ahead of it (a single ``LIMIT`` over both once hid replay groups
-    behind a backlog of fresh ones).
+    ``snapshot`` is ``pg_current_snapshot()`` of that query (PostgreSQL's text form): recorded
+    with the step, it tells which groups were committed when the learner chose (view
+    ``untrained_groups``).
     """
-    with store.engine.connect() as conn:
+
+    group_ids: list[int]
+    snapshot: str | None = None
+
+
+def eligible_group_ids(store: Store, run_id: int, n: int, *, min_version: int | None = None,
+                       max_replay: int | None = None) -> Selection:
+    """The ``n`` oldest eligible groups of the run (see the view ``learner_eligible``).
+
+    Args:
+        min_version: the oldest policy version a group may have and still be eligible (the
+            learner's version minus ``max_staleness``). Only a bound that makes the query read
+            the groups of the staleness window (index ``groups (run_id, policy_version)``)
+            instead of the whole run: the view decides eligibility. Staleness only grows, so no
+            eligible group is ever below it. (A bound on group *ids* was used once, and skipped
+            groups whose writers committed after newer ids had been trained: ids are handed out
+            at INSERT, not at COMMIT.)
+        max_replay: NexGRPO: the batch takes at most that many replay groups, oldest first, and
+            fills the rest with the oldest fresh groups; fewer than ``n`` ids come back while
+            fresh groups are short (the learner waits for more). The two kinds are ranked
+            separately, so a replay group is found however many fresh groups collectors have
+            written ahead of it.
+
+    Returns:
+        The ids in increasing order, and the query's snapshot.
+    """
+    params = {"run_id": run_id, "n": n, "max_replay": max_replay if max_replay is not None else n,
+              "min_version": min_version if min_version is not None else -2**31}
+    with store._raw() as conn:
         if max_replay is None:
-            rows = conn.execute(text(
-                "SELECT group_id FROM learner_eligible WHERE run_id = :r AND eligible AND group_id > :after "
-                "ORDER BY group_id LIMIT :n"), {"r": run_id, "after": after, "n": n}).all()
-            return [r[0] for r in rows]
-        rows = conn.execute(text(
-            "SELECT group_id, kind FROM ("
-            " SELECT group_id, kind, row_number() OVER (PARTITION BY kind = 'replay' ORDER BY group_id) AS rank"
-            " FROM learner_eligible WHERE run_id = :r AND eligible AND group_id > :after) ranked "
-            "WHERE rank <= CASE WHEN kind = 'replay' THEN :m ELSE :n END ORDER BY group_id"),
-            {"r": run_id, "after": after, "n": n, "m": max_replay}).all()
-    return compose_batch([(int(g), k) for g, k in rows], n, max_replay)
+            ids, snapshot = conn.execute(Q["eligible_groups"], params).fetchone()
+            return Selection([int(g) for g in ids or ()], snapshot)
+        ids, kinds, snapshot = conn.execute(Q["eligible_groups_with_replay"], params).fetchone()
+    rows = [(int(g), k) for g, k in zip(ids or (), kinds or ())]
+    return Selection(compose_batch(rows, n, max_replay), snapshot)
 
 
 def compose_batch(rows: list[tuple[int, str]], n: int, max_replay: int) -> list[int]:
@@ -95,14 +117,6 @@ def compose_batch(rows: list[tuple[int, str]], n: int, max_replay: int) -> list[
     replay = [g for g, k in rows if k == "replay"][:max_replay]
     fresh = [g for g, k in rows if k != "replay"][: n - len(replay)]
     return sorted(replay + fresh)
-
-
-def oldest_unconsumed(store: Store, run_id: int) -> int:
-    """A lower bound for future eligible ids: everything at or below it is consumed or stale."""
-    with store.engine.connect() as conn:
-        first = conn.execute(text(
-            "SELECT min(group_id) FROM learner_eligible WHERE run_id = :r AND reason = 'ok'"), {"r": run_id}).scalar()
-    return (first - 1) if first else 0
 
 
 def pack_sequences(pairs: list[tuple], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -13,6 +13,7 @@ import typer
 
 from reflexdb import Store
 from reflexdb.config import load_config, parse_overrides
+from reflexdb.retry import DbRetry
 
 
 def run_learner(config_path: Path, *, max_steps: int | None = None, max_seconds: float | None = None,
@@ -23,8 +24,10 @@ def run_learner(config_path: Path, *, max_steps: int | None = None, max_seconds:
         os.environ.setdefault("DS_ACCELERATOR", "cpu")  # say so, instead of DeepSpeed's "unable to detect" warning
     from .learner import Learner
 
-    store = Store.open(url or cfg.database_url, create_schema=True)
     echo = lambda msg: typer.echo(f"[learn] {msg}", err=True)  # noqa: E731
+    # Started while the database is away (a restart after a crash, say): wait for it like any call.
+    store = DbRetry(cfg.learner.db_retry_s, echo, who="the learner")(
+        lambda: Store.open(url or cfg.database_url, create_schema=True))
     try:
         learner = Learner(cfg, store, echo=echo)
         learner.setup()
@@ -39,8 +42,7 @@ def run_learner(config_path: Path, *, max_steps: int | None = None, max_seconds:
         signal.signal(signal.SIGINT, handler)
         signal.signal(signal.SIGTERM, handler)
         learner.run(max_steps=max_steps, max_seconds=max_seconds if max_seconds is not None else cfg.learner.max_seconds)
-        if learner.step_no % cfg.learner.publish_every != 0:
-            learner.publish()  # nothing trained is lost on a clean stop
+        learner.finish()  # publishes the steps trained since the last publish (none: publishes nothing)
         learner.echo(f"stopped at step {learner.step_no}, policy v{learner.version}")
     finally:
         store.close()

@@ -12,6 +12,10 @@ What the learner needs from it:
 - :meth:`export_hf`: an HF-loadable safetensors directory and its sha256 (the published policy);
 - :meth:`save_state` / :meth:`load_state`: DeepSpeed checkpoints (weights + optimizer) for
   lossless resume.
+
+Both kinds of checkpoint directory are written under a temporary name, flushed to disk and
+renamed into place when complete, so a directory with its final name is always whole and is
+never written again (:func:`clean_partial_files` removes what a killed or failed write left).
 """
 
 from __future__ import annotations
@@ -21,8 +25,10 @@ import logging
 import os
 import shutil
 import socket
+import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -36,12 +42,28 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def init_distributed(device: str) -> None:
-    """Initialise torch.distributed through DeepSpeed (gloo on CPU, nccl on CUDA)."""
+def _to_stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def init_distributed(device: str, say: Callable[[str], None] = _to_stderr) -> None:
+    """Initialise torch.distributed through DeepSpeed (gloo on CPU, nccl on CUDA).
+
+    DeepSpeed builds (or checks) its shared-memory op here, under torch's build lock; a lock left
+    by a killed process is detected and removed, and a wait on a live one is announced
+    (:mod:`reflexdb.trainer.buildlock`).
+    """
     import deepspeed
+
+    from .buildlock import BuildLockWatch
 
     if torch.distributed.is_initialized():
         return
+    with BuildLockWatch(say):
+        _init_process_group(device, deepspeed)
+
+
+def _init_process_group(device: str, deepspeed) -> None:
     # Under torchrun / deepspeed the launcher owns the rendezvous. A single process picks its own
     # port, even if it inherited MASTER_PORT from a parent that uses it (that port is taken).
     launched = int(os.environ.get("WORLD_SIZE", "1")) > 1 or "TORCHELASTIC_RUN_ID" in os.environ
@@ -74,14 +96,58 @@ class EngineSettings:
     dtype: str = "float32"  # float32 | bfloat16
 
 
+class StateUnreadable(Exception):
+    """A DeepSpeed state directory exists but cannot be loaded (truncated or damaged files)."""
+
+
+#: Temporary names of checkpoint directories being written (see :func:`clean_partial_files`).
+PARTIAL_STATE_PREFIX = ".partial-"
+PARTIAL_WEIGHTS_MARK = ".tmp-"
+
+
+def clean_partial_files(ckpt_dir: str | Path) -> list[Path]:
+    """Remove the temporary directories of checkpoint writes that did not finish; return them.
+
+    ``vK.tmp-PID`` (weights) and ``states/.partial-vK`` (learner state) exist only while a publish
+    writes them; one left behind was killed or failed, and no ``policy_versions`` row names it.
+    """
+    ckpt_dir = Path(ckpt_dir)
+    found = [p for p in ckpt_dir.glob(f"v*{PARTIAL_WEIGHTS_MARK}*") if p.is_dir()]
+    found += [p for p in (ckpt_dir / "states").glob(f"{PARTIAL_STATE_PREFIX}*") if p.is_dir()]
+    for p in found:
+        shutil.rmtree(p, ignore_errors=True)
+    return found
+
+
+def fsync_tree(root: Path) -> None:
+    """Flush every file under ``root`` and the directories themselves to disk (before a rename
+    publishes them: after a power loss a renamed directory must not hold empty files)."""
+    for dirpath, _dirs, files in os.walk(root):
+        for name in files:
+            fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        _fsync_dir(Path(dirpath))
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 class TrainingEngine:
     """A model and its optimizer under DeepSpeed."""
 
-    def __init__(self, model_path: str | Path, settings: EngineSettings):
+    def __init__(self, model_path: str | Path, settings: EngineSettings, *, say: Callable[[str], None] = _to_stderr):
         import deepspeed
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        init_distributed(settings.device)
+        init_distributed(settings.device, say)
         self.settings = settings
         self.model_path = str(model_path)
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
@@ -184,7 +250,7 @@ class TrainingEngine:
         import deepspeed
 
         out = Path(out_dir)
-        tmp = out.with_name(out.name + f".tmp-{os.getpid()}")
+        tmp = out.with_name(out.name + f"{PARTIAL_WEIGHTS_MARK}{os.getpid()}")
         module = self.ds.module
         params = list(module.parameters())
         gather = deepspeed.zero.GatheredParameters(params, modifier_rank=None) if self.settings.zero_stage == 3 \
@@ -198,20 +264,51 @@ class TrainingEngine:
         digest = ""
         if self.rank == 0:
             digest = weights_sha256(tmp)
-            if out.exists():
+            fsync_tree(tmp)
+            if out.exists():  # a directory no row names: left by a publish that never recorded it
                 shutil.rmtree(out)
             os.replace(tmp, out)
+            _fsync_dir(out.parent)
         return digest
 
     def save_state(self, directory: str | Path, tag: str, client_state: dict) -> None:
-        """DeepSpeed checkpoint (module, optimizer, scheduler, client state) under ``directory/tag``."""
-        self.ds.save_checkpoint(str(directory), tag=tag, client_state=client_state)
+        """DeepSpeed checkpoint (module, optimizer, scheduler, client state) as ``directory/tag``.
+
+        DeepSpeed writes it into ``directory/.partial-<tag>/<tag>`` (every rank its own files); rank
+        0 flushes it and renames it to ``directory/<tag>`` once all ranks are done.
+        """
+        directory = Path(directory)
+        final, partial = directory / tag, directory / f"{PARTIAL_STATE_PREFIX}{tag}"
+        if self.rank == 0:
+            directory.mkdir(parents=True, exist_ok=True)
+            shutil.rmtree(partial, ignore_errors=True)
+        self._barrier()
+        self.ds.save_checkpoint(str(partial), tag=tag, client_state=client_state)
+        self._barrier()
+        if self.rank == 0:
+            fsync_tree(partial / tag)
+            if final.exists():  # a directory no row names: left by a publish that never recorded it
+                shutil.rmtree(final)
+            os.rename(partial / tag, final)
+            _fsync_dir(directory)
+            shutil.rmtree(partial, ignore_errors=True)
+        self._barrier()
+
+    def _barrier(self) -> None:
+        if self.world_size > 1:
+            torch.distributed.barrier()
 
     def load_state(self, directory: str | Path, tag: str) -> dict:
-        path, client_state = self.ds.load_checkpoint(str(directory), tag=tag, load_optimizer_states=True,
-                                                     load_lr_scheduler_states=True)
+        """Load ``directory/tag``; raises :class:`StateUnreadable` if its files cannot be read."""
+        try:
+            path, client_state = self.ds.load_checkpoint(str(directory), tag=tag, load_optimizer_states=True,
+                                                         load_lr_scheduler_states=True)
+        except Exception as exc:
+            # torch.load of a truncated file raises EOFError ("Ran out of input"), which the command
+            # line would otherwise turn into a bare "Aborted."
+            raise StateUnreadable(f"{Path(directory) / tag}: {type(exc).__name__}: {exc}") from None
         if path is None:
-            raise FileNotFoundError(f"no DeepSpeed checkpoint {tag!r} in {directory}")
+            raise StateUnreadable(f"no DeepSpeed checkpoint {tag!r} in {directory}")
         return client_state or {}
 
 

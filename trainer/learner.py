@@ -15,6 +15,11 @@ One step reads top to bottom (:meth:`Learner.step`)::
 
 Resume is from the last *published* state: steps recorded after it are rolled back (their
 consumption deleted, times_sampled restored), so nothing is consumed twice or skipped.
+
+Every database call rides out an outage of up to ``learner.db_retry_s`` (reflexdb.retry). A step
+whose consumption could not be recorded is never published (the process stops first, and resume
+rolls it back), and a version is only what its ``policy_versions`` row says: files first, each
+version in new directories renamed into place when complete, the row last.
 """
 
 from __future__ import annotations
@@ -35,11 +40,12 @@ from sqlalchemy import text
 from reflexdb import Store
 from reflexdb.config import Config
 from reflexdb.errors import ReflexdbError
+from reflexdb.retry import DbRetry
 from reflexdb.settings import home
 
 from .advantages import group_advantages
-from .batch import Batch, eligible_group_ids, oldest_unconsumed, pack, pack_sequences
-from .engine import EngineSettings, TrainingEngine
+from .batch import Batch, Selection, eligible_group_ids, pack, pack_sequences
+from .engine import EngineSettings, StateUnreadable, TrainingEngine, clean_partial_files
 from .losses.registry import get_loss
 from .nexgrpo import PlanStats, ReplayPlanner, replay_quota
 from .tracking import Tracker
@@ -48,6 +54,21 @@ log = logging.getLogger("reflexdb.learn")
 
 #: Algorithms whose training loss is another family's (their difference lies in the data).
 LOSS_OF_ALGORITHM = {"nexgrpo": "grpo", "lte": "grpo", "r3l": "opmd", "cleaner": "dapo", "raft": "sft"}
+
+
+def _write_error(exc: Exception) -> str:
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror + (f" ({exc.filename})" if exc.filename else "")
+    return f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+
+
+def _free_space(path: Path) -> str:
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    try:
+        return f"{shutil.disk_usage(path).free / 2**20:,.0f} MiB free in {path}"
+    except OSError:
+        return f"free space in {path} unknown"
 
 
 class NullTracker:
@@ -64,6 +85,12 @@ class NullTracker:
 
 class LearnerStopped(ReflexdbError):
     """The learner stopped on purpose after repeated bad steps; the message says why."""
+
+
+class PublishFailed(ReflexdbError):
+    """Writing a version's files failed (disk full, I/O error); nothing was recorded for it."""
+
+    exit_code = 8
 
 
 @dataclass
@@ -117,12 +144,14 @@ class Learner:
         self.agg = _agg_mode(self.loss_fn, self.loss_params)
         self.temperature = cfg.collector.sampling.temperature or 1.0
         self.base_model = resolve_model(cfg.model)
-        self.run_id = store.create_run(cfg.run, algorithm=cfg.algorithm, config=cfg.masked())
+        # Every database call below goes through db(): an outage of up to db_retry_s is waited out.
+        self.db = DbRetry(self.L.db_retry_s, lambda msg: self.echo(msg), who="the learner")
+        self.run_id = self.db(lambda: store.create_run(cfg.run, algorithm=cfg.algorithm, config=cfg.masked()))
         self.ckpt_dir = Path(self.L.checkpoint_dir or home() / "checkpoints" / cfg.run).expanduser().resolve()
         self.step_no = 0
         self.version = 0
+        self.published_step = 0  # the step of the newest published version (a stop publishes only past it)
         self.bad_in_row = 0
-        self._after = 0  # group ids at or below are consumed or stale (speeds up the view query)
         self.stopping = False
         self.nexgrpo = cfg.algorithm == "nexgrpo"
         self.replay_active = False  # NexGRPO delayed start: set once a batch's pass@1 exceeds the threshold
@@ -142,11 +171,11 @@ class Learner:
             accumulation_steps=self.n_micro, lr=self.L.lr, weight_decay=self.L.weight_decay,
             grad_clip=self.L.grad_clip, dtype=self.L.dtype,
         )
-        latest = self.store.latest_policy(self.run_id)
+        latest = self.db(lambda: self.store.latest_policy(self.run_id))
         resume = latest is not None and latest.meta.get("learner_state")
         if resume:
             self._check_state(latest)
-        self.engine = TrainingEngine(self.base_model, settings)
+        self.engine = TrainingEngine(self.base_model, settings, say=lambda msg: self.echo(msg))
         # Data parallel: rank 0 chooses the groups and alone writes to the store and MLflow.
         self.rank, self.world = self.engine.rank, self.engine.world_size
         self.main = self.rank == 0
@@ -154,29 +183,40 @@ class Learner:
             self.echo = lambda msg: None
         self.ref = self._reference_model() if effective_beta(self.loss_fn, self.loss_params) > 0 else None
         if self.main:
-            self.store.set_settings(self.run_id, {
+            settings = {
                 "learner.groups_per_step": self.L.groups_per_step, "learner.publish_every": self.L.publish_every,
                 "learner.max_staleness": self.cfg.max_staleness, "learner.max_reuse": self.L.max_reuse,
-            })
+            }
             if self.nexgrpo:
                 n = self.cfg.nexgrpo
-                self.store.set_settings(self.run_id, {
+                settings.update({
                     "nexgrpo.conf_low": n.conf_low, "nexgrpo.conf_high": n.conf_high,
                     "nexgrpo.difficulty_sd": n.difficulty_sd, "nexgrpo.retire_prob": n.retire_prob,
                     "nexgrpo.replay_ratio": n.replay_ratio,
                 })
+            self.db(lambda: self.store.set_settings(self.run_id, settings))
+            # Leftovers of publishes that were killed or failed (never referenced by a row).
+            for path in clean_partial_files(self.ckpt_dir):
+                self.echo(f"removed {path}, left by a publish that did not finish")
         if resume:
-            client = self.engine.load_state(latest.meta["learner_state"], latest.meta["state_tag"])
+            try:
+                client = self.engine.load_state(latest.meta["learner_state"], latest.meta["state_tag"])
+            except StateUnreadable as exc:
+                raise ReflexdbError(
+                    f"cannot resume run {self.cfg.run!r}: the learner state of policy v{latest.version} is damaged "
+                    f"({exc}). Nothing was changed; restore the directory from a backup, or start a new run name."
+                ) from None
             self.step_no = int(client["step"])
             self.version = latest.version
-            rolled = self._roll_back_after(self.step_no) if self.main else 0
+            self.published_step = self.step_no
+            rolled = self.db(lambda: self._roll_back_after(self.step_no)) if self.main else 0
             self.tracker = Tracker(self.cfg, resume_run_id=latest.meta.get("mlflow_run_id")) if self.main \
                 else NullTracker()
             self.echo(f"resumed run {self.cfg.run!r} at step {self.step_no} (policy v{self.version}); "
                       f"rolled back {rolled} unpublished step(s)")
         else:
             if self.main:
-                self._roll_back_after(0)
+                self.db(lambda: self._roll_back_after(0))
             self.tracker = Tracker(self.cfg) if self.main else NullTracker()
             self.tracker.log_config()
             if latest is None:
@@ -200,10 +240,13 @@ class Learner:
             self.store, self.run_id, EmbeddingIndex.open(self.store, self.run_id), conf_low=n.conf_low,
             conf_high=n.conf_high, refresh=n.refresh, refresh_candidates=n.refresh_candidates,
             group_size=self.cfg.collector.group_size, rng=np.random.default_rng([self.cfg.seed, self.step_no]))
-        with self.store.engine.connect() as conn:
-            self.replay_active = bool(conn.execute(text(
-                "SELECT EXISTS (SELECT 1 FROM learner_steps WHERE run_id = :r "
-                "AND (metrics->>'reward/pass_at_1')::float8 > :t)"), {"r": self.run_id, "t": n.start_pass_at_1}).scalar())
+        def crossed() -> bool:
+            with self.store.engine.connect() as conn:
+                return bool(conn.execute(text(
+                    "SELECT EXISTS (SELECT 1 FROM learner_steps WHERE run_id = :r "
+                    "AND (metrics->>'reward/pass_at_1')::float8 > :t)"), {"r": self.run_id, "t": n.start_pass_at_1}).scalar())
+
+        self.replay_active = self.db(crossed)
         if self.replay_active:
             self.echo("nexgrpo: replay is on (a batch's pass@1 already exceeded "
                       f"{n.start_pass_at_1}); planning replay requests")
@@ -246,16 +289,16 @@ class Learner:
             while not self.stopping:
                 if max_steps is not None and self.step_no >= max_steps:
                     break
-                groups = None
+                chosen = None
                 if self.main and (deadline is None or time.monotonic() < deadline):  # rank 0 decides for all
-                    groups = self.wait_for_groups(deadline)  # None: stopped, or out of time while waiting
+                    chosen = self.wait_for_groups(deadline)  # None: stopped, or out of time while waiting
                 if self.world > 1:  # every rank trains on the groups rank 0 chose
-                    box = [groups]
+                    box = [chosen]
                     torch.distributed.broadcast_object_list(box, src=0)
-                    groups = box[0]
-                if groups is None:
+                    chosen = box[0]
+                if chosen is None:
                     break
-                result = self.step(groups)
+                result = self.step(chosen.group_ids, snapshot=chosen.snapshot)
                 self.echo(self._progress(result))
                 if self.step_no % self.L.publish_every == 0 and not result.skipped:
                     self.publish()
@@ -264,15 +307,22 @@ class Learner:
         finally:
             self.tracker.close()
 
-    def wait_for_groups(self, deadline: float | None) -> list[int] | None:
+    def finish(self) -> None:
+        """On a clean stop: publish the steps trained since the last publish (none: nothing)."""
+        if self.step_no > self.published_step:
+            self.publish()
+
+    def wait_for_groups(self, deadline: float | None) -> Selection | None:
         """Block until ``groups_per_step`` eligible groups exist; ``None`` if stopped or out of time."""
         n = self.L.groups_per_step
         max_replay = replay_quota(n, self.cfg.nexgrpo.replay_ratio, n) if self.nexgrpo else None
         last_said = time.monotonic()
         while not self.stopping:
-            ids = eligible_group_ids(self.store, self.run_id, n, after=self._after, max_replay=max_replay)
+            chosen = self.db(lambda: eligible_group_ids(self.store, self.run_id, n, max_replay=max_replay,
+                                                        min_version=self.version - self.cfg.max_staleness))
+            ids = chosen.group_ids
             if len(ids) >= n:
-                return ids
+                return chosen
             if deadline is not None and time.monotonic() >= deadline:
                 return None
             if time.monotonic() - last_said >= self.L.wait_log_every_s:
@@ -281,15 +331,17 @@ class Learner:
                 last_said = time.monotonic()
             timeout = self.L.poll_interval_s if deadline is None else max(0.0, min(self.L.poll_interval_s,
                                                                                   deadline - time.monotonic()))
-            newest = max(ids) if ids else self._after
-            self.store.wait_for_groups(self.run_id, newest, min_count=n - len(ids), timeout=timeout,
-                                       poll_interval=self.L.poll_interval_s)
+            # Woken by any new group's NOTIFY (or the poll): ids commit out of order, so the next
+            # choice looks at every group again, not only at ids above the newest seen.
+            self.db(lambda: self.store.wait_for_groups(self.run_id, max(ids, default=0), min_count=n - len(ids),
+                                                       timeout=timeout, poll_interval=self.L.poll_interval_s))
         return None
 
-    def step(self, group_ids: list[int]) -> StepResult:
-        """One learner step on the given groups (see the module docstring)."""
+    def step(self, group_ids: list[int], *, snapshot: str | None = None) -> StepResult:
+        """One learner step on the given groups (see the module docstring); ``snapshot``: what the
+        query that chose them could see (recorded with the step)."""
         t0 = time.monotonic()
-        groups = self.store.read_groups(group_ids, turns=False)                       # sample
+        groups = self.db(lambda: self.store.read_groups(group_ids, turns=False))     # sample
         batch = pack(groups, self.engine.pad_id)
         t_batch = time.monotonic() - t0
         adv = group_advantages(batch.rewards, batch.group_index,                      # advantages
@@ -307,10 +359,9 @@ class Learner:
         if skipped:
             self.echo(f"step {self.step_no}: non-finite loss, step skipped ({self.bad_in_row} in a row)")
         if self.main:
-            self.store.record_step(self.run_id, self.step_no, self.version, batch.trajectory_ids,  # record
-                                   loss=None if skipped else stats["loss"],
-                                   metrics={k: v for k, v in metrics.items() if math.isfinite(v)})
-            self._after = max(self._after, oldest_unconsumed(self.store, self.run_id))
+            self.db(lambda: self.store.record_step(                                   # record
+                self.run_id, self.step_no, self.version, batch.trajectory_ids, loss=None if skipped else stats["loss"],
+                metrics={k: v for k, v in metrics.items() if math.isfinite(v)}, batch_snapshot=snapshot))
             self.tracker.log_metrics(metrics, self.step_no)
         if self.bad_in_row >= self.L.max_bad_steps:
             raise LearnerStopped(
@@ -461,9 +512,9 @@ class Learner:
                 # With max_staleness ≥ 1 the collectors work a batch ahead: requests posted now are
                 # filled while the learner trains on groups already written, and reach the batch
                 # after next. Two batches' worth in flight lets every batch find its ⌊α·B⌋.
-                self.plan_stats = self.planner.plan(
+                self.plan_stats = self.db(lambda: self.planner.plan(
                     lambda n_candidates: depth * replay_quota(B, n.replay_ratio, n_candidates), self._score,
-                    step=self.step_no, version=self.version, min_version=self.version - self.cfg.max_staleness)
+                    step=self.step_no, version=self.version, min_version=self.version - self.cfg.max_staleness))
             finally:
                 if self.world > 1:
                     torch.distributed.broadcast_object_list([None], src=0)  # "no more scoring"
@@ -479,13 +530,17 @@ class Learner:
         if self.main:
             from reflexdb import replay
 
-            metrics["replay/retired_tasks"] = float(replay.retired_count(self.store, self.run_id))
+            metrics["replay/retired_tasks"] = float(self.db(lambda: replay.retired_count(self.store, self.run_id)))
             metrics = {k: v for k, v in metrics.items() if math.isfinite(v)}
             self.tracker.log_metrics(metrics, self.step_no)
-            with self.store.engine.begin() as conn:  # the step's row holds them too (SQL without MLflow)
-                conn.execute(text("UPDATE learner_steps SET metrics = metrics || CAST(:m AS jsonb) "
-                                  "WHERE run_id = :r AND step = :s"),
-                             {"m": json.dumps(metrics), "r": self.run_id, "s": self.step_no})
+
+            def add_to_step() -> None:  # the step's row holds them too (SQL without MLflow)
+                with self.store.engine.begin() as conn:
+                    conn.execute(text("UPDATE learner_steps SET metrics = metrics || CAST(:m AS jsonb) "
+                                      "WHERE run_id = :r AND step = :s"),
+                                 {"m": json.dumps(metrics), "r": self.run_id, "s": self.step_no})
+
+            self.db(add_to_step)
 
     def _score(self, trajectories) -> list[float]:
         """ℓ_θ of stored trajectories under the current weights (rank 0; others join in :meth:`plan_replay`)."""
@@ -509,30 +564,60 @@ class Learner:
     # ------------------------------------------------------------------ publishing
 
     def publish(self) -> None:
-        """Save the learner state and HF weights, then record the policy version (the commit point)."""
+        """Save the learner state and HF weights, then record the policy version (the commit point).
+
+        Files first, row last. Each version's state (``states/vK``) and weights (``vK``) are new
+        directories, written under temporary names, flushed to disk and renamed into place when
+        complete: a published version's files are never rewritten, and a publish that is killed
+        or fails leaves no row, only temporary files that the next start removes. Resume then
+        starts from the last version whose row exists.
+
+        Raises:
+            PublishFailed: the files could not be written (disk full, I/O error); no row was written.
+            DatabaseUnavailable: the row could not be written within ``learner.db_retry_s``.
+        """
         version = self.version + 1 if self.step_no > 0 else 0
-        tag = f"step-{self.step_no}"
+        tag = f"v{version}"
         states = self.ckpt_dir / "states"
-        t0 = time.monotonic()
-        self.engine.save_state(states, tag, {"step": self.step_no, "version": version})
         weights = self.ckpt_dir / f"v{version}"
-        sha = self.engine.export_hf(weights)
+        t0 = time.monotonic()
+        try:
+            self.engine.save_state(states, tag, {"step": self.step_no, "version": version})
+            sha = self.engine.export_hf(weights)
+        except Exception as exc:  # torch.save reports a full disk as RuntimeError, not OSError
+            clean_partial_files(self.ckpt_dir)
+            if self.main:  # no row names them: this version's files never were published
+                shutil.rmtree(states / tag, ignore_errors=True)
+                shutil.rmtree(weights, ignore_errors=True)
+            raise PublishFailed(
+                f"publishing policy v{version} at step {self.step_no} failed: {_write_error(exc)} "
+                f"({_free_space(self.ckpt_dir)}). Nothing was recorded for v{version}. Free space, then run the "
+                f"same command: the learner resumes from policy v{self.version} (step {self.published_step})."
+            ) from None
         if self.main:
-            self.store.publish_policy(
-                self.run_id, version, f"file://{weights}", sha256=sha, step=self.step_no,
-                meta={"learner_state": str(states), "state_tag": tag, "mlflow_run_id": self.tracker.run_id},
-            )
-            self._prune_states(states, keep=tag)
+            meta = {"learner_state": str(states), "state_tag": tag, "mlflow_run_id": self.tracker.run_id}
+            self.db(lambda: self.store.publish_policy(self.run_id, version, f"file://{weights}", sha256=sha,
+                                                      step=self.step_no, meta=meta))
+            self._prune_states(states)
             self._prune_policies(version)
         self.version = version
+        self.published_step = self.step_no
         self.tracker.log_metrics({"perf/publish_seconds": time.monotonic() - t0, "policy/version": version},
                                  self.step_no)
         self.echo(f"published policy v{version} at step {self.step_no} ({weights})")
 
-    def _prune_states(self, states: Path, keep: str) -> None:
-        tags = sorted((p for p in states.glob("step-*") if p.is_dir()), key=lambda p: int(p.name.split("-")[1]))
-        for old in tags[: -self.L.keep_states]:
-            if old.name != keep:
+    def _prune_states(self, states: Path) -> None:
+        """Delete learner states except those of the newest ``keep_states`` versions (resume reads
+        the newest; the rows say which directory is whose, whatever its name)."""
+        def recent() -> set[str]:
+            with self.store.engine.connect() as conn:
+                return set(conn.execute(text(
+                    "SELECT meta->>'state_tag' FROM policy_versions WHERE run_id = :r AND meta ? 'state_tag' "
+                    "ORDER BY version DESC LIMIT :k"), {"r": self.run_id, "k": self.L.keep_states}).scalars())
+
+        keep = self.db(recent)
+        for old in states.iterdir():
+            if old.is_dir() and old.name not in keep and not old.name.startswith("."):
                 shutil.rmtree(old, ignore_errors=True)
 
     def _prune_policies(self, newest: int) -> None:
