@@ -63,3 +63,38 @@ def url(
 ) -> None:
     """Print the database URL in the form psql and pg_dump accept (starts the embedded server)."""
     typer.echo(admin.bin_dir() if bin_dir else admin.libpq_url_for(url))
+
+
+@app.command("roles")
+def roles_command(url: str = URL_OPTION) -> None:
+    """Create the least-privilege roles reflexdb_collector, reflexdb_learner, reflexdb_reader and grant them.
+
+    Run it as the database owner (or a superuser), once per database and again after upgrades
+    (`reflexdb db upgrade` re-grants by itself once they exist). See docs/operations.md, "Roles".
+    """
+    where = admin.apply_roles(url)
+    typer.echo(f"roles reflexdb_collector, reflexdb_learner, reflexdb_reader: privileges granted on {where}")
+    typer.echo("add a login for a machine or a person: reflexdb db user NAME --role collector|learner|reader")
+
+
+@app.command("user")
+def user_command(
+    name: str = typer.Argument(..., help="Login role to create (or whose password and role to set)."),
+    role: str = typer.Option(..., "--role", help="collector, learner or reader."),
+    password_env: str = typer.Option(None, "--password-env", help="Read the password from this environment variable instead of asking."),
+    no_password: bool = typer.Option(False, "--no-password", help="No password (for servers that authenticate otherwise: peer, cert, trust)."),
+    url: str = URL_OPTION,
+) -> None:
+    """Add a login role that is a member of reflexdb_<role>; the password is hashed before it is sent."""
+    import os
+
+    if no_password:
+        password = None
+    elif password_env:
+        password = os.environ.get(password_env)
+        if not password:
+            raise typer.BadParameter(f"environment variable {password_env} is empty or unset", param_hint="--password-env")
+    else:
+        password = typer.prompt(f"password for {name}", hide_input=True, confirmation_prompt=True)
+    login = admin.create_user(url, name, role, password)
+    typer.echo(f"login role {name!r} is a member of reflexdb_{role}; it connects with {login}")

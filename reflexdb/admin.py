@@ -14,7 +14,7 @@ from sqlalchemy import inspect, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
 
-from . import embedded, migrate, schema
+from . import embedded, migrate, roles, schema
 from .db import database_url, libpq_url, make_engine
 from .errors import ReflexdbError
 from .settings import mask_url, resolve_target
@@ -25,14 +25,43 @@ def _engine(url: str | None):
 
 
 def upgrade(url: str | None, revision: str = "head") -> tuple[str | None, str | None]:
-    """Migrate to ``revision``; return (revision before, revision after)."""
+    """Migrate to ``revision``; return (revision before, revision after).
+
+    When the least-privilege roles exist (``reflexdb db roles``), their grants are made again, so
+    tables a migration added are covered.
+    """
     engine = _engine(url)
     try:
         with engine.connect() as conn:
             before = migrate.current_revision(conn)
         migrate.upgrade(engine, revision)
         with engine.connect() as conn:
-            return before, migrate.current_revision(conn)
+            after = migrate.current_revision(conn)
+        if after != before and roles.exist(engine):
+            roles.apply(engine)
+        return before, after
+    finally:
+        engine.dispose()
+
+
+def apply_roles(url: str | None) -> str:
+    """Create the least-privilege roles and grant them on the database; return its name (masked URL)."""
+    engine = _engine(url)
+    try:
+        migrate.check_current(engine)  # grants name every table: the schema must be complete
+        roles.apply(engine)
+        return mask_url(engine.url.render_as_string(hide_password=False))
+    finally:
+        engine.dispose()
+
+
+def create_user(url: str | None, name: str, role: str, password: str | None) -> str:
+    """A login role in one of the reflexdb roles; return a URL to give its user (password masked)."""
+    engine = _engine(url)
+    try:
+        roles.create_user(engine, name, role, password)
+        u = engine.url.set(username=name, password="placeholder" if password else None)
+        return mask_url(u.render_as_string(hide_password=False))  # the password shown as ***
     finally:
         engine.dispose()
 

@@ -1,0 +1,70 @@
+"""Least-privilege PostgreSQL roles for collectors, the learner and people with psql.
+
+``reflexdb db roles`` creates three group roles and grants them what their processes need on the
+current database (``reflexdb/sql/roles.sql`` says exactly what, and what not):
+
+=====================  ==========================================================================
+``reflexdb_collector`` claim tasks and replay requests, write groups, read policy versions and
+                       settings; no DELETE, no UPDATE of trained data, no ``runs.config``, no
+                       learner tables
+``reflexdb_learner``   read all; record steps, publish versions, set settings, post replay requests
+``reflexdb_reader``    read only
+=====================  ==========================================================================
+
+``reflexdb db user NAME --role collector`` adds a login role in one of them. Its password is
+hashed on the client (SCRAM-SHA-256, libpq's ``PQencryptPasswordConn``), so the clear text never
+reaches the server, its logs or this process's output.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy.engine import Engine
+
+from .errors import ReflexdbError
+from .sqlfile import load_queries
+
+ROLES = {"collector": "reflexdb_collector", "learner": "reflexdb_learner", "reader": "reflexdb_reader"}
+_BLOCKS = ("create_roles", "reset", "reader", "collector", "learner")
+
+
+def apply(engine: Engine) -> None:
+    """Create the roles if needed and (re)grant their privileges on this database, in one transaction."""
+    sql = load_queries("roles.sql")
+    with engine.begin() as conn:
+        raw = conn.connection.driver_connection
+        for block in _BLOCKS:
+            raw.execute(sql[block])
+
+
+def exist(engine: Engine) -> bool:
+    """Whether ``reflexdb db roles`` was run on this server (then ``db upgrade`` re-grants)."""
+    with engine.connect() as conn:
+        raw = conn.connection.driver_connection
+        return raw.execute("SELECT count(*) FROM pg_roles WHERE rolname = ANY(%s)",
+                           (list(ROLES.values()),)).fetchone()[0] == len(ROLES)
+
+
+def create_user(engine: Engine, name: str, role: str, password: str | None) -> None:
+    """A login role ``name`` in ``reflexdb_<role>`` (created, or its password and membership set).
+
+    Raises:
+        ReflexdbError: ``role`` is not collector, learner or reader, or the roles do not exist yet.
+    """
+    from psycopg import sql as psql
+
+    if role not in ROLES:
+        raise ReflexdbError(f"unknown role {role!r}: choose one of {', '.join(ROLES)}")
+    if not exist(engine):
+        raise ReflexdbError("the reflexdb roles do not exist on this server yet: run `reflexdb db roles` first")
+    with engine.begin() as conn:
+        raw = conn.connection.driver_connection
+        hashed = None
+        if password:
+            hashed = raw.pgconn.encrypt_password(password.encode(), name.encode(), b"scram-sha-256").decode()
+        found = raw.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (name,)).fetchone()
+        verb = "ALTER" if found else "CREATE"
+        stmt = psql.SQL("{} ROLE {} LOGIN").format(psql.SQL(verb), psql.Identifier(name))
+        if hashed:
+            stmt = psql.SQL("{} PASSWORD {}").format(stmt, psql.Literal(hashed))
+        raw.execute(stmt)
+        raw.execute(psql.SQL("GRANT {} TO {}").format(psql.Identifier(ROLES[role]), psql.Identifier(name)))

@@ -1,0 +1,151 @@
+"""Least-privilege roles (`reflexdb db roles`, `reflexdb db user`) and passwords kept out of output."""
+
+from __future__ import annotations
+
+import subprocess
+
+import psycopg
+import pytest
+from sqlalchemy.engine import make_url
+
+from reflexdb import Store, admin
+
+from .processes import REFLEXDB, child_env, rows
+from .test_learn import _learner, config_data, seed_groups, write_config
+
+PASSWORD = "pw-Nobody-Should-See-7"
+
+
+def _as(db_url: str, user: str, password: str | None = PASSWORD) -> str:
+    return make_url(db_url).set(username=user, password=password).render_as_string(hide_password=False)
+
+
+def _refused(url: str, statements: list[str]) -> list[str]:
+    """The statements the server refused for lack of privilege (each in its own transaction)."""
+    refused = []
+    with psycopg.connect(url.replace("postgresql+psycopg://", "postgresql://", 1)) as conn:
+        for sql in statements:
+            try:
+                conn.execute(sql)
+            except psycopg.errors.InsufficientPrivilege:
+                refused.append(sql)
+            finally:
+                conn.rollback()
+    return refused
+
+
+@pytest.fixture
+def roles(db_url, tmp_path):
+    """The three roles on this database, and a login in each (via the command, password from the environment)."""
+    env = child_env(db_url, tmp_path, tmp_path)
+    out = subprocess.run(REFLEXDB + ["db", "roles"], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    logins = {}
+    for role in ("collector", "learner", "reader"):
+        name = f"reflexdb_t_{role}"
+        made = subprocess.run(REFLEXDB + ["db", "user", name, "--role", role, "--password-env", "NEW_PW"],
+                              env=dict(env, NEW_PW=PASSWORD), capture_output=True, text=True, timeout=120)
+        assert made.returncode == 0, made.stderr
+        assert f"login role {name!r} is a member of reflexdb_{role}" in made.stdout
+        assert PASSWORD not in made.stdout + made.stderr and ":***@" in made.stdout
+        logins[role] = _as(db_url, name)
+    return logins
+
+
+def test_the_password_is_sent_hashed(roles, store):
+    [(stored,)] = rows(store, "SELECT rolpassword FROM pg_authid WHERE rolname = 'reflexdb_t_collector'")
+    assert stored.startswith("SCRAM-SHA-256$") and PASSWORD not in stored
+
+
+@pytest.mark.slow
+def test_a_collector_works_under_its_role_and_is_refused_the_rest(roles, store, db_url, tmp_path, model_cache):
+    cfg = write_config(tmp_path, config_data())
+    env = child_env(roles["collector"], tmp_path, model_cache)
+    out = subprocess.run(REFLEXDB + ["collect", "-c", str(cfg), "--max-groups", "2"], env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert rows(store, "SELECT count(*), min(collector) IS NOT NULL FROM groups") == [(2, True)]
+    assert PASSWORD not in out.stdout + out.stderr
+    refused = [
+        "DELETE FROM trajectories", "DELETE FROM groups", "DELETE FROM tasks", "UPDATE trajectories SET reward = 0",
+        "UPDATE groups SET kind = 'eval'", "UPDATE token_payloads SET logprobs = logprobs",
+        "UPDATE embeddings SET dim = dim", "SELECT config FROM runs", "SELECT * FROM learner_steps",
+        "SELECT * FROM consumption", "INSERT INTO policy_versions (run_id, version, checkpoint_uri) VALUES (1, 99, 'x')",
+        "UPDATE run_settings SET value = '1'", "SELECT * FROM learner_eligible", "TRUNCATE trajectories",
+    ]
+    assert _refused(roles["collector"], refused) == refused
+    # ... while what a collector does is allowed (rolled back here).
+    assert _refused(roles["collector"], ["SELECT id, name FROM runs", "SELECT * FROM policy_versions",
+                                         "UPDATE tasks SET claimed_by = NULL", "SELECT * FROM run_settings"]) == []
+
+
+@pytest.mark.slow
+def test_a_learner_steps_under_its_role(roles, store, tmp_path, monkeypatch, model_cache):
+    seed_groups(store, "learn-test", 4)
+    learner_store = Store.open(roles["learner"])
+    try:
+        lr, _ = _learner(learner_store, tmp_path, monkeypatch)
+        lr.setup()
+        lr.run(max_steps=2)
+    finally:
+        learner_store.close()
+    assert rows(store, "SELECT (SELECT max(step) FROM learner_steps), (SELECT max(version) FROM policy_versions)") == [(2, 2)]
+    refused = ["DELETE FROM trajectories", "DELETE FROM groups", "UPDATE trajectories SET reward = 0",
+               "UPDATE groups SET kind = 'eval'", "DROP TABLE consumption"]
+    assert _refused(roles["learner"], refused) == refused
+
+
+def test_a_reader_reads_everything_and_changes_nothing(roles, store, tmp_path):
+    run = store.create_run("r")
+    store.publish_policy(run, 0, "file:///v0")
+    tables = [t for (t,) in rows(store, "SELECT tablename FROM pg_tables WHERE schemaname = 'public'")]
+    assert _refused(roles["reader"], [f"SELECT count(*) FROM {t}" for t in tables]) == []
+    writes = ["INSERT INTO runs (name) VALUES ('x')", "UPDATE runs SET name = 'y'", "DELETE FROM policy_versions"]
+    assert _refused(roles["reader"], writes) == writes
+    env = child_env(roles["reader"], tmp_path, tmp_path)
+    out = subprocess.run(REFLEXDB + ["sql", "SELECT version FROM policy_versions"], env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.splitlines()[2].strip() == "0", out.stderr
+
+
+def test_db_user_refuses_an_unknown_role_and_roles_before_db_roles(db_url, tmp_path):
+    env = child_env(db_url, tmp_path, tmp_path)
+    out = subprocess.run(REFLEXDB + ["db", "user", "x", "--role", "admin", "--no-password"], env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1 and "unknown role 'admin': choose one of collector, learner, reader" in out.stderr
+
+
+def test_upgrade_regrants_when_the_roles_exist(roles, db_url):
+    """A migration that adds a table would leave it ungranted; `db upgrade` grants again."""
+    from reflexdb.db import make_engine
+
+    engine = make_engine(db_url)
+    with engine.begin() as conn:
+        conn.exec_driver_sql("REVOKE ALL ON policy_versions FROM reflexdb_collector")
+    assert _refused(roles["collector"], ["SELECT * FROM policy_versions"]) != []
+    admin.downgrade(db_url, "0004")
+    admin.upgrade(db_url)
+    assert _refused(roles["collector"], ["SELECT * FROM policy_versions"]) == []
+    engine.dispose()
+
+
+@pytest.mark.slow
+def test_no_password_in_logs_mlflow_params_or_stored_config(store, db_url, tmp_path, model_cache):
+    data = dict(config_data(), max_staleness=100)
+    data["database_url"] = _as(db_url, make_url(db_url).username or "postgres")  # a URL holding a password
+    cfg = write_config(tmp_path, data)
+    env = child_env(db_url, tmp_path, model_cache)
+    env.pop("REFLEXDB_DATABASE_URL")  # the config's URL is the one used
+    for args in (["collect", "--max-groups", "2"], ["learn", "--max-steps", "1"]):
+        out = subprocess.run(REFLEXDB + args + ["-c", str(cfg)], env=env, capture_output=True, text=True, timeout=600)
+        assert out.returncode == 0, out.stderr[-3000:]
+        assert PASSWORD not in out.stdout + out.stderr
+    [(config,)] = rows(store, "SELECT config::text FROM runs WHERE name = 'learn-test'")
+    assert PASSWORD not in config and ":***@" in config
+    import mlflow
+
+    client = mlflow.tracking.MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'home' / 'mlflow.db'}")
+    [exp] = [e for e in client.search_experiments() if e.name == "reflexdb/learn-test"]
+    [run] = client.search_runs([exp.experiment_id])
+    assert run.data.params["database_url"].count("***") == 1
+    assert not any(PASSWORD in str(v) for v in run.data.params.values())
