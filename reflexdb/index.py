@@ -306,7 +306,7 @@ class EmbeddingIndex:
                 self._sorted_ids = None
             added = self._add_from_table(cur, missing)
         if added or stale.size or (self._index is not None and not self.path.exists()):
-            self._persist()
+            self._save()
         if added or stale.size:
             log.info("run %d index: +%d -%d, %d vectors", self.run_id, added, stale.size, len(self))
         return added
@@ -317,7 +317,7 @@ class EmbeddingIndex:
         self._sorted_ids = None
         with _snapshot(self.store) as cur:
             self._add_from_table(cur, _run_embedding_ids(cur, self.run_id))
-        self._persist()
+        self._save()
 
     def _add_from_table(self, cur: psycopg.Cursor, ids: np.ndarray) -> int:
         """Fetch the vectors of ``ids`` in chunks and add them; return how many were added."""
@@ -373,12 +373,24 @@ class EmbeddingIndex:
             return None
         return index
 
+    def _save(self) -> None:
+        """:meth:`_persist`, where failing (disk full, read-only directory) is only a warning: the
+        files are a cache of the ``embeddings`` table, the index in memory is current, and the next
+        open catches up whatever the files miss."""
+        try:
+            self._persist()
+        except OSError as exc:
+            log.warning("could not save the FAISS index of run %d to %s (%s); searching goes on from memory "
+                        "and the next catch-up rebuilds what the files miss", self.run_id, self.directory, exc)
+
     def _persist(self) -> None:
         """Write the index, then the sidecar, each atomically (no index: remove stale files)."""
         if self._index is None:
             self.path.unlink(missing_ok=True)
             self.sidecar_path.unlink(missing_ok=True)
             return
+        if self.directory.is_relative_to(settings.home()):
+            settings.ensure_home()
         self.directory.mkdir(parents=True, exist_ok=True)
         _write_atomically(self.path, lambda tmp: faiss.write_index(self._index, tmp))
         meta = {

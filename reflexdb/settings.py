@@ -28,6 +28,20 @@ def home() -> Path:
     return Path(os.environ.get(ENV_HOME) or Path.home() / ".reflexdb").expanduser().resolve()
 
 
+def ensure_home() -> Path:
+    """``home()``, created private to this user (mode 0700) if it does not exist yet.
+
+    It holds the embedded database, checkpoints and MLflow's files. (Running as root, the embedded
+    server itself runs as the OS user ``embedded_postgres``, which must pass through it:
+    :mod:`reflexdb.embedded` then sets 0710, group root.)
+    """
+    h = home()
+    if not h.exists():
+        h.mkdir(parents=True, mode=0o700, exist_ok=True)
+        h.chmod(0o700)  # mkdir's mode is filtered by the umask
+    return h
+
+
 def config_file() -> Path:
     return home() / "config.toml"
 

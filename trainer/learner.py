@@ -37,11 +37,11 @@ from typing import Any, Callable
 import torch
 from sqlalchemy import text
 
-from reflexdb import Store
+from reflexdb import Store, drill
 from reflexdb.config import Config
 from reflexdb.errors import ReflexdbError
 from reflexdb.retry import DbRetry
-from reflexdb.settings import home
+from reflexdb.settings import ensure_home, home
 
 from .advantages import group_advantages
 from .batch import Batch, Selection, eligible_group_ids, pack, pack_sequences
@@ -195,6 +195,8 @@ class Learner:
                     "nexgrpo.replay_ratio": n.replay_ratio,
                 })
             self.db(lambda: self.store.set_settings(self.run_id, settings))
+            if self.ckpt_dir.is_relative_to(home()):
+                ensure_home()
             # Leftovers of publishes that were killed or failed (never referenced by a row).
             for path in clean_partial_files(self.ckpt_dir):
                 self.echo(f"removed {path}, left by a publish that did not finish")
@@ -317,6 +319,7 @@ class Learner:
         n = self.L.groups_per_step
         max_replay = replay_quota(n, self.cfg.nexgrpo.replay_ratio, n) if self.nexgrpo else None
         last_said = time.monotonic()
+        drill.phase("wait")
         while not self.stopping:
             chosen = self.db(lambda: eligible_group_ids(self.store, self.run_id, n, max_replay=max_replay,
                                                         min_version=self.version - self.cfg.max_staleness))
@@ -341,6 +344,7 @@ class Learner:
         """One learner step on the given groups (see the module docstring); ``snapshot``: what the
         query that chose them could see (recorded with the step)."""
         t0 = time.monotonic()
+        drill.phase("step")
         groups = self.db(lambda: self.store.read_groups(group_ids, turns=False))     # sample
         batch = pack(groups, self.engine.pad_id)
         t_batch = time.monotonic() - t0
@@ -359,6 +363,7 @@ class Learner:
         if skipped:
             self.echo(f"step {self.step_no}: non-finite loss, step skipped ({self.bad_in_row} in a row)")
         if self.main:
+            drill.phase("record")
             self.db(lambda: self.store.record_step(                                   # record
                 self.run_id, self.step_no, self.version, batch.trajectory_ids, loss=None if skipped else stats["loss"],
                 metrics={k: v for k, v in metrics.items() if math.isfinite(v)}, batch_snapshot=snapshot))
@@ -581,6 +586,7 @@ class Learner:
         states = self.ckpt_dir / "states"
         weights = self.ckpt_dir / f"v{version}"
         t0 = time.monotonic()
+        drill.phase("publish")
         try:
             self.engine.save_state(states, tag, {"step": self.step_no, "version": version})
             sha = self.engine.export_hf(weights)
@@ -602,6 +608,7 @@ class Learner:
             self._prune_policies(version)
         self.version = version
         self.published_step = self.step_no
+        drill.phase("published")
         self.tracker.log_metrics({"perf/publish_seconds": time.monotonic() - t0, "policy/version": version},
                                  self.step_no)
         self.echo(f"published policy v{version} at step {self.step_no} ({weights})")

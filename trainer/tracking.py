@@ -14,7 +14,7 @@ import os
 from typing import Any
 
 from reflexdb.config import Config
-from reflexdb.settings import home
+from reflexdb.settings import ensure_home, home
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +45,7 @@ class Tracker:
         import mlflow
 
         logging.getLogger("alembic").setLevel(logging.WARNING)  # MLflow migrates its sqlite store
-        home().mkdir(parents=True, exist_ok=True)
+        ensure_home()
         self.mlflow = mlflow
         mlflow.set_tracking_uri(tracking_uri(cfg))
         experiment = f"reflexdb/{cfg.run}"
