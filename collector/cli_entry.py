@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from reflexdb import Store
+from reflexdb import Store, drill
 from reflexdb.config import load_config, parse_overrides
 from reflexdb.retry import DbRetry
 
@@ -15,6 +15,7 @@ from reflexdb.retry import DbRetry
 def run_collector(config_path: Path, *, max_groups: int | None = None, max_seconds: float | None = None,
                   name: str | None = None, url: str | None = None, overrides: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    drill.phase("start")
     changes = parse_overrides(overrides)
     if name:
         changes["collector.name"] = name

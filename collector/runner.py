@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from reflexdb import GroupIn, Store, TrajectoryIn, TurnIn, replay, work
+from reflexdb import GroupIn, Store, TrajectoryIn, TurnIn, drill, replay, work
 from reflexdb.config import Config
 from reflexdb.errors import NotFound, ReplayRequestLost
 from reflexdb.retry import TRANSIENT, DbRetry
@@ -148,6 +148,7 @@ class Collector:
                 self._maybe_reload()
                 if not self._admitted():
                     continue
+                drill.phase("claim")
                 want = self.c.tasks_per_batch
                 if max_groups is not None:
                     want = min(want, max_groups - self.stats.groups)
@@ -196,6 +197,7 @@ class Collector:
             self._load(latest)
 
     def _load(self, policy) -> None:
+        drill.phase("reload")
         t0 = time.monotonic()
         self.engine.load_weights(checkpoint_path(policy.checkpoint_uri))
         self.version = policy.version
@@ -211,6 +213,7 @@ class Collector:
         ))
         if a.allowed:
             return True
+        drill.phase("admission")
         self.echo(f"waiting for policy v{a.consume_version - self.cfg.max_staleness}: group {a.next_group} would be "
                   f"{a.staleness} versions stale when consumed (max_staleness {self.cfg.max_staleness})")
         self._retry(lambda: self.store.wait_for_policy(self.run_id, self.version, timeout=self.c.progress_every_s,
@@ -231,6 +234,7 @@ class Collector:
         prompts = [prompt_messages(self.cfg.tasks.template, t.prompt) for t in claimed]
         seed = int(self._rng.integers(2**31))
         params = SamplingParams(**{**self.params.__dict__, "seed": seed})
+        drill.phase("generate")
         samples = self.engine.generate(prompts, n=self.c.group_size, params=params)
         return [self._group(task, prompt, batch) for task, prompt, batch in zip(claimed, prompts, samples)]
 
@@ -243,6 +247,7 @@ class Collector:
         if n > 0:
             seed = int(self._rng.integers(2**31))
             params = SamplingParams(**{**self.params.__dict__, "seed": seed})
+            drill.phase("generate")
             samples = self.engine.generate(prompts, n=n, params=params)
         groups = []
         for r, prompt, batch in zip(requests, prompts, samples):
@@ -288,10 +293,12 @@ class Collector:
     def _write(self, groups: list[GroupIn]) -> None:
         for g in groups:
             try:
-                self._retry(lambda g=g: self.store.write_group(g, complete_claim=self.name))
+                w = self._retry(lambda g=g: self.store.write_group(g, complete_claim=self.name))
             except ReplayRequestLost as exc:  # another collector fills it: drop ours
                 self.echo(str(exc))
                 continue
+            drill.journal(f"group {w.group_id} {len(w.trajectory_ids)}")
+            drill.phase("written")
             fresh = [t for t in g.trajectories if t.origin != "replayed"]
             self.stats.groups += 1
             self.stats.replay_groups += g.kind == "replay"

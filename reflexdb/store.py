@@ -32,7 +32,7 @@ from sqlalchemy import func, select, text
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import Engine
 
-from . import migrate, schema
+from . import drill, migrate, schema
 from .db import connect_raw, make_engine
 from .errors import InvalidGroup, NotFound, ReflexdbError, ReplayRequestLost
 from .records import (
@@ -271,6 +271,7 @@ class Store:
                         conn.execute("SET LOCAL synchronous_commit = off")
                     if prepared:
                         self._insert_group(cur, prepared[0])
+                drill.phase("write")  # inside the transaction: a kill here must leave nothing
                 # One INSERT per group for its ids; then one COPY per table for all the groups.
                 written, rows = [], _Rows()
                 for k, p in enumerate(prepared):

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import typer
 
-from reflexdb import Store
+from reflexdb import Store, drill
 from reflexdb.config import load_config, parse_overrides
 from reflexdb.retry import DbRetry
 
@@ -19,6 +19,7 @@ from reflexdb.retry import DbRetry
 def run_learner(config_path: Path, *, max_steps: int | None = None, max_seconds: float | None = None,
                 url: str | None = None, overrides: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    drill.phase("start")
     cfg = load_config(config_path, parse_overrides(overrides))  # validated before anything starts
     if cfg.learner.device == "cpu":
         os.environ.setdefault("DS_ACCELERATOR", "cpu")  # say so, instead of DeepSpeed's "unable to detect" warning
