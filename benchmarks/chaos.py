@@ -269,21 +269,23 @@ class Drill:
 
     # ------------------------------------------------------------------ actions
 
-    def act(self, action: str) -> None:
+    def act(self, action: str) -> bool:
+        """Take ``action``; False if its target never reached the phase (nothing was done)."""
         what, role, where = (action.split("-", 2) + [""])[:3]
         candidates = [p for p in self.procs if p.role == role]
         p = self.rng.choice(candidates)
         if not self.wait_alive(p):
-            return
+            return False
         if what == "stall":
             if self.at_phase(p, {"write"}) is None:
-                return
+                return False
             seconds = self.rng.uniform(2, 5)
             time.sleep(seconds)  # its transaction stays open; other collectors commit newer groups
             os.kill(p.popen.pid, signal.SIGCONT)
             self.stalls.append(seconds)
         elif where == "buildlock":
-            self._kill_at_build_lock(p)
+            if not self._kill_at_build_lock(p):
+                return False
         elif what == "term":
             phase = self.at_phase(p, {"generate", "write", "step", "wait", "claim", "record", "publish"}, timeout=30)
             self.signal(p, signal.SIGTERM, phase or self.phase(p))  # SIGTERM, then SIGCONT
@@ -296,8 +298,9 @@ class Drill:
             phase = self.at_phase(p, {where})
             self.signal(p, signal.SIGKILL, phase or self.phase(p))
         self.actions_done[action] += 1
+        return True
 
-    def _kill_at_build_lock(self, p: Proc) -> None:
+    def _kill_at_build_lock(self, p: Proc) -> bool:
         """Kill the learner while torch holds its extension build lock (start-up; under a second)."""
         lock = self.extensions / "deepspeed_shm_comm" / "lock"
         self.signal(p, signal.SIGKILL, self.phase(p))
@@ -311,9 +314,10 @@ class Drill:
                 os.kill(p.popen.pid, signal.SIGSTOP)
                 if lock.exists():
                     self.signal(p, signal.SIGKILL, "buildlock")
-                    return
+                    return True
                 os.kill(p.popen.pid, signal.SIGCONT)
             time.sleep(0.001)
+        return False
 
     def outage(self, seconds: float) -> None:
         from reflexdb import embedded
@@ -346,9 +350,10 @@ class Drill:
         n_out = self.args.outages if can_outage else 0
         outage_at = sorted(t0 + (i + 1) * (end - t0) / (n_out + 1) for i in range(n_out))
         queue = list(ACTIONS)
+        tries: Counter = Counter()
         self.say(f"drill: {self.args.collectors} collectors and a learner for {self.args.minutes:g} min "
                  f"(home {self.home})")
-        while time.monotonic() < end:
+        while time.monotonic() < end or queue or outage_at:  # every kind of action at least once
             self.reap()
             self.watch_stuck()
             if outage_at and time.monotonic() >= outage_at[0]:
@@ -359,9 +364,11 @@ class Drill:
                 continue
             action = queue.pop(0) if queue else self.rng.choice(ACTIONS)
             self.say(f"  {time.monotonic() - t0:6.0f}s {action}")
-            self.act(action)
+            if not self.act(action) and tries[action] < 3:  # its phase never came: try it again later
+                tries[action] += 1
+                queue.append(action)
             pause = time.monotonic() + self.rng.uniform(*self.args.gap)
-            while time.monotonic() < min(pause, end):
+            while time.monotonic() < min(pause, max(end, time.monotonic() + 1)):
                 self.reap()
                 self.watch_stuck()
                 time.sleep(0.1)
@@ -565,6 +572,7 @@ class Drill:
             "groups": groups, "trajectories": int(trajs), "groups_journaled": sum(self.journal_counts.values()),
             "committed_not_journaled": self.unjournaled, "learner_steps": self.steps, "policy_versions": self.versions,
             "untrained": self.untrained, "expired_claims_at_end": self.expired_claims,
+            "actions": dict(sorted(self.actions_done.items())),
             "violations": sum(len(x) for x in violations.values()),
             "checks": {k: len(x) for k, x in violations.items()},
         }

@@ -32,7 +32,7 @@ module imported) with timers that record wall and process CPU seconds per call:
     loss         the loss function                               backward   engine.backward
     micro step   engine.step at a non-boundary micro-batch       optimizer  engine.step at the boundary
     record       Store.record_step                               mlflow     Tracker.log_metrics
-    other        the rest of step() (advantages, metrics, the oldest_unconsumed query, Python)
+    other        the rest of step() (advantages, metrics, Python)
 
 ``perf/batch_seconds`` and ``perf/step_seconds`` are the learner's own metrics (step_seconds stops
 before record/mlflow). The loss wrapper also records max |log π_θ − π_old| over loss tokens (in
@@ -222,7 +222,6 @@ def instrument(learner, timers: Timers) -> None:
         return batch
 
     learner_mod.pack = timers.wrap(pack, "pack")
-    learner_mod.oldest_unconsumed = timers.wrap(learner_mod.oldest_unconsumed, "oldest_unconsumed")
 
     real_tlp = eng.token_logprobs
 
@@ -260,7 +259,7 @@ def instrument(learner, timers: Timers) -> None:
 
 
 PHASES = ("read_groups", "pack", "pi_old_fwd", "train_fwd", "loss", "backward", "micro_step", "optimizer",
-          "record", "oldest_unconsumed", "mlflow")
+          "record", "mlflow")
 
 
 # ---------------------------------------------------------------------------------------------- child
@@ -600,7 +599,7 @@ def markdown(results: dict) -> str:
         for st in c["steps"]:
             ph = st["phases"]
             cells = [_f(ph.get(p, {}).get("wall_s"), 3 if p in ("read_groups", "pack", "record", "mlflow",
-                                                                  "oldest_unconsumed", "micro_step", "loss") else 1)
+                                                                  "micro_step", "loss") else 1)
                      for p in PHASES]
             out.append(f"| {c['spec']['name']} | {st['kind']} | " + " | ".join(cells) +
                        f" | {st['other_s']:.3f} | {st['wall_s']:.1f} |")

@@ -425,3 +425,137 @@ def test_a_full_file_system_fails_the_publish_cleanly(store, tmp_path, monkeypat
         assert (lr2.step_no, lr2.version) == (1, 1)
     finally:
         subprocess.run(["umount", "-l", str(mnt)])
+
+
+# ------------------------------------------------------------------ 6. backup and restore of a live run
+
+
+@pytest.mark.slow
+def test_backup_of_a_live_run_restores_and_resumes_with_nothing_lost(store, db_url, pg_server_url, tmp_path,
+                                                                     model_cache):
+    """docs/operations.md, "Back up a live run": pg_dump while training goes on, a hard-link copy of
+    the checkpoints right after; restore into a new database; resume the learner and a collector."""
+    import shutil
+
+    from reflexdb import admin
+    from reflexdb.db import libpq_url
+
+    from .conftest import _drop_database, _new_database
+
+    cfg = write_config(tmp_path, dict(config_data(keep_states=2, keep_policies=3), max_staleness=1))
+    env = child_env(db_url, tmp_path, model_cache)
+    ckpt = tmp_path / "home" / "checkpoints" / "learn-test"
+    backup = tmp_path / "backup"
+    backup.mkdir()
+    bin_dir = Path(admin.bin_dir())
+    collector = subprocess.Popen(REFLEXDB + ["collect", "-c", str(cfg)], env=env, stdout=subprocess.DEVNULL,
+                                 stderr=subprocess.PIPE, text=True)
+    learner = subprocess.Popen(REFLEXDB + ["learn", "-c", str(cfg)], env=env, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_for_step(store, learner, 3)
+        # 1. the dump, while training goes on, then at once a hard-link copy of the checkpoints
+        dump = backup / "reflexdb.dump"
+        subprocess.run([str(bin_dir / "pg_dump"), "-Fc", "-f", str(dump), libpq_url(db_url)], check=True, timeout=120)
+        subprocess.run(["cp", "-al", str(ckpt), str(backup / "checkpoints")], check=True)
+        # Training goes on after the dump: newer steps and versions, and older states pruned.
+        _wait_for_step(store, learner, rows(store, "SELECT max(step) FROM learner_steps")[0][0] + 4)
+    finally:
+        for p in (learner, collector):
+            p.send_signal(signal.SIGTERM)
+        for p in (learner, collector):
+            try:
+                p.wait(120)
+            except subprocess.TimeoutExpired:
+                p.kill()
+    assert learner.returncode == 0 and collector.returncode == 0
+    # 2. the database is lost; restore the dump into a new one
+    name, new_url = _new_database(pg_server_url, None)
+    try:
+        subprocess.run([str(bin_dir / "pg_restore"), "--no-owner", "--no-privileges", "-d", libpq_url(new_url),
+                        str(dump)], check=True, timeout=120)
+        from reflexdb import Store
+
+        restored = Store.open(new_url)
+        try:
+            dumped_groups = rows(restored, "SELECT id, size, policy_version FROM groups ORDER BY id")
+            dumped_steps = rows(restored, "SELECT step, policy_version FROM learner_steps ORDER BY step")
+            [(version, step, states, tag)] = rows(restored, """
+                SELECT version, step, meta->>'learner_state', meta->>'state_tag' FROM policy_versions
+                ORDER BY version DESC LIMIT 1""")
+            # Up to the dump's snapshot nothing is lost: every group and step it holds is the original's.
+            live = set(rows(store, "SELECT id, size, policy_version FROM groups"))
+            assert dumped_groups and set(dumped_groups) <= live
+            assert set(dumped_steps) <= set(rows(store, "SELECT step, policy_version FROM learner_steps"))
+            # 3. the state the dump's newest version needs was pruned since: take it from the backup
+            if not (Path(states) / tag).exists():
+                shutil.copytree(backup / "checkpoints" / "states" / tag, Path(states) / tag)
+            # 4. resume both on the restored database
+            env_new = child_env(new_url, tmp_path, model_cache)
+            collector = subprocess.Popen(REFLEXDB + ["collect", "-c", str(cfg)], env=env_new,
+                                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            try:
+                out = subprocess.run(REFLEXDB + ["learn", "-c", str(cfg), "--max-steps", str(step + 2)], env=env_new,
+                                     capture_output=True, text=True, timeout=600)
+            finally:
+                collector.send_signal(signal.SIGTERM)
+                _, cerr = collector.communicate(timeout=120)
+            assert out.returncode == 0, out.stderr[-3000:]
+            assert collector.returncode == 0, cerr[-3000:]
+            assert f"resumed run 'learn-test' at step {step} (policy v{version})" in out.stderr
+            assert set(dumped_groups) <= set(rows(restored, "SELECT id, size, policy_version FROM groups"))
+            assert rows(restored, "SELECT (SELECT max(step) FROM learner_steps), (SELECT max(version) FROM policy_versions)") \
+                == [(step + 2, version + 2)]
+            assert_consistent(restored)
+            from reflexdb.trainer.engine import weights_sha256
+
+            for uri, sha in rows(restored, "SELECT checkpoint_uri, sha256 FROM policy_versions WHERE version > :v",
+                                 v=version):
+                assert weights_sha256(uri.removeprefix("file://")) == sha  # the new versions, not the lost timeline's
+        finally:
+            restored.close()
+    finally:
+        _drop_database(pg_server_url, name)
+
+
+def test_an_index_that_cannot_be_saved_keeps_working_and_warns(store, tmp_path, caplog):
+    """The FAISS files are a cache of the embeddings table: a full or read-only disk must not stop
+    the learner's search (nor, for that matter, anything else)."""
+    import logging
+
+    from reflexdb.index import EmbeddingIndex
+
+    from .test_index import write_groups as write_embedded_groups
+
+    run = store.create_run("faiss-full")
+    tasks = store.add_tasks(run, [TaskIn(f"q{i}", "1") for i in range(3)])
+    ids = write_embedded_groups(store, run, tasks, np.random.default_rng(0), 3)
+    blocked = tmp_path / "faiss"
+    blocked.write_text("a file where the index directory should be")  # nothing can be written under it
+    index = EmbeddingIndex.open(store, run, directory=blocked / "sub")
+    with caplog.at_level(logging.WARNING, logger="reflexdb.index"):
+        assert index.catch_up() == len(ids)
+    assert "could not save the FAISS index" in caplog.text
+    hits = index.search_trajectory(ids[0], k=2)  # searching works from memory
+    assert len(hits) == 2 and ids[0] not in [h.trajectory_id for h in hits]
+
+
+@pytest.mark.slow
+def test_a_collector_with_an_unwritable_faiss_directory_writes_its_groups(store, tmp_path, monkeypatch, model_cache):
+    """Collectors never write the FAISS cache; a home where it cannot be written changes nothing."""
+    from reflexdb.collector.engines import make_engine
+    from reflexdb.collector.models import resolve_model
+    from reflexdb.collector.runner import Collector
+    from reflexdb.config import parse_config
+
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "faiss").write_text("not a directory")
+    monkeypatch.setenv("REFLEXDB_HOME", str(home))
+    engine = make_engine("hf", model=resolve_model("tiny"), device="cpu")
+    cfg = parse_config({"run": "no-faiss", "model": "tiny",
+                        "collector": {"group_size": 3, "sampling": {"max_new_tokens": 4}}})
+    c = Collector(cfg, store, engine, echo=lambda msg: None)
+    c.setup()
+    assert c.run(max_groups=2).groups == 2
+    assert rows(store, "SELECT (SELECT count(*) FROM groups), (SELECT count(*) FROM embeddings)") == [(2, 6)]
