@@ -435,8 +435,6 @@ def test_backup_of_a_live_run_restores_and_resumes_with_nothing_lost(store, db_u
                                                                      model_cache):
     """docs/operations.md, "Back up a live run": pg_dump while training goes on, a hard-link copy of
     the checkpoints right after; restore into a new database; resume the learner and a collector."""
-    import shutil
-
     from reflexdb import admin
     from reflexdb.db import libpq_url
 
@@ -487,9 +485,10 @@ def test_backup_of_a_live_run_restores_and_resumes_with_nothing_lost(store, db_u
             live = set(rows(store, "SELECT id, size, policy_version FROM groups"))
             assert dumped_groups and set(dumped_groups) <= live
             assert set(dumped_steps) <= set(rows(store, "SELECT step, policy_version FROM learner_steps"))
-            # 3. the state the dump's newest version needs was pruned since: take it from the backup
-            if not (Path(states) / tag).exists():
-                shutil.copytree(backup / "checkpoints" / "states" / tag, Path(states) / tag)
+            # 3. the state and weights of the dump's newest version were pruned since: copy back
+            #    whatever the live directory lacks (published files are never rewritten: no clobbering)
+            assert not (Path(states) / tag).exists() and not (ckpt / f"v{version}").exists()
+            subprocess.run(["cp", "-an", f"{backup / 'checkpoints'}/.", str(ckpt)], check=True)
             # 4. resume both on the restored database
             env_new = child_env(new_url, tmp_path, model_cache)
             collector = subprocess.Popen(REFLEXDB + ["collect", "-c", str(cfg)], env=env_new,
