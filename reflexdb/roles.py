@@ -28,12 +28,23 @@ _BLOCKS = ("create_roles", "reset", "reader", "collector", "learner")
 
 
 def apply(engine: Engine) -> None:
-    """Create the roles if needed and (re)grant their privileges on this database, in one transaction."""
+    """Create the roles if needed and (re)grant their privileges on this database, in one transaction.
+
+    Raises:
+        ReflexdbError: this login may not create roles or grant on the tables (nothing changed).
+    """
+    import psycopg
+
     sql = load_queries("roles.sql")
-    with engine.begin() as conn:
-        raw = conn.connection.driver_connection
-        for block in _BLOCKS:
-            raw.execute(sql[block])
+    try:
+        with engine.begin() as conn:
+            raw = conn.connection.driver_connection
+            for block in _BLOCKS:
+                raw.execute(sql[block])
+    except psycopg.errors.InsufficientPrivilege as exc:
+        raise ReflexdbError(f"cannot create or grant the reflexdb roles: {exc.diag.message_primary}. Run "
+                            "`reflexdb db roles` as the database owner with CREATEROLE, or as a superuser; "
+                            "nothing was changed") from None
 
 
 def exist(engine: Engine) -> bool:
@@ -48,14 +59,25 @@ def create_user(engine: Engine, name: str, role: str, password: str | None) -> N
     """A login role ``name`` in ``reflexdb_<role>`` (created, or its password and membership set).
 
     Raises:
-        ReflexdbError: ``role`` is not collector, learner or reader, or the roles do not exist yet.
+        ReflexdbError: ``role`` is not collector, learner or reader, the roles do not exist yet, or
+            this login may not create roles.
     """
-    from psycopg import sql as psql
+    import psycopg
 
     if role not in ROLES:
         raise ReflexdbError(f"unknown role {role!r}: choose one of {', '.join(ROLES)}")
     if not exist(engine):
         raise ReflexdbError("the reflexdb roles do not exist on this server yet: run `reflexdb db roles` first")
+    try:
+        _create_user(engine, name, role, password)
+    except psycopg.errors.InsufficientPrivilege as exc:
+        raise ReflexdbError(f"cannot create login role {name!r}: {exc.diag.message_primary}. Run `reflexdb db user` "
+                            "as a role with CREATEROLE, or as a superuser; nothing was changed") from None
+
+
+def _create_user(engine: Engine, name: str, role: str, password: str | None) -> None:
+    from psycopg import sql as psql
+
     with engine.begin() as conn:
         raw = conn.connection.driver_connection
         hashed = None

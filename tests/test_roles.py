@@ -149,3 +149,12 @@ def test_no_password_in_logs_mlflow_params_or_stored_config(store, db_url, tmp_p
     [run] = client.search_runs([exp.experiment_id])
     assert run.data.params["database_url"].count("***") == 1
     assert not any(PASSWORD in str(v) for v in run.data.params.values())
+
+
+def test_roles_by_a_login_that_may_not_create_roles_is_a_clear_error(roles, tmp_path):
+    """A collector's login trying `reflexdb db roles` gets one line, not a psycopg traceback."""
+    env = child_env(roles["collector"], tmp_path, tmp_path)
+    for args in (["db", "roles"], ["db", "user", "someone", "--role", "reader", "--no-password"]):
+        out = subprocess.run(REFLEXDB + args, env=env, capture_output=True, text=True, timeout=120)
+        assert out.returncode == 1, out.stderr
+        assert "nothing was changed" in out.stderr and "Traceback" not in out.stderr
