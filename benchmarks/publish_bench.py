@@ -1,10 +1,11 @@
 """What a publish costs on SmolLM2, and how much of it is the flush that makes it durable.
 
-A publish writes the learner state (DeepSpeed: weights and AdamW moments, ~1.6 GB in fp32) and the
-HF weights (~0.5 GB), each under a temporary name, flushes every file (``fsync``) and renames it
-into place (docs/reliability.md). This script times ``save_state`` and ``export_hf`` as the
-learner calls them, with the flush (as shipped) and without it (``fsync_tree`` replaced by a
-no-op), alternating the two so both see the same machine::
+A publish writes the learner state (DeepSpeed: weights and AdamW moments, taken after one
+optimizer step so the moments exist) and the HF weights, each under a temporary name, flushes
+every file (``fsync``) and renames it into place (docs/reliability.md). This script times
+``save_state`` and ``export_hf`` as the learner calls them, with the flush
+(``learner.fsync_publish: true``, the default) and without it, alternating the two so both see
+the same machine::
 
     python benchmarks/publish_bench.py --reps 3 --json-out /tmp/publish.json
 
@@ -15,6 +16,7 @@ directory on the same disk as ``$REFLEXDB_HOME`` unless ``--dir`` says otherwise
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -36,19 +38,24 @@ def main(argv=None) -> int:
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
     from reflexdb.collector.models import resolve_model
     from reflexdb.settings import ensure_home
-    from reflexdb.trainer import engine as engine_mod
     from reflexdb.trainer.engine import EngineSettings, TrainingEngine
 
     model = resolve_model(args.model)
-    eng = TrainingEngine(model, EngineSettings(micro_batch_size=8))
+    eng = TrainingEngine(model, EngineSettings(micro_batch_size=1))
+    # One optimizer step, so the state holds AdamW's moments as a learner's does (they are created lazily).
+    import torch
+
+    ids = torch.randint(0, 1000, (1, 16))
+    logprobs, _ = eng.token_logprobs(ids, torch.ones_like(ids), torch.tensor([8]), torch.tensor([8]))
+    eng.backward(-logprobs.sum())
+    eng.step()
     root = Path(args.dir or tempfile.mkdtemp(prefix="publish-bench-", dir=ensure_home()))
-    real_fsync = engine_mod.fsync_tree
     times: dict[str, list[dict]] = {"fsync": [], "no fsync": []}
     load = [os.getloadavg()]
     try:
         for rep in range(args.reps):
             for variant in ("fsync", "no fsync"):
-                engine_mod.fsync_tree = real_fsync if variant == "fsync" else (lambda path: None)
+                eng.settings = dataclasses.replace(eng.settings, fsync=variant == "fsync")
                 out = root / f"{variant.replace(' ', '-')}-{rep}"
                 t0 = time.perf_counter()
                 eng.save_state(out / "states", "v1", {"step": 1, "version": 1})
@@ -63,7 +70,6 @@ def main(argv=None) -> int:
                 shutil.rmtree(out)
                 load.append(os.getloadavg())
     finally:
-        engine_mod.fsync_tree = real_fsync
         if not args.dir:
             shutil.rmtree(root, ignore_errors=True)
     summary = {v: {k: statistics.median(r[k] for r in rows) for k in ("state_s", "weights_s", "total_s")}

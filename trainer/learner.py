@@ -169,7 +169,7 @@ class Learner:
         settings = EngineSettings(
             device=self.L.device, zero_stage=self.L.zero_stage, micro_batch_size=micro,
             accumulation_steps=self.n_micro, lr=self.L.lr, weight_decay=self.L.weight_decay,
-            grad_clip=self.L.grad_clip, dtype=self.L.dtype,
+            grad_clip=self.L.grad_clip, dtype=self.L.dtype, fsync=self.L.fsync_publish,
         )
         latest = self.db(lambda: self.store.latest_policy(self.run_id))
         resume = latest is not None and latest.meta.get("learner_state")
