@@ -432,7 +432,7 @@ class Drill:
 
         run = self.store.run_id(self.args.run)
         c, L = self.cfg["collector"], self.cfg["learner"]
-        eta, B, G = self.cfg["max_staleness"], L["groups_per_step"], c["group_size"]
+        eta, B = self.cfg["max_staleness"], L["groups_per_step"]
         v: dict[str, list[str]] = {}
 
         v["no partial group"] = [

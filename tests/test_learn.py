@@ -47,23 +47,26 @@ def write_config(tmp_path, data) -> Path:
 
 
 
+def tiny_group(rng, run: int, task: int, *, version: int = 0, G: int = 4, kind: str = "fresh",
+               embedding: bool = False) -> GroupIn:
+    """A group the tiny model can train on: mixed rewards (so GRPO has signal), token ids inside its vocab."""
+    trajs = []
+    for j in range(G):
+        T = int(rng.integers(4, 10))
+        trajs.append(TrajectoryIn(
+            prompt_ids=rng.integers(0, 1000, 6), response_ids=rng.integers(0, 1000, T),
+            logprobs=-rng.random(T).astype(np.float32) * 5, reward=float(j % 2), correct=bool(j % 2),
+            turns=[TurnIn("user", "q"), TurnIn("assistant", "a", 0, T)],
+            embedding=rng.standard_normal(64).astype(np.float32) if embedding else None))
+    return GroupIn(run_id=run, task_id=task, policy_version=version, trajectories=trajs, kind=kind)
+
+
 def seed_groups(store, run_name: str, n_groups: int, G: int = 4, seed: int = 0) -> list[int]:
-    """Groups with mixed rewards (so GRPO has signal) and token ids inside the tiny model's vocab."""
+    """``n_groups`` groups of version 0, one task each (with embeddings)."""
     rng = np.random.default_rng(seed)
     run = store.create_run(run_name)
     tasks = store.add_tasks(run, [TaskIn(f"What is {i} + 1?", str(i + 1)) for i in range(n_groups)])
-    ids = []
-    for task in tasks:
-        trajs = []
-        for j in range(G):
-            T = int(rng.integers(4, 10))
-            trajs.append(TrajectoryIn(
-                prompt_ids=rng.integers(0, 1000, 6), response_ids=rng.integers(0, 1000, T),
-                logprobs=-rng.random(T).astype(np.float32) * 5, reward=float(j % 2), correct=bool(j % 2),
-                turns=[TurnIn("user", "q"), TurnIn("assistant", "a", 0, T)],
-                embedding=rng.standard_normal(64).astype(np.float32)))
-        ids.append(store.write_group(GroupIn(run_id=run, task_id=task, policy_version=0, trajectories=trajs)).group_id)
-    return ids
+    return [store.write_group(tiny_group(rng, run, task, G=G, embedding=True)).group_id for task in tasks]
 
 
 def test_collect_and_learn_as_two_processes(store, db_url, tmp_path, model_cache):

@@ -20,24 +20,12 @@ import numpy as np
 import psycopg
 import pytest
 
-from reflexdb import GroupIn, TaskIn, TrajectoryIn, TurnIn
+from reflexdb import TaskIn
 from reflexdb.db import connect_raw
 from reflexdb.trainer.batch import eligible_group_ids
 
 from .processes import REFLEXDB, child_env, rows
-from .test_learn import _learner, config_data, write_config
-
-
-def tiny_group(rng, run: int, task: int, *, version: int = 0, G: int = 4, kind: str = "fresh") -> GroupIn:
-    """A group the tiny model can train on (token ids inside its vocabulary, mixed rewards)."""
-    trajs = []
-    for j in range(G):
-        T = int(rng.integers(4, 10))
-        trajs.append(TrajectoryIn(
-            prompt_ids=rng.integers(0, 1000, 6), response_ids=rng.integers(0, 1000, T),
-            logprobs=-rng.random(T).astype(np.float32) * 5, reward=float(j % 2), correct=bool(j % 2),
-            turns=[TurnIn("user", "q"), TurnIn("assistant", "a", 0, T)]))
-    return GroupIn(run_id=run, task_id=task, policy_version=version, trajectories=trajs, kind=kind)
+from .test_learn import _learner, config_data, seed_groups, tiny_group, write_config
 
 
 def consumed_groups(store, run: int) -> dict[int, list[int]]:
@@ -198,8 +186,6 @@ def test_a_rerun_that_trains_nothing_publishes_nothing(store, db_url, tmp_path, 
     """Stopped at an odd step with publish_every 2, then `learn --max-steps N` again: it published
     v+1 with the same weights and rewrote the published state in place (a kill during that rewrite
     left it at 0 bytes, and every later resume printed only `Aborted.`)."""
-    from .test_learn import seed_groups
-
     seed_groups(store, "learn-test", 8)
     data = config_data(publish_every=2)
     data["max_staleness"] = 100
@@ -225,8 +211,6 @@ def test_a_rerun_that_trains_nothing_publishes_nothing(store, db_url, tmp_path, 
 
 @pytest.mark.slow
 def test_a_damaged_state_stops_resume_with_a_message_not_aborted(store, db_url, tmp_path, model_cache):
-    from .test_learn import seed_groups
-
     seed_groups(store, "learn-test", 4)
     cfg = write_config(tmp_path, dict(config_data(), max_staleness=100))
     env = child_env(db_url, tmp_path, model_cache)
@@ -292,16 +276,20 @@ def _wait_for_step(store, proc, n: int, timeout: float = 300) -> None:
         time.sleep(0.1)
 
 
-@pytest.mark.slow
-def test_the_learner_rides_out_a_database_outage(store, db_url, pg_server_url, tmp_path, model_cache):
-    """A short outage used to kill the learner with a multi-line traceback."""
-    from .test_learn import seed_groups
-
+def _learner_on_seeded_groups(store, db_url, tmp_path, model_cache, **learner):
+    """24 seeded groups and a `reflexdb learn --max-steps 10` process on them; return (config, env, process)."""
     seed_groups(store, "learn-test", 24)
-    cfg = write_config(tmp_path, dict(config_data(db_retry_s=120), max_staleness=100))
+    cfg = write_config(tmp_path, dict(config_data(**learner), max_staleness=100))
     env = child_env(db_url, tmp_path, model_cache)
     proc = subprocess.Popen(REFLEXDB + ["learn", "-c", str(cfg), "--max-steps", "10"], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return cfg, env, proc
+
+
+@pytest.mark.slow
+def test_the_learner_rides_out_a_database_outage(store, db_url, pg_server_url, tmp_path, model_cache):
+    """A short outage used to kill the learner with a multi-line traceback."""
+    _, _, proc = _learner_on_seeded_groups(store, db_url, tmp_path, model_cache, db_retry_s=120)
     try:
         _wait_for_step(store, proc, 3)
         store.engine.dispose()
@@ -321,13 +309,7 @@ def test_the_learner_rides_out_a_database_outage(store, db_url, pg_server_url, t
 @pytest.mark.slow
 def test_a_learner_stops_cleanly_when_the_outage_outlasts_its_limit_and_resumes(store, db_url, pg_server_url,
                                                                               tmp_path, model_cache):
-    from .test_learn import seed_groups
-
-    seed_groups(store, "learn-test", 24)
-    cfg = write_config(tmp_path, dict(config_data(db_retry_s=2, publish_every=2), max_staleness=100))
-    env = child_env(db_url, tmp_path, model_cache)
-    proc = subprocess.Popen(REFLEXDB + ["learn", "-c", str(cfg), "--max-steps", "10"], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    cfg, env, proc = _learner_on_seeded_groups(store, db_url, tmp_path, model_cache, db_retry_s=2, publish_every=2)
     try:
         _wait_for_step(store, proc, 3)
         store.engine.dispose()
@@ -364,8 +346,6 @@ def test_a_publish_that_cannot_write_leaves_no_version_and_resume_starts_from_th
 
     from reflexdb.trainer.learner import PublishFailed
 
-    from .test_learn import seed_groups
-
     seed_groups(store, "learn-test", 6)
     lr, _ = _learner(store, tmp_path, monkeypatch)
     lr.setup()
@@ -400,8 +380,6 @@ def test_a_publish_that_cannot_write_leaves_no_version_and_resume_starts_from_th
 def test_a_full_file_system_fails_the_publish_cleanly(store, tmp_path, monkeypatch, model_cache):
     """The same on a real size-limited file system (a tmpfs; skipped where mounting is not allowed)."""
     from reflexdb.trainer.learner import PublishFailed
-
-    from .test_learn import seed_groups
 
     mnt = tmp_path / "small"
     mnt.mkdir()

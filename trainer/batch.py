@@ -15,7 +15,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from sqlalchemy import text
 
 from reflexdb import Group, Store
 from reflexdb.sqlfile import load_queries

@@ -242,6 +242,7 @@ class Learner:
             self.store, self.run_id, EmbeddingIndex.open(self.store, self.run_id), conf_low=n.conf_low,
             conf_high=n.conf_high, refresh=n.refresh, refresh_candidates=n.refresh_candidates,
             group_size=self.cfg.collector.group_size, rng=np.random.default_rng([self.cfg.seed, self.step_no]))
+
         def crossed() -> bool:
             with self.store.engine.connect() as conn:
                 return bool(conn.execute(text(
@@ -334,8 +335,9 @@ class Learner:
                 last_said = time.monotonic()
             timeout = self.L.poll_interval_s if deadline is None else max(0.0, min(self.L.poll_interval_s,
                                                                                   deadline - time.monotonic()))
-            # Woken by any new group's NOTIFY (or the poll): ids commit out of order, so the next
-            # choice looks at every group again, not only at ids above the newest seen.
+            # Returns when enough groups with newer ids exist (NOTIFY), else after poll_interval_s;
+            # either way the next choice looks at the whole staleness window again, so a group
+            # committed late under an older id is taken at the next poll at the latest.
             self.db(lambda: self.store.wait_for_groups(self.run_id, max(ids, default=0), min_count=n - len(ids),
                                                        timeout=timeout, poll_interval=self.L.poll_interval_s))
         return None
