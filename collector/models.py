@@ -81,11 +81,9 @@ def build_once(final: Path, build: Callable[[Path], None], *, meta: dict | None 
     """
     if (final / _MARKER).exists():
         return final
-    from reflexdb.settings import ensure_home, home
+    from reflexdb.settings import make_dirs
 
-    if final.is_relative_to(home()):
-        ensure_home()
-    final.parent.mkdir(parents=True, exist_ok=True)
+    make_dirs(final.parent)
     with _lock(final.parent / f".{final.name}.lock"):
         if (final / _MARKER).exists():
             return final

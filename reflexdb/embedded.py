@@ -21,7 +21,7 @@ from pathlib import Path
 import psycopg
 
 from .errors import DatabaseUnavailable
-from .settings import ensure_home, home
+from .settings import home, make_dirs
 
 DATABASE = "reflexdb"
 _servers: dict[Path, object] = {}
@@ -68,10 +68,7 @@ def server_uri(pgdata: Path) -> str:
     pgdata = Path(pgdata).expanduser().resolve()
     ep = _import()
     try:
-        if pgdata.parent == home():
-            ensure_home()
-        else:
-            pgdata.parent.mkdir(parents=True, exist_ok=True)
+        make_dirs(pgdata.parent)
         server = _servers.get(pgdata)
         if server is None:
             with ep.PostgresServer._lock:

@@ -389,9 +389,7 @@ class EmbeddingIndex:
             self.path.unlink(missing_ok=True)
             self.sidecar_path.unlink(missing_ok=True)
             return
-        if self.directory.is_relative_to(settings.home()):
-            settings.ensure_home()
-        self.directory.mkdir(parents=True, exist_ok=True)
+        settings.make_dirs(self.directory)
         _write_atomically(self.path, lambda tmp: faiss.write_index(self._index, tmp))
         meta = {
             "format": FORMAT_VERSION,

@@ -42,6 +42,15 @@ def ensure_home() -> Path:
     return h
 
 
+def make_dirs(path: Path) -> Path:
+    """Create ``path`` and its parents; ``REFLEXDB_HOME``, if it is one of them, private first."""
+    path = Path(path)
+    if path.is_relative_to(home()):
+        ensure_home()
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
 def config_file() -> Path:
     return home() / "config.toml"
 

@@ -41,7 +41,7 @@ from reflexdb import Store, drill
 from reflexdb.config import Config
 from reflexdb.errors import ReflexdbError
 from reflexdb.retry import DbRetry
-from reflexdb.settings import ensure_home, home
+from reflexdb.settings import home, make_dirs
 
 from .advantages import group_advantages
 from .batch import Batch, Selection, eligible_group_ids, pack, pack_sequences
@@ -195,8 +195,7 @@ class Learner:
                     "nexgrpo.replay_ratio": n.replay_ratio,
                 })
             self.db(lambda: self.store.set_settings(self.run_id, settings))
-            if self.ckpt_dir.is_relative_to(home()):
-                ensure_home()
+            make_dirs(self.ckpt_dir)
             # Leftovers of publishes that were killed or failed (never referenced by a row).
             for path in clean_partial_files(self.ckpt_dir):
                 self.echo(f"removed {path}, left by a publish that did not finish")
