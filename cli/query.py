@@ -6,6 +6,8 @@ import typer
 
 from reflexdb import admin
 
+from . import screen
+
 URL_OPTION = typer.Option(None, "--url", envvar="REFLEXDB_DATABASE_URL", help="PostgreSQL URL (default: embedded).")
 
 
@@ -17,7 +19,7 @@ def sql(
 ) -> None:
     """Run SQL and print the result as a table (read-only unless --write)."""
     result = admin.run_sql(url, query, write=write)
-    typer.echo(admin.format_table(result.columns, result.rows, max_width=max_width))
+    typer.echo(screen.format_table(result.columns, result.rows, max_width=max_width))
     if result.status:
         typer.echo(result.status)
 
@@ -27,4 +29,4 @@ def psql(
     args: list[str] = typer.Argument(None, help="Extra arguments passed to psql (after --)."),
 ) -> None:
     """Open psql on the configured database (the embedded one included)."""
-    raise typer.Exit(admin.psql(url, args or []))
+    raise typer.Exit(screen.psql(url, args or []))

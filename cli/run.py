@@ -17,8 +17,9 @@ def run(
 ) -> None:
     """Evaluate, train (`reflexdb collect` + `reflexdb learn` processes), evaluate again, and say where to look."""
     from reflexdb.config import load_config, parse_overrides
-    from reflexdb.launch import run as launch
-    from reflexdb.launch import summary
+
+    from .launch import run as launch
+    from .launch import summary
 
     name = load_config(config, parse_overrides(overrides)).run
     result = launch(config, max_steps=max_steps, max_seconds=max_seconds, collectors=collectors, overrides=overrides,

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import typer
 
-from reflexdb import Store, admin
+from reflexdb import Store
 from reflexdb.db import database_url
 from reflexdb.index import SIMILAR_COLUMNS, similar_trajectories
 from reflexdb.settings import resolve_target
 
+from . import screen
 from .query import URL_OPTION
 
 
@@ -28,4 +29,4 @@ def similar(
     typer.echo(f"nearest to trajectory {result.trajectory_id} among {result.indexed} embeddings of run "
                f"{result.run_id}, by cosine similarity")
     rows = [tuple(getattr(n, c) for c in SIMILAR_COLUMNS) for n in result.neighbors]
-    typer.echo(admin.format_table(list(SIMILAR_COLUMNS), rows, max_width=max_width))
+    typer.echo(screen.format_table(list(SIMILAR_COLUMNS), rows, max_width=max_width))

@@ -388,3 +388,6 @@ VIEWS = (
     "task_latest_group", "nexgrpo_positive_pool", "nexgrpo_negative_pool", "nexgrpo_retired_tasks",
     "nexgrpo_replay_candidates", "untrained_groups",
 )
+
+#: SQL functions created by migrations from ``reflexdb/sql/functions/<name>.sql`` (the views call them).
+FUNCTIONS = ("run_setting",)

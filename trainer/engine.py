@@ -31,7 +31,8 @@ from pathlib import Path
 from typing import Callable
 
 import torch
-import torch.nn.functional as F
+
+from reflexdb.logprobs import response_logprobs
 
 log = logging.getLogger(__name__)
 
@@ -184,6 +185,8 @@ class TrainingEngine:
                        grad: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Log-probs (and entropies) of the response tokens of a right-padded micro-batch.
 
+        The model's forward pass, then :func:`reflexdb.logprobs.response_logprobs`.
+
         Args:
             input_ids: `[B, L]` prompt ⊕ response, right-padded.
             attention_mask: `[B, L]`.
@@ -196,23 +199,8 @@ class TrainingEngine:
         with ctx:
             module = self.ds if grad else self.ds.module
             logits = module(input_ids=input_ids.to(self.device), attention_mask=attention_mask.to(self.device)).logits
-            B = input_ids.shape[0]
-            T = int(response_lengths.max())
-            # Position P_i + t - 1 predicts response token t of row i.
-            offs = torch.arange(T, device=self.device)
-            pos = (prompt_lengths.to(self.device)[:, None] - 1 + offs[None, :]).clamp(max=logits.shape[1] - 1)  # [B, T]
-            picked = logits.gather(1, pos[:, :, None].expand(B, T, logits.shape[-1])).float()  # [B, T, V]
-            if temperature != 1.0 and temperature > 0:
-                picked = picked / temperature
-            logp_all = F.log_softmax(picked, dim=-1)  # [B, T, V]
-            targets = input_ids.to(self.device).gather(1, (pos + 1).clamp(max=input_ids.shape[1] - 1))  # [B, T]
-            logprobs = logp_all.gather(-1, targets[:, :, None]).squeeze(-1)  # [B, T]
-            valid = offs[None, :] < response_lengths.to(self.device)[:, None]
-            logprobs = logprobs * valid
-            entropy = None
-            if with_entropy:
-                with torch.no_grad():
-                    entropy = -(logp_all.exp() * logp_all).sum(-1) * valid  # [B, T]
+            logprobs, entropy = response_logprobs(logits, input_ids, prompt_lengths, response_lengths,
+                                                  temperature=temperature, with_entropy=with_entropy)
         return logprobs, entropy
 
     def backward(self, loss: torch.Tensor) -> None:

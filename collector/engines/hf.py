@@ -19,6 +19,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from reflexdb.logprobs import token_logprobs
+
 from ..errors import CheckpointMismatch, ModelUnavailable
 from ..models import model_display_name, resolve_model
 from .base import Prompt, Sample, SamplingParams, ScoreResult, checkpoint_path, encode_prompt
@@ -342,10 +344,9 @@ class HFEngine:
             output_hidden_states=True,
             logits_to_keep=T + 1,  # columns P-1 .. P+T-1; the last one predicts nothing we need
         )
-        logits = out.logits[:, :T].float()  # [b, T, V], column P-1+t predicts token t
-        logp = torch.log_softmax(logits / temperature, dim=-1)
-        targets = input_ids[:, P : P + T]  # [b, T]
-        token_lp = logp.gather(-1, targets[..., None]).squeeze(-1).cpu().numpy()  # [b, T]
+        # out.logits[:, t] (column P-1+t) predicts response token t (column P+t).
+        token_lp, _ = token_logprobs(out.logits[:, :T], input_ids[:, P : P + T], temperature=temperature)
+        token_lp = token_lp.cpu().numpy()  # [b, T]
         hidden = out.hidden_states[-1][:, P - 1 : P - 1 + T].float().cpu().numpy()  # [b, T, D]
         for i, (_, r) in enumerate(pairs):
             t = len(r)

@@ -16,7 +16,7 @@ VIEWS = ("learner_eligible",)
 
 
 def upgrade() -> None:
-    create_views(VIEWS)
+    create_views(VIEWS, version="0003")  # 0006 changed learner_eligible: this revision's copy
 
 
 def downgrade() -> None:

@@ -69,7 +69,11 @@ def upgrade() -> None:
     )
     op.create_index(op.f("ix_replay_requests_run_id_status_id"), "replay_requests", ["run_id", "status", "id"])
     op.create_index(op.f("ix_replay_requests_group_id"), "replay_requests", ["group_id"])
-    create_views(VIEWS)
+    # 0006 changed nexgrpo_negative_pool and nexgrpo_replay_candidates: this revision's copies.
+    create_views(("task_latest_group", "nexgrpo_positive_pool"))
+    create_views(("nexgrpo_negative_pool",), version="0004")
+    create_views(("nexgrpo_retired_tasks",))
+    create_views(("nexgrpo_replay_candidates",), version="0004")
 
 
 def downgrade() -> None:

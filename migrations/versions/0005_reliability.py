@@ -38,7 +38,7 @@ def upgrade() -> None:
     op.create_unique_constraint(op.f("uq_groups_write_key"), "groups", ["write_key"])
     op.create_index(op.f("ix_groups_run_id_policy_version"), "groups", ["run_id", "policy_version"])
     op.add_column("learner_steps", sa.Column("batch_snapshot", sa.Text(), nullable=True))
-    create_views(VIEWS)
+    create_views(VIEWS, version="0005")  # 0006 changed untrained_groups: this revision's copy
 
 
 def downgrade() -> None:

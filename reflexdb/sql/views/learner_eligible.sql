@@ -11,15 +11,14 @@
 -- Columns: run_id, group_id, task_id, kind, policy_version, learner_version, staleness
 -- (learner_version - policy_version), times_consumed, eligible, reason ('ok', 'stale',
 -- 'consumed', 'eval'), created_at.
--- Settings read: learner.max_staleness (default 1), learner.max_reuse (default 1), from run_settings.
+-- Settings read: learner.max_staleness (default 1), learner.max_reuse (default 1), from run_settings
+-- (through the function run_setting).
 -- Example: SELECT reason, count(*) FROM learner_eligible WHERE run_id = 1 GROUP BY reason;
 CREATE OR REPLACE VIEW learner_eligible AS
 WITH s AS (
     SELECT r.id AS run_id,
-           coalesce((SELECT (value #>> '{}')::int FROM run_settings
-                      WHERE run_id = r.id AND key = 'learner.max_staleness'), 1) AS max_staleness,
-           coalesce((SELECT (value #>> '{}')::int FROM run_settings
-                      WHERE run_id = r.id AND key = 'learner.max_reuse'), 1) AS max_reuse,
+           run_setting(r.id, 'learner.max_staleness', '1')::int AS max_staleness,
+           run_setting(r.id, 'learner.max_reuse', '1')::int AS max_reuse,
            coalesce((SELECT max(version) FROM policy_versions WHERE run_id = r.id), 0) AS learner_version
     FROM runs r
 )

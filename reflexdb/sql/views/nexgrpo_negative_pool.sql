@@ -10,16 +10,15 @@
 -- a trajectory whose reward failed (correct IS NULL) is in neither pool.
 -- Columns: run_id, task_id, trajectory_id, group_id, group_kind, policy_version, reward,
 -- confidence, conf_low, conf_high, has_embedding, created_at.
--- Settings read: nexgrpo.conf_low (default 0.2), nexgrpo.conf_high (default 0.9), from run_settings.
+-- Settings read: nexgrpo.conf_low (default 0.2), nexgrpo.conf_high (default 0.9), from run_settings
+-- (through the function run_setting).
 -- Example: SELECT task_id, count(*), avg(confidence) FROM nexgrpo_negative_pool
 --          WHERE run_id = 1 GROUP BY 1 ORDER BY 2 DESC;
 CREATE OR REPLACE VIEW nexgrpo_negative_pool AS
 WITH gate AS (
     SELECT r.id AS run_id,
-           coalesce((SELECT (value #>> '{}')::float8 FROM run_settings
-                      WHERE run_id = r.id AND key = 'nexgrpo.conf_low'), 0.2) AS conf_low,
-           coalesce((SELECT (value #>> '{}')::float8 FROM run_settings
-                      WHERE run_id = r.id AND key = 'nexgrpo.conf_high'), 0.9) AS conf_high
+           run_setting(r.id, 'nexgrpo.conf_low', '0.2')::float8 AS conf_low,
+           run_setting(r.id, 'nexgrpo.conf_high', '0.9')::float8 AS conf_high
     FROM runs r
 )
 SELECT

@@ -12,14 +12,13 @@
 -- to weight. retired marks tasks in nexgrpo_retired_tasks (k = n); their weight is tiny anyway.
 -- Columns: run_id, task_id, split, n_positive, n_negative, latest_group_id, k, n, weight, retired.
 -- Settings read: nexgrpo.difficulty_sd (sigma, default 1.0), and through nexgrpo_negative_pool
--- nexgrpo.conf_low and nexgrpo.conf_high, from run_settings.
+-- nexgrpo.conf_low and nexgrpo.conf_high, from run_settings (through the function run_setting).
 -- Example: SELECT k, n, count(*), sum(weight) FROM nexgrpo_replay_candidates
 --          WHERE run_id = 1 GROUP BY 1, 2 ORDER BY 1;
 CREATE OR REPLACE VIEW nexgrpo_replay_candidates AS
 WITH s AS (
     SELECT r.id AS run_id,
-           coalesce((SELECT (value #>> '{}')::float8 FROM run_settings
-                      WHERE run_id = r.id AND key = 'nexgrpo.difficulty_sd'), 1.0) AS sd
+           run_setting(r.id, 'nexgrpo.difficulty_sd', '1.0')::float8 AS sd
     FROM runs r
 )
 SELECT

@@ -21,14 +21,14 @@
 --   unknown      written, or its window's steps chosen, before migration 0005 (nothing recorded).
 -- Columns: run_id, group_id, task_id, kind, policy_version, learner_version, staleness, reason,
 -- steps_that_could_take, created_at.
--- Settings read: learner.max_staleness (default 1), from run_settings (and via learner_eligible).
+-- Settings read: learner.max_staleness (default 1), from run_settings (through the function
+-- run_setting; and via learner_eligible).
 -- Example: SELECT reason, count(*) FROM untrained_groups WHERE run_id = 1 GROUP BY reason;
 CREATE OR REPLACE VIEW untrained_groups AS
 WITH u AS (
     SELECT e.run_id, e.group_id, e.task_id, e.kind, e.policy_version, e.learner_version, e.staleness,
            e.eligible, e.created_at, g.xact_id,
-           coalesce((SELECT (value #>> '{}')::int FROM run_settings
-                      WHERE run_id = e.run_id AND key = 'learner.max_staleness'), 1) AS max_staleness
+           run_setting(e.run_id, 'learner.max_staleness', '1')::int AS max_staleness
     FROM learner_eligible e
     JOIN groups g ON g.id = e.group_id
     WHERE e.kind <> 'eval' AND e.times_consumed = 0

@@ -37,11 +37,11 @@ from typing import Callable
 
 from sqlalchemy import text
 
-from . import admin
-from .config import load_config, parse_overrides
-from .db import database_url
-from .settings import resolve_target
-from .store import Store
+from reflexdb import admin
+from reflexdb.config import load_config, parse_overrides
+from reflexdb.db import database_url
+from reflexdb.settings import resolve_target
+from reflexdb.store import Store
 
 CLI = [sys.executable, "-m", "reflexdb.cli.main"]
 

@@ -1,0 +1,65 @@
+"""What the command line shows and starts: result tables (``reflexdb sql``, ``similar``) and ``psql``.
+
+The database work behind those commands is in :mod:`reflexdb.admin`; this module only formats
+and hands the terminal over.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import shutil
+import subprocess
+from decimal import Decimal
+
+import numpy as np
+from sqlalchemy.engine import make_url
+
+from reflexdb import admin, embedded
+
+
+def _cell(value, max_width: int) -> str:
+    if value is None:
+        s = ""
+    elif isinstance(value, float):
+        s = f"{value:.6g}"
+    elif isinstance(value, (dt.datetime, dt.date, Decimal)):
+        s = str(value)
+    elif isinstance(value, np.ndarray):
+        s = "{" + ",".join(str(x) for x in value[:50].tolist()) + (",…" if value.shape[0] > 50 else "") + "}"
+    else:
+        s = str(value)
+    s = s.replace("\n", "↵")
+    if max_width and len(s) > max_width:
+        s = s[: max_width - 1] + "…"
+    return s
+
+
+def format_table(columns: list[str], rows: list[tuple], *, max_width: int = 60) -> str:
+    """psql-style aligned table with a row count footer."""
+    if not columns:
+        return ""
+    cells = [[_cell(v, max_width) for v in row] for row in rows]
+    widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)]
+    numeric = [all(isinstance(row[i], (int, float, Decimal)) or row[i] is None for row in rows) and rows
+               for i in range(len(columns))]
+    lines = [" | ".join(c.center(w) for c, w in zip(columns, widths)).rstrip()]
+    lines.append("-+-".join("-" * w for w in widths))
+    for r in cells:
+        lines.append(" | ".join(
+            (v.rjust(w) if numeric[i] else v.ljust(w)) for i, (v, w) in enumerate(zip(r, widths))
+        ).rstrip())
+    lines.append(f"({len(rows)} row{'s' if len(rows) != 1 else ''})")
+    return "\n".join(lines)
+
+
+def psql(url: str | None, args: list[str]) -> int:
+    """Run psql (from PATH, else the embedded server's) on the database; return its exit code."""
+    full = admin.libpq_url_for(url)  # a clear error if unreachable
+    exe = shutil.which("psql") or str(embedded.psql_path())
+    parsed = make_url(full)
+    env = dict(os.environ)
+    if parsed.password:  # not on psql's command line, where `ps` shows it to every user
+        env["PGPASSWORD"] = parsed.password
+        full = parsed.set(password=None).render_as_string(hide_password=False)
+    return subprocess.call([exe, full, *args], env=env)

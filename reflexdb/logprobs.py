@@ -1,0 +1,79 @@
+"""Teacher-forced token log-probs from logits, ``log_softmax(logits / temperature)[o_t]``, written once.
+
+Used by the training engine (the policy's and the reference model's log-probs) and by the
+collector's ``hf`` engine (``Engine.score``). It imports torch, so nothing on the store's path
+imports it: only the engines and the trainer do.
+
+Temperature: the logits are divided by the sampling temperature before the softmax, so a token's
+log-prob is the one of the distribution the collector sampled from (top-p truncation is not
+applied; see ``collector/engines/base.py``). ``temperature <= 0`` (greedy sampling) and ``1``
+leave the logits as they are: greedy decoding has no tempered distribution, so it is scored
+under the model's own.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, *, temperature: float = 1.0,
+                   with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``log softmax(logits / temperature)`` at each target token, and optionally each entropy.
+
+    Args:
+        logits: `[B, T, V]`, ``logits[b, t]`` the prediction of ``targets[b, t]``; computed in
+            float32 whatever their dtype.
+        targets: `[B, T]` token ids.
+        temperature: the sampling temperature (see the module docstring).
+        with_entropy: also return the entropy of each position's distribution (no gradient).
+
+    Returns:
+        logprobs `[B, T]` float32, and entropies `[B, T]` float32 or None.
+    """
+    logits = logits.float()
+    if temperature != 1.0 and temperature > 0:
+        logits = logits / temperature
+    logp_all = F.log_softmax(logits, dim=-1)  # [B, T, V]
+    logprobs = logp_all.gather(-1, targets[:, :, None]).squeeze(-1)  # [B, T]
+    entropy = None
+    if with_entropy:
+        with torch.no_grad():
+            entropy = -(logp_all.exp() * logp_all).sum(-1)  # [B, T]
+    return logprobs, entropy
+
+
+def response_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, prompt_lengths: torch.Tensor,
+                      response_lengths: torch.Tensor, *, temperature: float = 1.0,
+                      with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs (and entropies) of the response tokens of a right-padded batch, from its logits.
+
+    Row ``i`` of ``input_ids`` is prompt ⊕ response ⊕ padding; position ``P_i + t - 1`` of the
+    logits predicts response token ``t`` (at position ``P_i + t``). Only the ``T`` positions that
+    predict response tokens go through the softmax.
+
+    Args:
+        logits: `[B, L, V]` the model's output on ``input_ids`` (any float dtype, any device).
+        input_ids: `[B, L]` prompt ⊕ response, right-padded.
+        prompt_lengths: `[B]` ``P_i``.
+        response_lengths: `[B]` ``T_i``; ``T = max_i T_i``.
+        temperature: the sampling temperature (see the module docstring).
+        with_entropy: also return each position's entropy (no gradient).
+
+    Returns:
+        logprobs `[B, T]` float32, 0 past each response's end, and entropies `[B, T]` (0 there
+        too) or None. Both on ``logits.device``.
+    """
+    device = logits.device
+    B, T = input_ids.shape[0], int(response_lengths.max())
+    offs = torch.arange(T, device=device)
+    pos = (prompt_lengths.to(device)[:, None] - 1 + offs[None, :]).clamp(max=logits.shape[1] - 1)  # [B, T]
+    picked = logits.gather(1, pos[:, :, None].expand(B, T, logits.shape[-1]))  # [B, T, V]
+    input_ids = input_ids.to(device)
+    targets = input_ids.gather(1, (pos + 1).clamp(max=input_ids.shape[1] - 1))  # [B, T]
+    logprobs, entropy = token_logprobs(picked, targets, temperature=temperature, with_entropy=with_entropy)
+    valid = offs[None, :] < response_lengths.to(device)[:, None]  # [B, T]
+    logprobs = logprobs * valid
+    if entropy is not None:
+        entropy = entropy * valid
+    return logprobs, entropy
