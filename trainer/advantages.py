@@ -1,6 +1,6 @@
 """Group-relative advantages and advantage transforms (METHODS.md §0, §1, §4).
 
-Group normalisation (GRPO, DeepSeekMath Sec. 4.1.2; METHODS.md §0)::
+Group normalisation (GRPO outcome supervision, DeepSeekMath Sec. 4.1.2; METHODS.md §0)::
 
     A_i = (r_i − mean(r)) / (std(r) + 1e-6)       scale="group"
     A_i =  r_i − mean(r)                          scale="none"  (Dr.GRPO)
@@ -11,6 +11,17 @@ which OpenR1, the GRPO-λ authors' code base, uses — and verl's ``compute_grpo
 (``torch.std``), both with torch's default ``correction=1``. With G = 8 the two conventions differ
 by a factor sqrt(8/7) ≈ 1.069 in |A|. A group of one has no spread and no baseline: its advantage
 is 0 here (verl instead uses mean 0, std 1, i.e. A = r; TRL's std would be NaN).
+
+Exactness. The statistics are computed in float64, and a group whose rewards are all equal gets
+advantage **exactly** 0: its centred values are set to 0 where the group's max equals its min.
+Without that, float32 turns eight rewards of 0.7 into A = 0.056 each (0.106 at G = 16): the
+rounding error of ``r − mean`` (~1e-8) divided by ``std + 1e-6`` (~1e-6). Float64 alone still
+leaves ~1e-10.
+
+Missing rewards. A row whose reward is NULL (the reward function raised) is *invalid*: it is left
+out of its group's mean, std and count, and its advantage is exactly 0. Pass ``valid [B]`` or put
+NaN in its reward (both are understood). ``G`` in the formulas is the number of valid rows; a group
+with fewer than two valid rows gets 0.
 
 Transforms ``(rewards [B], advantages [B], group_index [B]) -> advantages [B]`` run after the
 normalisation, in order (``apply_advantage_transforms``). ``group_index`` holds dense group numbers
@@ -76,31 +87,55 @@ def group_advantages(
     *,
     scale: AdvantageScale = "group",
     eps: float = 1e-6,
+    valid: Tensor | None = None,
 ) -> Tensor:
     """Group-relative advantages for many groups at once (no Python loop over groups).
 
     Args:
-        rewards: ``[N_groups, G]`` (one group per row), or ``[B]`` with ``group_ids``.
+        rewards: ``[N_groups, G]`` (one group per row), or ``[B]`` with ``group_ids``. NaN marks a
+            missing reward (as ``valid`` False does).
         group_ids: ``[B]`` group labels for flat rewards (any order, groups of any size).
         scale: ``group`` divides by ``std + eps`` (GRPO); ``none`` only centres (Dr.GRPO).
         eps: added to the std (1e-6).
+        valid: bool, same shape as ``rewards``; False where the reward is NULL. Invalid rows are
+            left out of their group's statistics and get 0. ``None``: every non-NaN reward is valid.
 
     Returns:
-        Advantages with the shape of ``rewards`` (float). Groups of one get 0.
+        Advantages with the shape of ``rewards``, in its dtype when floating (float32 otherwise),
+        computed in float64. Exactly 0 for invalid rows, for groups with fewer than two valid rows
+        and for groups whose valid rewards are all equal.
     """
-    shape = rewards.shape
-    r, index, n = _flatten(rewards if rewards.is_floating_point() else rewards.float(), group_ids)
-    counts = _group_sum(torch.ones_like(r), index, n)  # [n]
-    mean = _group_sum(r, index, n) / counts  # [n]
-    centred = r - mean[index]  # [B]  r_i − mean(r)
-    if scale == "none":
-        adv = centred
-    elif scale == "group":
-        var = _group_sum(centred**2, index, n) / (counts - 1).clamp(min=1)  # [n]  sample variance (G − 1)
-        adv = centred / (var.sqrt()[index] + eps)  # [B]  (r_i − mean) / (std + 1e-6)
-    else:
+    if scale not in ("group", "none"):
         raise ValueError(f"scale must be 'group' or 'none', got {scale!r}")
-    return adv.reshape(shape)  # a group of one: centred = 0 and var = 0/1, so A = 0
+    shape = rewards.shape
+    out_dtype = rewards.dtype if rewards.is_floating_point() else torch.float32
+    r, index, n = _flatten(rewards.to(torch.float64), group_ids)  # [B] float64
+    ok = ~torch.isnan(r)  # [B]  a NaN reward is a missing one
+    if valid is not None:
+        if valid.numel() != r.numel():
+            raise ValueError(f"{r.numel()} rewards but {valid.numel()} valid flags")
+        ok &= valid.reshape(-1).to(device=r.device, dtype=torch.bool)
+    zero = torch.zeros((), dtype=r.dtype, device=r.device)
+    r = torch.where(ok, r, zero)  # [B]  invalid rows add nothing to the sums below
+    counts = _group_sum(ok.to(r.dtype), index, n)  # [n]  G: valid rows per group
+    mean = _group_sum(r, index, n) / counts.clamp(min=1)  # [n]  mean(r) over valid rows
+    r_max = _group_extreme(torch.where(ok, r, -torch.inf), index, n, "amax")  # [n]
+    r_min = _group_extreme(torch.where(ok, r, torch.inf), index, n, "amin")  # [n]
+    flat = (r_max == r_min)[index]  # [B]  all valid rewards equal (a group of one included)
+    centred = torch.where(ok & ~flat, r - mean[index], zero)  # [B]  r_i − mean(r); exactly 0 when flat
+    if scale == "none":
+        adv = centred  # [B]  Dr.GRPO: r_i − mean(r), no std
+    else:
+        var = _group_sum(centred**2, index, n) / (counts - 1).clamp(min=1)  # [n]  sample variance (G − 1)
+        adv = centred / (var.sqrt()[index] + eps)  # [B]  DeepSeekMath Sec. 4.1.2: (r_i − mean) / (std + 1e-6)
+    return adv.to(out_dtype).reshape(shape)
+
+
+def _group_extreme(values: Tensor, index: Tensor, n: int, reduce: str) -> Tensor:
+    """Per-group max (``amax``) or min (``amin``) of ``values [B]``; ±inf for a group with no rows."""
+    fill = -torch.inf if reduce == "amax" else torch.inf
+    out = torch.full((n,), fill, dtype=values.dtype, device=values.device)
+    return out.scatter_reduce(0, index, values, reduce=reduce, include_self=True)  # [n]
 
 
 def register_advantage_transform(name: str) -> Callable[[Callable[..., Tensor]], Callable[..., Tensor]]:
@@ -129,21 +164,29 @@ def apply_advantage_transforms(
     advantages: Tensor,
     group_ids: Tensor | Sequence[Hashable] | None,
     transforms: Sequence[AdvantageTransform],
+    *,
+    valid: Tensor | None = None,
 ) -> Tensor:
     """Run ``transforms`` in order on advantages of the same layout as ``group_advantages``.
 
     Args:
-        rewards: ``[N_groups, G]`` or ``[B]`` (with ``group_ids``).
+        rewards: ``[N_groups, G]`` or ``[B]`` (with ``group_ids``); NaN marks a missing reward.
         advantages: same shape as ``rewards``.
         group_ids: as in ``group_advantages``.
         transforms: callables ``(rewards [B], advantages [B], group_index [B]) -> advantages [B]``.
+        valid: as in ``group_advantages``. Invalid rows reach the transforms with a NaN reward
+            (group statistics skip it) and leave with advantage exactly 0.
     """
     shape = advantages.shape
-    r, index, _ = _flatten(rewards, group_ids)
+    r, index, _ = _flatten(rewards if rewards.is_floating_point() else rewards.float(), group_ids)
+    ok = ~torch.isnan(r)  # [B]
+    if valid is not None:
+        ok &= valid.reshape(-1).to(device=r.device, dtype=torch.bool)
+    r = torch.where(ok, r, torch.full((), torch.nan, dtype=r.dtype, device=r.device))
     adv = advantages.reshape(-1)
     for transform in transforms:
         adv = transform(r, adv, index)
-    return adv.reshape(shape)
+    return torch.where(ok, adv, torch.zeros((), dtype=adv.dtype, device=adv.device)).reshape(shape)
 
 
 @register_advantage_transform("positive_amplification")
@@ -163,7 +206,7 @@ def positive_amplification(
         Â = A                      otherwise
 
     Args:
-        rewards, advantages, group_index: ``[B]``.
+        rewards, advantages, group_index: ``[B]``; a NaN reward (missing) is left out of ``r_max``.
         alpha: α (3.0 in the paper).
         max_reward_advantage: ``"alpha"`` (the paper's Eq. 11: Â = α) or a number (the authors'
             code: 1.0). METHODS.md §1 makes this a config; the paper's main text is the default.
@@ -171,9 +214,9 @@ def positive_amplification(
             authors' code, so an all-failed group's best is not promoted); ``None``: always.
     """
     n = int(group_index.max().item()) + 1 if group_index.numel() else 0
-    r_max = torch.full((n,), -torch.inf, dtype=rewards.dtype, device=rewards.device)
-    r_max = r_max.scatter_reduce(0, group_index, rewards, reduce="amax")  # [n]
-    at_max = rewards == r_max[group_index]  # [B]
+    known = torch.where(torch.isnan(rewards), -torch.inf, rewards)  # [B]  a missing reward is never the max
+    r_max = _group_extreme(known, group_index, n, "amax")  # [n]
+    at_max = rewards == r_max[group_index]  # [B]  (NaN == x is False)
     if min_max_reward is not None:
         at_max &= rewards >= min_max_reward
     top = alpha if max_reward_advantage == "alpha" else float(max_reward_advantage)

@@ -164,6 +164,44 @@ def policy_ratio_stats(log_ratio: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]
         return approx_kl, mask.sum()
 
 
+class ClipStats(NamedTuple):
+    """Detached statistics of a clipped ratio (the fields ``PolicyLossOutput`` shares with
+    ``GRPOLambdaOutput``; see ``PolicyLossOutput`` for their meaning)."""
+
+    clip_frac: Tensor
+    approx_kl: Tensor
+    ratio_mean: Tensor
+    ratio_max: Tensor
+    num_tokens: Tensor
+
+
+def clip_stats(ratio: Tensor, clipped: Tensor, counted: Tensor, log_ratio: Tensor, mask: Tensor) -> ClipStats:
+    """Clip fraction and ratio mean/max over the ``counted`` entries of the ratio that enters the
+    clip, and k3 ``approx_kl`` / ``num_tokens`` over the valid tokens.
+
+    Args:
+        ratio: the clipped ratio, ``[B, T]`` per token (GRPO, GRPO-λ) or ``[B]`` per sequence (GSPO).
+        clipped: bool like ``ratio``: where the clipped branch is active (``clipped_surrogate``).
+        counted: bool like ``ratio``: the entries that count (valid tokens; non-empty sequences).
+        log_ratio: per-token ``log π_θ − log π_old`` ``[B, T]``, 0 off the mask.
+        mask: valid tokens ``[B, T]``.
+
+    Returns:
+        ``ClipStats``; ratio mean and max are 1 when nothing counts.
+    """
+    with torch.no_grad():
+        n = counted.sum().clamp(min=1)
+        kept = ratio.detach()[counted]
+        approx_kl, num_tokens = policy_ratio_stats(log_ratio.detach(), mask)
+        return ClipStats(
+            clip_frac=(clipped & counted).sum() / n,
+            approx_kl=approx_kl,
+            ratio_mean=kept.mean() if kept.numel() else ratio.new_ones(()),
+            ratio_max=kept.max() if kept.numel() else ratio.new_ones(()),
+            num_tokens=num_tokens,
+        )
+
+
 def broadcast_advantages(advantages: Tensor, like: Tensor) -> Tensor:
     """Advantages ``[B]`` (per sequence) or ``[B, T]`` (per token) as a tensor broadcastable to ``like``."""
     if advantages.dim() == 1:

@@ -11,8 +11,10 @@ batch assembly and reward shaping, not part of the loss. CLEANER uses this loss 
 
 from __future__ import annotations
 
+from pydantic import Field
 from torch import Tensor
 
+from . import params as P
 from .common import AggMode, PolicyLossOutput, as_bool_mask
 from .grpo import grpo_loss
 
@@ -66,3 +68,15 @@ def dapo_loss(
         agg=agg,  # Sec. 3.3 token-level loss
         max_len=max_len,
     )
+
+
+class DAPOParams(P.LossParams):
+    """``dapo_loss``'s parameters, plus the switch of its overlong filter."""
+
+    clip_eps_low: float = P.clip_eps_low(0.2)
+    clip_eps_high: float = P.clip_eps_high(0.28)
+    beta: float = P.beta(0.0)
+    agg: P.AggName = P.agg("token-mean")
+    max_len: int | None = P.max_len()
+    overlong_filter: bool = Field(True, description="DAPO Sec. 3.4 overlong filtering: truncated responses "
+                                                    "(finish_reason 'length') carry no loss.")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
+from . import params as P
 from .common import PolicyLossOutput
 from .grpo import grpo_loss
 
@@ -49,3 +50,14 @@ def dr_grpo_loss(
         agg="seq-mean-token-sum-norm",  # Dr. GRPO: constant L_max instead of 1/|o_i|
         max_len=max_len,
     )
+
+
+class DrGRPOParams(P.LossParams):
+    """``dr_grpo_loss``'s parameters. No ``agg``: Dr.GRPO's aggregation is always
+    ``seq-mean-token-sum-norm``; ``max_len`` (L_max) is required by the time the loss is called
+    (``LossSpec.parse`` fills it from ``collector.sampling.max_new_tokens``)."""
+
+    clip_eps_low: float = P.clip_eps_low(0.2)
+    clip_eps_high: float = P.clip_eps_high(0.2)
+    beta: float = P.beta(0.0)
+    max_len: int | None = P.max_len()

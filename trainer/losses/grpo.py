@@ -13,16 +13,17 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from . import params as P
 from .common import (
     AggMode,
     PolicyLossOutput,
     aggregate,
     as_bool_mask,
     broadcast_advantages,
+    clip_stats,
     clipped_surrogate,
     kl_term,
     masked_log_ratio,
-    policy_ratio_stats,
 )
 
 
@@ -64,30 +65,15 @@ def grpo_loss(
     policy_loss = aggregate(token_loss, mask, agg, max_len=max_len)
     kl = kl_term(logprobs, ref_logprobs, mask, beta, agg, max_len)
     loss = policy_loss + beta * kl  # Eq. 3: − β D_KL inside J
-    return _clip_output(loss, policy_loss, kl, ratio, clipped, log_ratio, mask)
+    stats = clip_stats(ratio, clipped, mask, log_ratio, mask)  # per token, over valid tokens
+    return PolicyLossOutput(loss=loss, policy_loss=policy_loss.detach(), kl=kl.detach(), **stats._asdict())
 
 
-def _clip_output(
-    loss: Tensor,
-    policy_loss: Tensor,
-    kl: Tensor,
-    ratio: Tensor,
-    clipped: Tensor,
-    log_ratio: Tensor,
-    mask: Tensor,
-) -> PolicyLossOutput:
-    """Detached statistics of a token-level clipped loss."""
-    with torch.no_grad():
-        n = mask.sum().clamp(min=1)
-        valid_ratio = ratio.detach()[mask]
-        approx_kl, num_tokens = policy_ratio_stats(log_ratio.detach(), mask)
-        return PolicyLossOutput(
-            loss=loss,
-            policy_loss=policy_loss.detach(),
-            kl=kl.detach(),
-            clip_frac=(clipped & mask).sum() / n,
-            approx_kl=approx_kl,
-            ratio_mean=valid_ratio.mean() if valid_ratio.numel() else ratio.new_ones(()),
-            ratio_max=valid_ratio.max() if valid_ratio.numel() else ratio.new_ones(()),
-            num_tokens=num_tokens,
-        )
+class GRPOParams(P.LossParams):
+    """``grpo_loss``'s parameters (``learner.loss_params`` with ``loss: grpo``)."""
+
+    clip_eps_low: float = P.clip_eps_low(0.2)
+    clip_eps_high: float = P.clip_eps_high(0.2)
+    beta: float = P.beta(0.0)
+    agg: P.AggName = P.agg("seq-mean-token-mean")
+    max_len: int | None = P.max_len()

@@ -32,18 +32,20 @@ from typing import Literal, NamedTuple
 
 import torch
 import torch.nn.functional as F
+from pydantic import Field
 from torch import Tensor
 
+from . import params as P
 from .common import (
     AggMode,
     aggregate,
     as_bool_mask,
     broadcast_advantages,
+    clip_stats,
     clipped_surrogate,
     kl_term,
     masked_log_ratio,
     masked_mean,
-    policy_ratio_stats,
 )
 
 TraceStyle = Literal["recent", "both"]
@@ -347,19 +349,33 @@ def grpo_lambda_loss(
     policy_loss = aggregate(token_loss, mask, agg, max_len=max_len)
     kl = kl_term(logprobs, ref_logprobs, mask, beta, agg, max_len)
     loss = policy_loss + beta * kl  # Alg. 1: ℓ + β · ℓ_KL
-    with torch.no_grad():
-        n = mask.sum().clamp(min=1)
-        valid_ratio = ratio.detach()[mask]
-        approx_kl, num_tokens = policy_ratio_stats(log_ratio.detach(), mask)
-        return GRPOLambdaOutput(
-            loss=loss,
-            policy_loss=policy_loss.detach(),
-            kl=kl.detach(),
-            clip_frac=(clipped & mask).sum() / n,
-            approx_kl=approx_kl,
-            ratio_mean=valid_ratio.mean() if valid_ratio.numel() else ratio.new_ones(()),
-            ratio_max=valid_ratio.max() if valid_ratio.numel() else ratio.new_ones(()),
-            num_tokens=num_tokens,
-            trace_mean=masked_mean(trace_stat.detach(), mask),
-            adv_clamped_frac=(adv_raw < adv).float().mean(),
-        )
+    stats = clip_stats(ratio, clipped, mask, log_ratio, mask)  # per token, over valid tokens
+    return GRPOLambdaOutput(
+        loss=loss,
+        policy_loss=policy_loss.detach(),
+        kl=kl.detach(),
+        **stats._asdict(),
+        trace_mean=masked_mean(trace_stat.detach(), mask),
+        adv_clamped_frac=(adv_raw < adv).float().mean(),
+    )
+
+
+class GRPOLambdaParams(P.LossParams):
+    """``grpo_lambda_loss``'s parameters (GRPO-lambda.md App. B defaults)."""
+
+    lam: float = Field(0.99, ge=0.0, le=1.0, description="GRPO-λ: λ of the eligibility trace.")
+    gamma: float = Field(1.0, ge=0.0, le=1.0, description="GRPO-λ: discount γ.")
+    trace_style: TraceStyle = Field("recent", description="GRPO-λ: trace weights (App. A.3): recent (classic "
+                                                          "trace) or both (Eq. 2).")
+    trace_floor: float = Field(0.0, ge=0.0, le=1.0, description="GRPO-λ: trace floor ε (0 disables it).")
+    update_style: UpdateStyle = Field("trace", description="GRPO-λ: ε-trace (ratio of traced log-ratios) or "
+                                                           "ε-weight (traces weight the surrogate).")
+    weight_grad: bool = Field(False, description="GRPO-λ ε-weight only: let the gradient flow through the "
+                                                 "trace weights too (the other reading of App. A.3).")
+    min_advantage: float | None = Field(-0.1, le=0.0, description="GRPO-λ: negative-advantage clamp "
+                                                                  "max(A, min_advantage); null disables it.")
+    beta: float = P.beta(0.04)
+    clip_eps_low: float = P.clip_eps_low(0.2)
+    clip_eps_high: float = P.clip_eps_high(0.2)
+    agg: P.AggName = P.agg("seq-mean-token-mean")
+    max_len: int | None = P.max_len()

@@ -13,13 +13,14 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from . import params as P
 from .common import (
     PolicyLossOutput,
     as_bool_mask,
+    clip_stats,
     clipped_surrogate,
     kl_term,
     masked_log_ratio,
-    policy_ratio_stats,
 )
 
 
@@ -61,16 +62,14 @@ def gspo_loss(
     policy_loss = torch.where(nonempty, seq_loss, torch.zeros((), dtype=seq_loss.dtype)).sum() / n_seq  # 1/G Σ_i
     kl = kl_term(logprobs, ref_logprobs, mask, beta, "seq-mean-token-mean", None)
     loss = policy_loss + beta * kl
-    with torch.no_grad():
-        approx_kl, num_tokens = policy_ratio_stats(log_ratio.detach(), mask)
-        valid = seq_ratio.detach()[nonempty]
-        return PolicyLossOutput(
-            loss=loss,
-            policy_loss=policy_loss.detach(),
-            kl=kl.detach(),
-            clip_frac=(clipped & nonempty).sum() / n_seq,
-            approx_kl=approx_kl,
-            ratio_mean=valid.mean() if valid.numel() else seq_ratio.new_ones(()),
-            ratio_max=valid.max() if valid.numel() else seq_ratio.new_ones(()),
-            num_tokens=num_tokens,
-        )
+    stats = clip_stats(seq_ratio, clipped, nonempty, log_ratio, mask)  # per sequence: s_i over non-empty rows
+    return PolicyLossOutput(loss=loss, policy_loss=policy_loss.detach(), kl=kl.detach(), **stats._asdict())
+
+
+class GSPOParams(P.LossParams):
+    """``gspo_loss``'s parameters. No ``agg``: one term per non-empty sequence, averaged over them
+    (the KL term too)."""
+
+    clip_eps_low: float = P.clip_eps_low(3e-4)
+    clip_eps_high: float = P.clip_eps_high(4e-4)
+    beta: float = P.beta(0.0)

@@ -14,6 +14,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from . import params as P
 from .common import (
     AggMode,
     aggregate,
@@ -81,3 +82,11 @@ def opmd_loss(
         approx_kl=approx_kl,
         num_tokens=num_tokens,
     )
+
+
+class OPMDParams(P.LossParams):
+    """``opmd_loss``'s parameters (no ratio, so no clip)."""
+
+    beta: float = P.beta(0.0)
+    agg: P.AggName = P.agg("seq-mean-token-mean")
+    max_len: int | None = P.max_len()

@@ -12,6 +12,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from . import params as P
 from .common import AggMode, aggregate, as_bool_mask
 
 
@@ -53,3 +54,10 @@ def sft_loss(
     lp = torch.where(mask, logprobs, torch.zeros((), dtype=logprobs.dtype))  # [B, T]
     loss = aggregate(-lp, mask, agg, max_len=max_len)  # mean of −log π_θ
     return SFTLossOutput(loss=loss, nll=loss.detach(), num_tokens=mask.sum())
+
+
+class SFTParams(P.LossParams):
+    """``sft_loss``'s parameters (no reference model, no KL)."""
+
+    agg: P.AggName = P.agg("token-mean")
+    max_len: int | None = P.max_len()
