@@ -5,12 +5,10 @@ Reads top to bottom as the loop it is::
     setup: run, tasks, collector row, newest policy weights
     loop:  reload weights if a newer policy exists
            admission control (staleness bound eta) -> wait for a policy if too far ahead
-           NexGRPO replay requests first: claim (SKIP LOCKED) -> G - 2 fresh samples each ->
-             replay group [y+, b*, fresh...], the request completed in the same transaction
-           else claim tasks (SKIP LOCKED; soft retirement for nexgrpo) -> G samples each ->
-             rewards -> groups
+           ask the run's workflows for work in priority order (the method's list,
+             collector/workflows/): the first that claims something turns it into groups
            write each group in one transaction (retried while the database is away),
-           releasing the task's claim in the same transaction
+           completing its claim in the same transaction
     stop:  SIGINT/SIGTERM once -> finish the in-flight group, then exit 0;
            twice -> abandon it (claims released, nothing written), exit 0
 
@@ -28,9 +26,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from reflexdb import GroupIn, Store, TrajectoryIn, TurnIn, drill, replay, work
+from reflexdb import GroupIn, Store, TrajectoryIn, TurnIn, drill, work
 from reflexdb.config import Config
-from reflexdb.errors import NotFound, ReplayRequestLost
+from reflexdb.errors import ReplayRequestLost
 from reflexdb.retry import TRANSIENT, DbRetry
 
 from .engines import Engine, Sample, SamplingParams, make_engine
@@ -39,6 +37,7 @@ from .models import model_display_name, resolve_model
 from .rewards import RewardResult, get_reward
 from .sources import build_tasks, prompt_messages
 from .tasks.templates import get_template
+from .workflows import Workflow, make_workflow
 
 log = logging.getLogger("reflexdb.collect")
 
@@ -92,12 +91,12 @@ class Collector:
         self.version = 0
         self.stopping = False
         self.stats = Stats()
-        self._rng = np.random.default_rng([cfg.seed, os.getpid()])
-        # NexGRPO soft retirement: a retired task is drawn with probability ε when its turn comes.
-        self.retire_prob = cfg.nexgrpo.retire_prob if cfg.algorithm == "nexgrpo" else None
-        self.retirement = work.RetirementDraws()
+        self.rng = np.random.default_rng([cfg.seed, os.getpid()])
+        self.embedding_model = model_display_name(self.model_location)
         # Every database call of the loop rides out an outage of up to db_retry_s.
-        self._retry = DbRetry(self.c.db_retry_s, lambda msg: self.echo(msg), who=f"collector {self.name}")
+        self.db = DbRetry(self.c.db_retry_s, lambda msg: self.echo(msg), who=f"collector {self.name}")
+        # The method's workflows, in priority order (collector/workflows/).
+        self.workflows: list[Workflow] = [make_workflow(w.name, self, **w.options) for w in cfg.method.workflows(cfg)]
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -152,24 +151,17 @@ class Collector:
                 want = self.c.tasks_per_batch
                 if max_groups is not None:
                     want = min(want, max_groups - self.stats.groups)
-                requests = self._retry(lambda: replay.claim_requests(
-                    self.store, self.run_id, self.name, want, claim_ttl_s=self.c.claim_ttl_s))
-                if requests:  # NexGRPO replay groups come before fresh tasks
-                    self._write(self._collect_replay(requests))
-                    continue
-                claimed = self._retry(lambda: work.claim_tasks(
-                    self.store, self.run_id, self.name, want, max_collections=self.c.max_collections or 2**31 - 1,
-                    claim_ttl_s=self.c.claim_ttl_s, retire_prob=self.retire_prob, rng=self._rng,
-                    draws=self.retirement,
-                ))
-                if not claimed:
-                    if self.c.max_collections is not None and self._retry(self._all_collected):
+                for workflow in self.workflows:  # priority order: the first with work wins
+                    claimed = workflow.claim(want)
+                    if claimed:
+                        self._write(workflow.collect(claimed))
+                        break
+                else:
+                    finite = [w for w in self.workflows if hasattr(w, "exhausted")]
+                    if finite and all(w.exhausted() for w in finite):
                         self.echo("every task has been collected max_collections times: done")
                         break
                     time.sleep(self.c.poll_interval_s)  # others hold the remaining claims
-                    continue
-                groups = self._collect(claimed)
-                self._write(groups)
         except Abandon:
             self.echo("abandoned the in-flight group; nothing of it was written")
         except BaseException:
@@ -181,8 +173,9 @@ class Collector:
 
     def _shutdown(self, reported: Stats, status: str) -> None:
         try:
-            work.release_claims(self.store, self.run_id, self.name)
-            replay.release_requests(self.store, self.run_id, self.name)
+            for workflow in self.workflows:
+                if hasattr(workflow, "release"):
+                    workflow.release()
             self._report(reported)  # the stopped line below says it all
             work.mark_stopped(self.store, self.collector_id, status)
         except TRANSIENT as exc:  # the database is gone: claims expire by TTL anyway
@@ -192,7 +185,7 @@ class Collector:
     # ------------------------------------------------------------------ steps
 
     def _maybe_reload(self) -> None:
-        latest = self._retry(lambda: self.store.latest_policy(self.run_id))
+        latest = self.db(lambda: self.store.latest_policy(self.run_id))
         if latest is not None and latest.version > self.version:
             self._load(latest)
 
@@ -204,8 +197,8 @@ class Collector:
         self.echo(f"loaded policy v{policy.version} from {policy.checkpoint_uri} in {time.monotonic() - t0:.1f}s")
 
     def _admitted(self) -> bool:
-        settings = self._retry(lambda: self.store.get_settings(self.run_id))
-        a = self._retry(lambda: work.admission(
+        settings = self.db(lambda: self.store.get_settings(self.run_id))
+        a = self.db(lambda: work.admission(
             self.store, self.run_id, self.name, policy_version=self.version, eta=self.cfg.max_staleness,
             groups_per_step=int(settings.get("learner.groups_per_step", self.cfg.learner.groups_per_step)),
             publish_every=int(settings.get("learner.publish_every", self.cfg.learner.publish_every)),
@@ -216,62 +209,25 @@ class Collector:
         drill.phase("admission")
         self.echo(f"waiting for policy v{a.consume_version - self.cfg.max_staleness}: group {a.next_group} would be "
                   f"{a.staleness} versions stale when consumed (max_staleness {self.cfg.max_staleness})")
-        self._retry(lambda: self.store.wait_for_policy(self.run_id, self.version, timeout=self.c.progress_every_s,
+        self.db(lambda: self.store.wait_for_policy(self.run_id, self.version, timeout=self.c.progress_every_s,
                                                        poll_interval=self.c.poll_interval_s))
         return False
 
-    def _all_collected(self) -> bool:
-        from sqlalchemy import text
+    # ------------------------------------------------------------------ what workflows use
 
-        with self.store.engine.connect() as conn:
-            left = conn.execute(text(
-                "SELECT count(*) FROM tasks WHERE run_id = :r AND split = 'train' "
-                "AND times_collected < :m"), {"r": self.run_id, "m": self.c.max_collections}).scalar()
-        return left == 0
+    def prompt(self, text: str) -> list[dict]:
+        """The chat messages of a task prompt under the run's template."""
+        return prompt_messages(self.cfg.tasks.template, text)
 
-    def _collect(self, claimed: list[work.ClaimedTask]) -> list[GroupIn]:
-        """Generate G samples for each claimed task and score them into groups."""
-        prompts = [prompt_messages(self.cfg.tasks.template, t.prompt) for t in claimed]
-        seed = int(self._rng.integers(2**31))
-        params = SamplingParams(**{**self.params.__dict__, "seed": seed})
+    def sample(self, prompts: list[list[dict]], n: int) -> list[list[Sample]]:
+        """``n`` samples of each prompt in one engine call, with a seed drawn for the call."""
+        params = SamplingParams(**{**self.params.__dict__, "seed": int(self.rng.integers(2**31))})
         drill.phase("generate")
-        samples = self.engine.generate(prompts, n=self.c.group_size, params=params)
-        return [self._group(task, prompt, batch) for task, prompt, batch in zip(claimed, prompts, samples)]
+        return self.engine.generate(prompts, n=n, params=params)
 
-    def _collect_replay(self, requests: list[replay.ReplayRequest]) -> list[GroupIn]:
-        """NexGRPO replay groups: ``[y+, b*]`` (stored, replayed with their behaviour log-probs) and
-        G − 2 fresh rollouts of the current policy for each claimed request."""
-        prompts = [prompt_messages(self.cfg.tasks.template, r.prompt) for r in requests]
-        n = max(r.group_size for r in requests) - 2
-        samples: list[list[Sample]] = [[] for _ in requests]
-        if n > 0:
-            seed = int(self._rng.integers(2**31))
-            params = SamplingParams(**{**self.params.__dict__, "seed": seed})
-            drill.phase("generate")
-            samples = self.engine.generate(prompts, n=n, params=params)
-        groups = []
-        for r, prompt, batch in zip(requests, prompts, samples):
-            try:
-                positive, negative = self._retry(lambda r=r: self.store.read_trajectories([r.positive_id, r.negative_id]))
-            except NotFound as exc:  # deleted since the learner planned it: nothing to replay
-                self.echo(f"replay request {r.id} cancelled: {exc}")
-                self._retry(lambda r=r: replay.cancel_request(self.store, r.id))
-                continue
-            fresh = self._trajectories(r.ground_truth, prompt, batch[: r.group_size - 2])
-            groups.append(replay.replay_group(r, positive, negative, fresh, policy_version=self.version,
-                                              collector=self.name,
-                                              embedding_model=model_display_name(self.model_location)))
-        return groups
-
-    def _group(self, task: work.ClaimedTask, prompt: list[dict], samples: list[Sample]) -> GroupIn:
-        return GroupIn(
-            run_id=self.run_id, task_id=task.id, policy_version=self.version,
-            trajectories=self._trajectories(task.ground_truth, prompt, samples),
-            workflow="group", kind="fresh", collector=self.name,
-            embedding_model=model_display_name(self.model_location), embedding_layer=-1,
-        )
-
-    def _trajectories(self, ground_truth: str | None, prompt: list[dict], samples: list[Sample]) -> list[TrajectoryIn]:
+    def score(self, ground_truth: str | None, prompt: list[dict], samples: list[Sample]) -> list[TrajectoryIn]:
+        """Samples as trajectories with their rewards (a reward function that raises gives a NULL
+        reward and the error, never a crash)."""
         trajectories = []
         for s in samples:
             try:
@@ -293,7 +249,7 @@ class Collector:
     def _write(self, groups: list[GroupIn]) -> None:
         for g in groups:
             try:
-                w = self._retry(lambda g=g: self.store.write_group(g, complete_claim=self.name))
+                w = self.db(lambda g=g: self.store.write_group(g, complete_claim=self.name))
             except ReplayRequestLost as exc:  # another collector fills it: drop ours
                 self.echo(str(exc))
                 continue
@@ -309,7 +265,7 @@ class Collector:
 
     def _report(self, reported: Stats) -> None:
         s = self.stats
-        self._retry(lambda: work.report_progress(
+        self.db(lambda: work.report_progress(
             self.store, self.collector_id, policy_version=self.version, groups=s.groups - reported.groups,
             trajectories=s.trajectories - reported.trajectories, tokens=s.tokens - reported.tokens,
             reward_errors=s.reward_errors - reported.reward_errors,

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from .errors import ReflexdbError
 
@@ -68,28 +68,12 @@ class CollectorConfig(_Section):
     poll_interval_s: float = Field(2.0, gt=0, description="Polling period of waits (NOTIFY wakes them earlier).")
 
 
-class LossConfig(_Section):
-    """Loss hyper-parameters; ``None`` keeps the chosen loss's own default (docs/losses.md)."""
-
-    clip_eps_low: float | None = Field(None, ge=0.0, le=1.0, description="ε_low: the ratio is clipped at 1 − ε_low.")
-    clip_eps_high: float | None = Field(None, ge=0.0, le=10.0, description="ε_high: the ratio is clipped at 1 + ε_high (DAPO clip-higher: 0.28).")
-    beta: float | None = Field(None, ge=0.0, le=10.0, description="KL coefficient to the frozen base model (k3 estimator); 0 = no reference model.")
-    agg: Literal["seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm"] | None = Field(None, description="Loss aggregation mode (METHODS.md §0).")
-    max_len: int | None = Field(None, ge=1, description="Normaliser of seq-mean-token-sum-norm (default: collector.sampling.max_new_tokens).")
-    lam: float | None = Field(None, ge=0.0, le=1.0, description="GRPO-λ: λ of the eligibility trace.")
-    gamma: float | None = Field(None, ge=0.0, le=1.0, description="GRPO-λ: discount γ.")
-    trace_style: Literal["recent", "both"] | None = Field(None, description="GRPO-λ: trace weights (App. A.3).")
-    trace_floor: float | None = Field(None, ge=0.0, le=1.0, description="GRPO-λ: trace floor ε.")
-    update_style: Literal["trace", "weight"] | None = Field(None, description="GRPO-λ: ε-trace (ratio of traced log-ratios) or ε-weight (traces weight the surrogate).")
-    min_advantage: float | None = Field(None, le=0.0, description="GRPO-λ: negative-advantage clamp max(A, min_advantage).")
-
-
 class LearnerConfig(_Section):
     groups_per_step: int = Field(16, ge=1, le=100_000, description="Groups consumed by one learner step (the collectors' admission control reads it).")
     publish_every: int = Field(1, ge=1, le=100_000, description="Publish weights every k learner steps.")
-    loss: Literal["grpo", "dr_grpo", "dapo", "gspo", "opmd", "sft", "grpo_lambda"] | None = Field(None, description="Loss family; default: the run's algorithm (nexgrpo trains with grpo).")
-    loss_params: LossConfig = Field(default_factory=LossConfig)
-    advantage_scale: Literal["group", "none"] = Field("group", description="Group normalisation with std (GRPO) or without (Dr.GRPO).")
+    loss: str | None = Field(None, description="Loss family of the method's main term (a registered loss: grpo, dr_grpo, dapo, gspo, opmd, sft, grpo_lambda, or a plug-in's); default: the method's own (nexgrpo: grpo, raft: sft).")
+    loss_params: dict[str, Any] = Field(default_factory=dict, description="Parameters of that loss family; each family takes its own keys (see 'Loss parameters' below); a key it does not take is an error. Unset keys keep the family's defaults.")
+    advantage_scale: Literal["group", "none"] | None = Field(None, description="Group normalisation with std (GRPO) or without (Dr.GRPO); default: the method's (none for dr_grpo, group otherwise).")
     pi_old: Literal["recompute", "behaviour"] = Field("recompute", description="Ratio denominator: log-probs recomputed under the weights at the step's start, or the stored behaviour log-probs.")
     lr: float = Field(1e-6, gt=0.0, le=1.0, description="AdamW learning rate.")
     weight_decay: float = Field(0.0, ge=0.0, le=1.0, description="AdamW weight decay.")
@@ -113,22 +97,14 @@ class LearnerConfig(_Section):
     eval_samples: int = Field(8, ge=1, le=1024, description="k of pass@k in `reflexdb eval` (samples per eval task).")
 
 
-class NexGRPOConfig(_Section):
-    """NexGRPO's knobs (METHODS.md §3, NexGRPO.md Sec. 4; docs/nexgrpo.md). Read when ``algorithm: nexgrpo``."""
-
-    conf_low: float = Field(0.2, ge=0.0, le=1.0, description="ℓ_low: an incorrect trajectory enters the negative pool only with confidence ≥ this (gate ends included).")
-    conf_high: float = Field(0.9, ge=0.0, le=1.0, description="ℓ_high: ... and confidence ≤ this.")
-    replay_ratio: float = Field(0.5, ge=0.0, le=1.0, description="α: replay groups per batch = min(⌊α·groups_per_step⌋, replayable tasks).")
-    start_pass_at_1: float = Field(0.35, ge=0.0, le=1.0, description="Delayed start: replay begins once a batch's on-policy pass@1 exceeds this (and stays on).")
-    retire_prob: float = Field(0.05, ge=0.0, le=1.0, description="ε: a retired task (latest group all correct) is drawn with this probability when its turn comes.")
-    difficulty_sd: float = Field(1.0, gt=0.0, le=1000.0, description="σ of the difficulty weight N(k; n/2, σ) over tasks with k of n rollouts correct.")
-    refresh: bool = Field(True, description="Confidence refresh: recompute b*'s confidence under the learner's weights and skip it when it left the gate.")
-    refresh_candidates: int = Field(4, ge=1, le=1024, description="Most similar negatives the refresh tries per replay task before giving the task up for this step.")
-
-
 class Config(_Section):
+    """The whole run. Besides the keys below, a top-level key may name a registered method and
+    hold its typed section (``nexgrpo:``, ``raft:``, a plug-in's); any other key is an error."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
     run: str = Field(..., min_length=1, max_length=200, description="Run name; created on first use.")
-    algorithm: str = Field("grpo", description="Training algorithm (the learner's).")
+    algorithm: str = Field("grpo", description="The method (a registered one: grpo, dr_grpo, dapo, gspo, opmd, grpo_lambda, nexgrpo, raft, or a plug-in's); anything else is refused with the list.")
     model: str = Field("smollm2", description="'smollm2' (the wheel's SmolLM2-135M-Instruct), 'tiny' (random test model) or a local HF model directory.")
     database_url: str | None = Field(None, description="PostgreSQL URL, used when neither --url nor REFLEXDB_DATABASE_URL is given (collect, learn, eval, run); then database_url in $REFLEXDB_HOME/config.toml; else the embedded server.")
     max_staleness: int = Field(1, ge=0, le=1000, description="η: policy versions a group may lag behind the learner when consumed.")
@@ -136,17 +112,84 @@ class Config(_Section):
     tasks: TasksConfig = Field(default_factory=TasksConfig)
     collector: CollectorConfig = Field(default_factory=CollectorConfig)
     learner: LearnerConfig = Field(default_factory=LearnerConfig)
-    nexgrpo: NexGRPOConfig = Field(default_factory=NexGRPOConfig)
+    _loss_params: Any = PrivateAttr(None)
 
     @model_validator(mode="after")
-    def _consistent(self) -> Config:
-        n = self.nexgrpo
-        if n.conf_low > n.conf_high:
-            raise ValueError(f"nexgrpo.conf_low ({n.conf_low}) must not exceed nexgrpo.conf_high ({n.conf_high})")
-        if self.algorithm == "nexgrpo" and self.collector.group_size < 3:
-            raise ValueError(f"collector.group_size is {self.collector.group_size}; nexgrpo needs at least 3 "
-                             "(a replay group holds y+, b* and G - 2 fresh rollouts)")
+    def _method(self) -> Config:
+        """``algorithm`` names a registered method; each top-level section names one and fits its
+        typed model; ``learner.loss_params`` fit the loss family; then the method's own checks."""
+        from reflexdb.trainer.losses.registry import get_loss_spec, loss_names
+        from reflexdb.trainer.methods import UnknownMethod, get_method
+
+        problems = []
+        try:
+            method = get_method(self.algorithm)
+        except UnknownMethod as exc:
+            raise ValueError(str(exc)) from None
+        extra = self.__pydantic_extra__
+        for name in list(extra):
+            try:
+                section = get_method(name).config
+            except UnknownMethod:
+                section = None
+            if section is None:
+                problems.append(f"{name}: unknown key")
+                continue
+            raw = extra[name]
+            if isinstance(raw, BaseModel):
+                continue
+            try:
+                extra[name] = section.model_validate(raw if raw is not None else {})
+            except ValidationError as exc:
+                problems += [_describe(e, section, f"{name}.") for e in exc.errors()]
+        if method.config is not None and method.name not in extra:
+            extra[method.name] = method.config()
+        loss = self.learner.loss or method.loss
+        if loss not in loss_names():
+            problems.append(f"learner.loss: {loss!r} is not a registered loss; known: {', '.join(loss_names())}")
+        else:
+            try:
+                self._loss_params = get_loss_spec(loss).parse(
+                    self.learner.loss_params, max_len_default=self.collector.sampling.max_new_tokens)
+            except ValueError as exc:
+                problems.append(str(exc))
+        if problems:
+            raise ValueError("\n  ".join(problems))
+        method.check(self)
         return self
+
+    @property
+    def method(self):
+        """The registered method ``algorithm`` names (``trainer/methods``)."""
+        from reflexdb.trainer.methods import get_method
+
+        return get_method(self.algorithm)
+
+    def section(self, name: str) -> BaseModel:
+        """A method's typed config section (its defaults when the file has none)."""
+        from reflexdb.trainer.methods import get_method
+
+        value = (self.__pydantic_extra__ or {}).get(name)
+        if value is None:
+            config = get_method(name).config
+            if config is None:
+                raise KeyError(f"method {name!r} has no config section")
+            return config()
+        return value
+
+    @property
+    def loss_family(self) -> str:
+        """The loss family of the method's main term."""
+        return self.learner.loss or self.method.loss
+
+    @property
+    def loss_params(self) -> BaseModel:
+        """``learner.loss_params`` as the family's typed parameters (defaults filled in)."""
+        return self._loss_params
+
+    @property
+    def advantage_scale(self) -> str:
+        return self.learner.advantage_scale or self.method.advantage_scale
 
     def masked(self) -> dict[str, Any]:
         """The config as plain data with secrets (database password) masked, for logging."""
@@ -161,9 +204,9 @@ class Config(_Section):
 _OPS = {"Ge": ">=", "Gt": ">", "Le": "<=", "Lt": "<"}
 
 
-def _allowed_range(loc: tuple) -> str | None:
+def _allowed_range(loc: tuple, root: Any = None) -> str | None:
     """The numeric bounds declared on the field at ``loc`` (e.g. ``>= 1, <= 1024``)."""
-    model: Any = Config
+    model: Any = root or Config
     info = None
     for part in loc:
         fields = getattr(model, "model_fields", None)
@@ -181,8 +224,8 @@ def _allowed_range(loc: tuple) -> str | None:
     return ", ".join(bounds) or None
 
 
-def _describe(err: dict) -> str:
-    key = ".".join(str(p) for p in err["loc"]) or "(top level)"
+def _describe(err: dict, root: Any = None, prefix: str = "") -> str:
+    key = prefix + ".".join(str(p) for p in err["loc"]) or "(top level)"
     kind = err["type"]
     if kind == "extra_forbidden":
         return f"{key}: unknown key"
@@ -190,9 +233,17 @@ def _describe(err: dict) -> str:
         return f"{key}: required"
     if not err["loc"]:  # a check across keys (model validator): its message names the keys
         return err["msg"].removeprefix("Value error, ")
-    allowed = _allowed_range(tuple(err["loc"]))
+    allowed = _allowed_range(tuple(err["loc"]), root)
     suffix = f"; allowed: {allowed}" if allowed else ""
     return f"{key}: {err['msg']} (got {err.get('input')!r}{suffix})"
+
+
+def _unknown_sections(data: dict[str, Any]) -> list[str]:
+    """Top-level keys that are neither fields nor a registered method's section."""
+    from reflexdb.trainer.methods import METHODS, method_names
+
+    method_names()
+    return [k for k in data if k not in Config.model_fields and getattr(METHODS.get(k), "config", None) is None]
 
 
 def parse_config(data: dict[str, Any], source: str = "config") -> Config:
@@ -202,7 +253,10 @@ def parse_config(data: dict[str, Any], source: str = "config") -> Config:
     try:
         return Config.model_validate(data)
     except ValidationError as exc:
-        problems = "\n  ".join(_describe(e) for e in exc.errors())
+        described = [_describe(e) for e in exc.errors()]
+        if not any("unknown key" in d for d in described):  # the sections check did not run: field errors first
+            described = [f"{k}: unknown key" for k in _unknown_sections(data)] + described
+        problems = "\n  ".join(described)
         raise ConfigError(f"invalid {source}:\n  {problems}") from None
 
 
@@ -295,7 +349,7 @@ def markdown_reference() -> str:
                 default = f"`{info.default_factory()!r}`"
             else:
                 default = f"`{info.default!r}`"
-            allowed = _allowed_range((*prefix.strip(".").split("."), name) if prefix else (name,))
+            allowed = _allowed_range((name,), model)
             lines.append(f"| `{key}` | {typ} | {default} | {allowed or ''} | {info.description or ''} |")
         for name, sub in nested:
             lines.append("")
@@ -306,7 +360,23 @@ def markdown_reference() -> str:
     lines.append("## top level")
     lines.append("")
     section(Config, "")
-    return "\n".join(lines) + "\n"
+
+    from reflexdb.trainer.losses.registry import get_loss_spec, loss_names
+    from reflexdb.trainer.methods import METHODS, method_names
+
+    for name in method_names():
+        m = METHODS[name]
+        if m.config is None:
+            continue
+        lines += ["", f"## `{name}` (read when `algorithm: {name}`)", ""]
+        section(m.config, f"{name}.")
+    lines += ["", "## Loss parameters (`learner.loss_params`)", "",
+              "Each loss family takes its own keys; a key the chosen family does not take is an error.", ""]
+    for name in loss_names():
+        lines += [f"### `{name}`", ""]
+        section(get_loss_spec(name).params, "learner.loss_params.")
+        lines.append("")
+    return "\n".join(lines).rstrip("\n") + "\n"
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .records import GroupIn, Trajectory, TrajectoryIn, TurnIn
+
 from .sqlfile import load_queries
 from .store import Store
 
@@ -160,52 +160,6 @@ def retired_count(store: Store, run_id: int, split: str = "train") -> int:
         return int(conn.execute(R["retired_count"], {"run_id": run_id, "split": split}).fetchone()[0])
 
 
-def replayed_copy(original: Trajectory) -> TrajectoryIn:
-    """A stored trajectory as a member of a replay group: same tokens, behaviour log-probs, reward
-    and turns; origin ``replayed``, lineage to the original. No embedding: the original's vector
-    already represents it (the pools and the FAISS index leave replayed copies out).
-
-    Raises:
-        ValueError: ``original`` was read without payloads.
-    """
-    if original.response_ids is None:
-        raise ValueError(f"trajectory {original.id} was read without its token payload")
-    return TrajectoryIn(
-        prompt_ids=original.prompt_ids,
-        response_ids=original.response_ids,
-        logprobs=original.logprobs,
-        reward=original.reward,
-        correct=original.correct,
-        turns=[TurnIn(u.role, u.text, u.token_start, u.token_end, u.trainable, u.tool_error) for u in original.turns],
-        truncated=original.truncated,
-        finish_reason=original.finish_reason,
-        extracted_answer=original.extracted_answer,
-        confidence=original.confidence,
-        origin="replayed",
-        parent_trajectory_id=original.id,
-        policy_version=original.policy_version,
-        token_policy_versions=original.token_policy_versions,
-        loss_mask=original.loss_mask,
-        meta={"replayed_from": original.id},
-    )
-
-
-def replay_group(request: ReplayRequest, positive: Trajectory, negative: Trajectory, fresh: list[TrajectoryIn], *,
-                 policy_version: int, collector: str | None = None, embedding_model: str = "unknown") -> GroupIn:
-    """The replay group of ``request``: ``[y+, b*, *fresh]`` (``fresh`` are G − 2 new rollouts)."""
-    if (positive.id, negative.id) != (request.positive_id, request.negative_id):
-        raise ValueError(f"request {request.id} replays {request.positive_id} and {request.negative_id}, "
-                         f"got {positive.id} and {negative.id}")
-    return GroupIn(
-        run_id=request.run_id, task_id=request.task_id, policy_version=policy_version,
-        trajectories=[replayed_copy(positive), replayed_copy(negative), *fresh],
-        workflow="nexgrpo", kind="replay", collector=collector, embedding_model=embedding_model,
-        replay_request_id=request.id,
-        meta={"replay_request_id": request.id, "positive_id": positive.id, "negative_id": negative.id,
-              "cosine": float(request.cosine), "learner_step": request.learner_step},
-    )
-
-
 def in_gate(conf: float, low: float, high: float) -> bool:
     """Whether a confidence lies in the gate ``[low, high]`` (both ends included, as in the view)."""
     return low <= conf <= high
@@ -214,5 +168,5 @@ def in_gate(conf: float, low: float, high: float) -> bool:
 __all__ = [
     "Candidate", "Outstanding", "ReplayRequest", "ReplayRequestIn", "cancel_request", "cancel_stale_requests",
     "candidates", "claim_requests", "in_gate", "outstanding", "pool_ids", "post_requests",
-    "release_requests", "replay_group", "replayed_copy", "retired_count",
+    "release_requests", "retired_count",
 ]

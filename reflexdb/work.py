@@ -99,6 +99,12 @@ def claim_tasks(
     return kept
 
 
+def tasks_left(store: Store, run_id: int, max_collections: int) -> int:
+    """Train tasks collected fewer than ``max_collections`` times."""
+    with store._raw() as conn:
+        return int(conn.execute(W["tasks_left"], {"run_id": run_id, "max_collections": max_collections}).fetchone()[0])
+
+
 def release_claims(store: Store, run_id: int, collector: str) -> None:
     """Release every claim ``collector`` holds, without counting a collection."""
     with store._raw() as conn:

@@ -24,6 +24,7 @@ from sqlalchemy import text
 
 from reflexdb import GroupIn, TaskIn, TurnIn, replay, work
 from reflexdb.db import libpq_url
+from reflexdb.collector.workflows.nexgrpo_replay import replay_group as make_replay_group
 from reflexdb.replay import ReplayRequestIn
 
 from .factories import make_trajectory, setup_run
@@ -199,7 +200,7 @@ def data(store):
     [claimed] = replay.claim_requests(store, run, "col-1", 1)
     pos, neg = store.read_trajectories([c0, c1])
     fresh = [traj(tc, True, 0.9), traj(tc, False, 0.55, answer="3")]
-    replay_group = store.write_group(replay.replay_group(claimed, pos, neg, fresh, policy_version=2,
+    replay_group = store.write_group(make_replay_group(claimed, pos, neg, fresh, policy_version=2,
                                                          collector="col-1"), complete_claim="col-1")
     copy_c0, copy_c1, rf0, rf1 = replay_group.trajectory_ids
     store.record_step(run, 3, 2, [*g4.trajectory_ids, *g5.trajectory_ids, *replay_group.trajectory_ids],

@@ -206,20 +206,27 @@ def test_nan_loss_skips_and_stops(store, tmp_path, monkeypatch, model_cache):
     lr, msgs = _learner(store, tmp_path, monkeypatch, max_bad_steps=2)
     lr.setup()
     before = [p.detach().clone() for p in lr.engine.ds.module.parameters()]
-    real = lr.loss_fn
+    real = lr.specs
 
-    def nan_loss(*args, **kwargs):
-        out = real(*args, **kwargs)
-        return out._replace(loss=out.loss * float("nan"))
+    class NanLoss:  # the registered loss, with a NaN loss
+        def __init__(self, spec):
+            self.spec = spec
 
-    lr.loss_fn = nan_loss
+        def __getattr__(self, name):
+            return getattr(self.spec, name)
+
+        def call(self, *args, **kwargs):
+            out = self.spec.call(*args, **kwargs)
+            return out._replace(loss=out.loss * float("nan"))
+
+    lr.specs = [NanLoss(s) for s in real]
     with pytest.raises(LearnerStopped, match="2 learner steps in a row had a non-finite loss"):
         lr.run(max_steps=5)
     after = list(lr.engine.ds.module.parameters())
     assert all(torch.equal(a, b) for a, b in zip(before, after))  # the weights never moved
     assert rows(store, "SELECT step, loss FROM learner_steps ORDER BY 1") == [(1, None), (2, None)]
     assert sum("non-finite loss, step skipped" in m for m in msgs) == 2
-    lr.loss_fn = real
+    lr.specs = real
     lr.stopping = False
     lr.bad_in_row = 0
     lr.run(max_steps=3)  # a finite step afterwards trains normally

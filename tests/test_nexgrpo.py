@@ -10,6 +10,7 @@ import pytest
 
 from reflexdb import GroupIn, ReplayRequestLost, TaskIn, replay, work
 from reflexdb.index import EmbeddingIndex
+from reflexdb.collector.workflows.nexgrpo_replay import replay_group
 from reflexdb.replay import ReplayRequestIn, in_gate
 from reflexdb.trainer.batch import compose_batch
 from reflexdb.trainer.nexgrpo import (
@@ -368,21 +369,21 @@ def test_replay_requests_are_claimed_once_and_completed_with_their_group(store):
     # The group and the request's completion are one transaction.
     [pos, neg] = store.read_trajectories([y, b])
     fresh = [traj(rng, False, 0.3), traj(rng, True)]
-    group = replay.replay_group(c1, pos, neg, fresh, policy_version=0, collector="c1")
+    group = replay_group(c1, pos, neg, fresh, policy_version=0, collector="c1")
     written = store.write_group(group, complete_claim="c1")
     assert rows(store, "SELECT status, group_id, claimed_by FROM replay_requests WHERE id = :i", i=r1) == [
         ("done", written.group_id, "c1")]
     out = replay.outstanding(store, run)
     assert (out.requests, out.ready_groups) == (1, 1)
     # A collector whose claim was taken over writes nothing.
-    group2 = replay.replay_group(c2, pos, neg, fresh, policy_version=0, collector="c1")
+    group2 = replay_group(c2, pos, neg, fresh, policy_version=0, collector="c1")
     before = rows(store, "SELECT count(*) FROM groups")
     with pytest.raises(ReplayRequestLost, match=f"replay request {r2} is no longer collector 'c1'"):
         store.write_group(group2, complete_claim="c1")
     assert rows(store, "SELECT count(*) FROM groups") == before
     # ... nor does anyone for a request that is already done.
     with pytest.raises(ReplayRequestLost):
-        store.write_group(replay.replay_group(c1, pos, neg, fresh, policy_version=0), complete_claim=None)
+        store.write_group(replay_group(c1, pos, neg, fresh, policy_version=0), complete_claim=None)
     # Shutdown gives claims back; an expired claim can be taken by another collector.
     replay.release_requests(store, run, "c2")
     assert rows(store, "SELECT status, claimed_by FROM replay_requests WHERE id = :i", i=r2) == [("pending", None)]
@@ -402,7 +403,7 @@ def test_replay_group_layout_and_lineage(store):
     [req] = replay.claim_requests(store, run, "c1", 1)
     pos, neg = store.read_trajectories([y, b])
     fresh = [traj(rng, i == 0, 0.4) for i in range(3)]
-    w = store.write_group(replay.replay_group(req, pos, neg, fresh, policy_version=3, collector="c1"),
+    w = store.write_group(replay_group(req, pos, neg, fresh, policy_version=3, collector="c1"),
                           complete_claim="c1")
     [group] = store.read_groups([w.group_id])
     assert (group.kind, group.workflow, group.size, group.policy_version) == ("replay", "nexgrpo", 5, 3)

@@ -98,7 +98,7 @@ def test_replay_group_is_filled_by_the_collector_and_trained_with_pi_beh(store, 
     assert torch.allclose(old[2:][mask[2:]], recomputed[2:][mask[2:]].float(), atol=1e-6)
     # The confidence refresh scores a stored trajectory under the same weights: exp(mean log π_θ).
     [neg] = store.read_trajectories([b])
-    [conf] = learner._score([neg])
+    [conf] = learner.score([neg])
     T = len(neg.response_ids)
     assert conf == pytest.approx(float(torch.exp(recomputed[1, :T].double().mean())), rel=1e-5)
     # Training on it runs and reports the replay metrics of the batch.
@@ -165,7 +165,7 @@ def test_delayed_start_waits_for_the_pass_at_1_threshold(store, tmp_path, monkey
     learner = Learner(cfg, store, echo=lambda m: None)
     learner.setup()
     learner.run(max_steps=1)
-    assert not learner.replay_active
+    assert not learner.hooks.active
     assert rows(store, "SELECT count(*) FROM replay_requests") == [(0,)]
     [(m,)] = rows(store, "SELECT metrics->>'replay/active' FROM learner_steps WHERE step = 1")
     assert m == "0.0"

@@ -2,16 +2,17 @@
 
 One step reads top to bottom (:meth:`Learner.step`)::
 
-    groups  = oldest eligible groups (view learner_eligible: staleness and reuse rules);
-              NexGRPO: up to ⌊α·B⌋ of them replay groups
+    groups  = the method's batch rule (default: oldest eligible groups of view learner_eligible,
+              staleness and reuse rules)
     batch   = padded tensors (prompt ⊕ response, loss mask, behaviour log-probs)
     old     = π_old log-probs: recomputed under the weights at the step's start, or behaviour;
               replayed stored trajectories always use their behaviour log-probs (π_beh)
-    adv     = group-normalised advantages, then the configured transforms
-    loss    = the registered loss over micro-batches (gradient accumulation), backward, optimizer step
+    adv     = group-normalised advantages (float64; NULL rewards left out), then the method's transforms
+    loss    = the method's loss terms over micro-batches (gradient accumulation), each micro-batch
+              weighted by its share of each term's normaliser; backward, optimizer step
     record  = learner_steps row + the trajectories consumed (one transaction)
     publish = every k steps: DeepSpeed state, HF safetensors, policy_versions row + NOTIFY
-    replay  = NexGRPO: plan the next replay tasks and post replay requests (trainer/nexgrpo.py)
+    after   = the method's hooks (trainer/methods/), if any
 
 Resume is from the last *published* state: steps recorded after it are rolled back (their
 consumption deleted, times_sampled restored), so nothing is consumed twice or skipped.
@@ -24,7 +25,7 @@ version in new directories renamed into place when complete, the row last.
 
 from __future__ import annotations
 
-import inspect
+import contextlib
 import json
 import logging
 import math
@@ -32,29 +33,28 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 import torch
-from sqlalchemy import text
 
 from reflexdb import Store, drill
 from reflexdb.config import Config
 from reflexdb.errors import ReflexdbError
 from reflexdb.retry import DbRetry
+from reflexdb.logprobs import response_logprobs
 from reflexdb.settings import home, make_dirs
 
-from .advantages import group_advantages
+from reflexdb.sqlfile import load_queries
+
+from .advantages import apply_advantage_transforms, group_advantages
 from .batch import Batch, Selection, eligible_group_ids, pack, pack_sequences
 from .engine import EngineSettings, StateUnreadable, TrainingEngine, clean_partial_files
-from .losses.registry import get_loss
-from .nexgrpo import PlanStats, ReplayPlanner, replay_quota
+from .losses.registry import get_loss_spec
 from .tracking import Tracker
 
+Q = load_queries("learner.sql")
+
 log = logging.getLogger("reflexdb.learn")
-
-#: Algorithms whose training loss is another family's (their difference lies in the data).
-LOSS_OF_ALGORITHM = {"nexgrpo": "grpo", "lte": "grpo", "r3l": "opmd", "cleaner": "dapo", "raft": "sft"}
-
 
 def _write_error(exc: Exception) -> str:
     if isinstance(exc, OSError) and exc.strerror:
@@ -101,34 +101,6 @@ class StepResult:
     metrics: dict[str, float]
 
 
-def loss_name(cfg: Config) -> str:
-    return cfg.learner.loss or LOSS_OF_ALGORITHM.get(cfg.algorithm, cfg.algorithm)
-
-
-def loss_kwargs(fn: Callable, cfg: Config) -> dict[str, Any]:
-    """The configured loss parameters that ``fn`` accepts (unset ones keep the loss's defaults)."""
-    accepted = inspect.signature(fn).parameters
-    params = {k: v for k, v in cfg.learner.loss_params.model_dump().items() if v is not None and k in accepted}
-    if "max_len" in accepted and "max_len" not in params:
-        params["max_len"] = cfg.collector.sampling.max_new_tokens
-    return params
-
-
-def effective_beta(fn: Callable, kwargs: dict) -> float:
-    """The KL coefficient the loss will use: configured, else the loss's own default (GRPO-λ: 0.04)."""
-    if "beta" in kwargs:
-        return float(kwargs["beta"])
-    p = inspect.signature(fn).parameters.get("beta")
-    return float(p.default) if p is not None and p.default is not inspect.Parameter.empty else 0.0
-
-
-def _agg_mode(fn: Callable, kwargs: dict) -> str:
-    if "agg" in kwargs:
-        return kwargs["agg"]
-    p = inspect.signature(fn).parameters.get("agg")
-    return p.default if p is not None else "seq-mean-token-mean"
-
-
 class Learner:
     """The learner process: consumes groups, trains, publishes."""
 
@@ -139,9 +111,10 @@ class Learner:
         self.L = cfg.learner
         self.store = store
         self.echo = echo
-        self.loss_fn = get_loss(loss_name(cfg))
-        self.loss_params = loss_kwargs(self.loss_fn, cfg)
-        self.agg = _agg_mode(self.loss_fn, self.loss_params)
+        self.method = cfg.method  # trainer/methods/: batch rule, transforms, loss terms, hooks
+        self.terms = self.method.loss_terms(cfg, cfg.loss_params)
+        self.specs = [get_loss_spec(t.loss) for t in self.terms]
+        self.transforms = self.method.transforms(cfg) if self.method.transforms else []
         self.temperature = cfg.collector.sampling.temperature or 1.0
         self.base_model = resolve_model(cfg.model)
         # Every database call below goes through db(): an outage of up to db_retry_s is waited out.
@@ -153,10 +126,7 @@ class Learner:
         self.published_step = 0  # the step of the newest published version (a stop publishes only past it)
         self.bad_in_row = 0
         self.stopping = False
-        self.nexgrpo = cfg.algorithm == "nexgrpo"
-        self.replay_active = False  # NexGRPO delayed start: set once a batch's pass@1 exceeds the threshold
-        self.planner: ReplayPlanner | None = None
-        self.plan_stats = PlanStats()
+        self.hooks = None  # the method's stateful part, built in setup()
         self._max_steps: int | None = None  # of the current run(), for the progress line
 
     # ------------------------------------------------------------------ setup and resume
@@ -181,19 +151,14 @@ class Learner:
         self.main = self.rank == 0
         if not self.main:
             self.echo = lambda msg: None
-        self.ref = self._reference_model() if effective_beta(self.loss_fn, self.loss_params) > 0 else None
+        uses_ref = any(spec.uses_reference(t.params) for spec, t in zip(self.specs, self.terms))
+        self.ref = self._reference_model() if uses_ref else None
         if self.main:
             settings = {
                 "learner.groups_per_step": self.L.groups_per_step, "learner.publish_every": self.L.publish_every,
                 "learner.max_staleness": self.cfg.max_staleness, "learner.max_reuse": self.L.max_reuse,
+                **self.method.settings(self.cfg),
             }
-            if self.nexgrpo:
-                n = self.cfg.nexgrpo
-                settings.update({
-                    "nexgrpo.conf_low": n.conf_low, "nexgrpo.conf_high": n.conf_high,
-                    "nexgrpo.difficulty_sd": n.difficulty_sd, "nexgrpo.retire_prob": n.retire_prob,
-                    "nexgrpo.replay_ratio": n.replay_ratio,
-                })
             self.db(lambda: self.store.set_settings(self.run_id, settings))
             make_dirs(self.ckpt_dir)
             # Leftovers of publishes that were killed or failed (never referenced by a row).
@@ -224,34 +189,12 @@ class Learner:
                 self.publish()  # version 0: the base model, so collectors and resume have a start
             else:
                 self.version = latest.version
-            self.echo(f"learner for run {self.cfg.run!r}: loss {loss_name(self.cfg)}, "
+            self.echo(f"learner for run {self.cfg.run!r}: method {self.method.name} (loss {self.cfg.loss_family}), "
                       f"{self.L.groups_per_step} groups/step, publish every {self.L.publish_every}")
-        if self.nexgrpo and self.main:
-            self._setup_replay()
-
-    def _setup_replay(self) -> None:
-        """NexGRPO: the FAISS index and planner; replay is on if a surviving step already crossed the
-        delayed-start threshold (steps rolled back on resume no longer count)."""
-        import numpy as np
-
-        from reflexdb.index import EmbeddingIndex
-
-        n = self.cfg.nexgrpo
-        self.planner = ReplayPlanner(
-            self.store, self.run_id, EmbeddingIndex.open(self.store, self.run_id), conf_low=n.conf_low,
-            conf_high=n.conf_high, refresh=n.refresh, refresh_candidates=n.refresh_candidates,
-            group_size=self.cfg.collector.group_size, rng=np.random.default_rng([self.cfg.seed, self.step_no]))
-
-        def crossed() -> bool:
-            with self.store.engine.connect() as conn:
-                return bool(conn.execute(text(
-                    "SELECT EXISTS (SELECT 1 FROM learner_steps WHERE run_id = :r "
-                    "AND (metrics->>'reward/pass_at_1')::float8 > :t)"), {"r": self.run_id, "t": n.start_pass_at_1}).scalar())
-
-        self.replay_active = self.db(crossed)
-        if self.replay_active:
-            self.echo("nexgrpo: replay is on (a batch's pass@1 already exceeded "
-                      f"{n.start_pass_at_1}); planning replay requests")
+        if self.method.hooks is not None:
+            self.hooks = self.method.hooks(self.cfg, self)
+            if hasattr(self.hooks, "setup"):
+                self.hooks.setup()
 
     def _check_state(self, policy) -> None:
         state = Path(policy.meta["learner_state"]) / policy.meta["state_tag"]
@@ -271,15 +214,9 @@ class Learner:
 
     def _roll_back_after(self, step: int) -> int:
         """Delete this run's steps after ``step`` and restore the consumed trajectories' counts."""
-        with self.store.engine.begin() as conn:
-            conn.execute(text("""
-                UPDATE trajectories t SET times_sampled = t.times_sampled - x.n
-                FROM (SELECT c.trajectory_id, count(*) AS n FROM consumption c
-                      JOIN learner_steps s ON s.id = c.step_id
-                      WHERE s.run_id = :r AND s.step > :s GROUP BY 1) x
-                WHERE t.id = x.trajectory_id"""), {"r": self.run_id, "s": step})
-            return conn.execute(text("DELETE FROM learner_steps WHERE run_id = :r AND step > :s"),
-                                {"r": self.run_id, "s": step}).rowcount
+        with self.store._raw() as conn:
+            conn.execute(Q["roll_back_consumption"], {"run_id": self.run_id, "step": step})
+            return conn.execute(Q["delete_steps_after"], {"run_id": self.run_id, "step": step}).rowcount
 
     # ------------------------------------------------------------------ the loop
 
@@ -304,8 +241,8 @@ class Learner:
                 self.echo(self._progress(result))
                 if self.step_no % self.L.publish_every == 0 and not result.skipped:
                     self.publish()
-                if self.nexgrpo:
-                    self.plan_replay(result)
+                if hasattr(self.hooks, "after_step"):
+                    self.hooks.after_step(result.metrics)
         finally:
             self.tracker.close()
 
@@ -317,12 +254,12 @@ class Learner:
     def wait_for_groups(self, deadline: float | None) -> Selection | None:
         """Block until ``groups_per_step`` eligible groups exist; ``None`` if stopped or out of time."""
         n = self.L.groups_per_step
-        max_replay = replay_quota(n, self.cfg.nexgrpo.replay_ratio, n) if self.nexgrpo else None
+        select = getattr(self.hooks, "select", None) or (
+            lambda n, min_version: eligible_group_ids(self.store, self.run_id, n, min_version=min_version))
         last_said = time.monotonic()
         drill.phase("wait")
         while not self.stopping:
-            chosen = self.db(lambda: eligible_group_ids(self.store, self.run_id, n, max_replay=max_replay,
-                                                        min_version=self.version - self.cfg.max_staleness))
+            chosen = self.db(lambda: select(n, self.version - self.cfg.max_staleness))
             ids = chosen.group_ids
             if len(ids) >= n:
                 return chosen
@@ -350,13 +287,17 @@ class Learner:
         batch = pack(groups, self.engine.pad_id)
         t_batch = time.monotonic() - t0
         adv = group_advantages(batch.rewards, batch.group_index,                      # advantages
-                               scale=self.L.advantage_scale)
-        adv = torch.where(batch.valid, adv, torch.zeros_like(adv))
+                               scale=self.cfg.advantage_scale, valid=batch.valid)
+        if self.transforms:
+            adv = apply_advantage_transforms(batch.rewards, adv, batch.group_index, self.transforms,
+                                             valid=batch.valid)
+        rows = [t.rows(batch) for t in self.terms]                                    # each term's rows
         mine = self._shard(batch.size)                                                # this rank's rows
         part = batch.rows(mine)
         old = self.old_logprobs(part)                                                 # π_old
         ref = self.ref_logprobs(part)
-        stats, grad_norm, entropy = self.optimize(part, old, ref, adv[mine], full=batch)  # loss, step
+        stats, grad_norm, entropy = self.optimize(part, old, ref, adv[mine], full=batch,  # loss, step
+                                                  rows=rows, mine=mine)
         skipped = not math.isfinite(stats["loss"])
         self.bad_in_row = self.bad_in_row + 1 if skipped else 0
         self.step_no += 1
@@ -427,28 +368,29 @@ class Learner:
             mb = batch.rows(sl)
             logits = self.ref(input_ids=mb.input_ids.to(self.engine.device),
                               attention_mask=mb.attention_mask.to(self.engine.device)).logits.float()
-            T = int(mb.response_lengths.max())
-            pos = mb.prompt_lengths[:, None] - 1 + torch.arange(T)[None, :]
-            logp = torch.log_softmax(logits.gather(1, pos[:, :, None].expand(-1, -1, logits.shape[-1]).to(
-                logits.device)) / self.temperature, -1)
-            tgt = mb.input_ids.gather(1, (pos + 1).clamp(max=mb.input_ids.shape[1] - 1)).to(logits.device)
-            out[sl, :T] = logp.gather(-1, tgt[:, :, None]).squeeze(-1).cpu()
+            lp, _ = response_logprobs(logits, mb.input_ids.to(logits.device), mb.prompt_lengths.to(logits.device),
+                                      mb.response_lengths.to(logits.device), temperature=self.temperature)
+            out[sl, :lp.shape[1]] = lp.cpu()
         return out
 
     def optimize(self, batch: Batch, old: torch.Tensor, ref: torch.Tensor | None, adv: torch.Tensor, *,
-                 full: Batch):
-        """Loss over this rank's micro-batches with gradient accumulation; one optimizer step.
+                 full: Batch, rows: list[torch.Tensor], mine: slice):
+        """The method's loss terms over this rank's micro-batches with gradient accumulation; one
+        optimizer step.
 
-        Each micro-batch's loss is weighted by its share of the whole step's normaliser (tokens
-        for token-mean, sequences otherwise; ``full`` is the step's batch over all ranks), so the
-        accumulated gradient equals the full batch's; DeepSpeed averages gradients over ranks, so
-        the weight carries a factor ``world``. A non-finite loss on any rank skips every backward
-        after it and turns the optimizer step into a no-op (zero gradients, learning rate 0): the
-        weights do not move.
+        Term ``k`` applies its loss to its rows (``rows[k]``, ``[B_full]`` bool) only. Each
+        micro-batch's value of a term is weighted by its share of that term's normaliser over the
+        whole step (``LossSpec.normaliser``: loss tokens, rows with loss tokens, or rows, after the
+        family's own filters; ``full`` is the step's batch over all ranks), so the accumulated
+        gradient equals the full batch's whatever ``micro_batch_size`` (trainer/losses/accumulate.py);
+        DeepSpeed averages gradients over ranks, so the weight carries a factor ``world``. A
+        non-finite loss on any rank skips every backward after it and turns the optimizer step into
+        a no-op (zero gradients, learning rate 0): the weights do not move.
         """
+        totals = [spec.normaliser(full.response_mask[r], t.params, truncated=full.truncated[r])
+                  for spec, t, r in zip(self.specs, self.terms, rows)]
+        mine_rows = [r[mine] for r in rows]
         total_tokens = float(full.response_mask.sum().clamp(min=1))
-        # Sequence-mean modes average over rows that have at least one loss token.
-        total_rows = float(full.response_mask.any(dim=1).sum().clamp(min=1))
         sums: dict[str, float] = {}
         entropy_sum, bad = 0.0, False
         grad_norm = None
@@ -460,21 +402,27 @@ class Learner:
                 logprobs, entropy = self.engine.token_logprobs(
                     mb.input_ids, mb.attention_mask, mb.prompt_lengths, mb.response_lengths,
                     temperature=self.temperature, with_entropy=True)
-                mask = mb.response_mask.to(logprobs.device)
-                extra = {"ref_logprobs": ref[sl, :T].to(logprobs.device)} if ref is not None else {}
-                if "truncated" in inspect.signature(self.loss_fn).parameters:
-                    extra["truncated"] = mb.truncated.to(logprobs.device)
-                out = self.loss_fn(logprobs, old[sl, :T].to(logprobs.device), adv[sl].to(logprobs.device), mask,
-                                   **self.loss_params, **extra)
-                share = (float(mask.sum()) / total_tokens if self.agg == "token-mean"
-                         else float(mask.any(dim=1).sum()) / total_rows)
-                if not torch.isfinite(out.loss):
+                loss = logprobs.sum() * 0.0  # a micro-batch without rows of any term still joins the accumulation
+                for k, (spec, term, total) in enumerate(zip(self.specs, self.terms, totals)):
+                    idx = mine_rows[k][sl].nonzero().flatten()
+                    if idx.numel() == 0 or total == 0:
+                        continue
+                    mask, truncated = mb.response_mask[idx], mb.truncated[idx]
+                    dev = logprobs.device
+                    out = spec.call(logprobs[idx.to(dev)], old[sl][idx, :T].to(dev), adv[sl][idx].to(dev),
+                                    mask.to(dev), term.params, truncated=truncated.to(dev),
+                                    ref_logprobs=ref[sl][idx, :T].to(dev) if ref is not None else None)
+                    share = spec.normaliser(mask, term.params, truncated=truncated) / total
+                    loss = loss + out.loss * (term.weight * share)
+                    for name, value in out._asdict().items():
+                        if value.numel() == 1 and (name != "loss" or k > 0):
+                            key = name if k == 0 else f"{term.name}/{name}"
+                            sums[key] = sums.get(key, 0.0) + float(value.detach()) * share
+                sums["loss"] = sums.get("loss", 0.0) + float(loss.detach())
+                if not torch.isfinite(loss):
                     bad = True
                 elif not bad:
-                    self.engine.backward(out.loss * (share * self.world))
-                for name, value in out._asdict().items():
-                    if value.numel() == 1:
-                        sums[name] = sums.get(name, 0.0) + float(value.detach()) * share
+                    self.engine.backward(loss * self.world)
                 entropy_sum += float(entropy.sum())
             if last:
                 bad = self._all_reduce([float(bad)])[0] > 0
@@ -487,6 +435,7 @@ class Learner:
         names = sorted(sums)
         reduced = self._all_reduce([sums[k] for k in names] + [entropy_sum])
         sums, entropy_sum = dict(zip(names, reduced[:-1])), reduced[-1]
+        sums.setdefault("loss", 0.0)
         if bad:
             self._set_lr(self.L.lr)
             sums["loss"] = float("nan")
@@ -496,64 +445,44 @@ class Learner:
         for g in self.engine.optimizer.param_groups:
             g["lr"] = lr
 
-    # ------------------------------------------------------------------ NexGRPO replay
+    # ------------------------------------------------------------------ what a method's hooks use
 
-    def plan_replay(self, result: StepResult) -> None:
-        """After a step: switch replay on (delayed start), then keep d·⌊α·B⌋ replay tasks in flight
-        (d = 2 when collectors may work ahead, i.e. max_staleness ≥ 1; docs/nexgrpo.md).
-
-        Rank 0 plans and posts requests; with several ranks, the others take part in the
-        confidence-refresh forward passes (ZeRO-3 shards the weights) until rank 0 says it is done.
-        """
-        n = self.cfg.nexgrpo
-        if not self.replay_active and result.metrics.get("reward/pass_at_1", 0.0) > n.start_pass_at_1:
-            self.replay_active = True  # every rank sees the same batch, so every rank flips together
-            self.echo(f"nexgrpo: batch pass@1 {result.metrics['reward/pass_at_1']:.3f} > {n.start_pass_at_1}: "
-                      "replay starts")
-        if not self.replay_active:
-            metrics = {"replay/active": 0.0}
-        elif self.main:
-            B, depth = self.L.groups_per_step, 1 + min(self.cfg.max_staleness, 1)
-            try:
-                # With max_staleness ≥ 1 the collectors work a batch ahead: requests posted now are
-                # filled while the learner trains on groups already written, and reach the batch
-                # after next. Two batches' worth in flight lets every batch find its ⌊α·B⌋.
-                self.plan_stats = self.db(lambda: self.planner.plan(
-                    lambda n_candidates: depth * replay_quota(B, n.replay_ratio, n_candidates), self._score,
-                    step=self.step_no, version=self.version, min_version=self.version - self.cfg.max_staleness))
-            finally:
-                if self.world > 1:
-                    torch.distributed.broadcast_object_list([None], src=0)  # "no more scoring"
-            metrics = {"replay/active": 1.0, **self.plan_stats.metrics()}
-        else:
-            while True:
-                box = [None]
-                torch.distributed.broadcast_object_list(box, src=0)
-                if box[0] is None:
-                    break
-                self._confidences(box[0])
-            return
-        if self.main:
-            from reflexdb import replay
-
-            metrics["replay/retired_tasks"] = float(self.db(lambda: replay.retired_count(self.store, self.run_id)))
-            metrics = {k: v for k, v in metrics.items() if math.isfinite(v)}
-            self.tracker.log_metrics(metrics, self.step_no)
-
-            def add_to_step() -> None:  # the step's row holds them too (SQL without MLflow)
-                with self.store.engine.begin() as conn:
-                    conn.execute(text("UPDATE learner_steps SET metrics = metrics || CAST(:m AS jsonb) "
-                                      "WHERE run_id = :r AND step = :s"),
-                                 {"m": json.dumps(metrics), "r": self.run_id, "s": self.step_no})
-
-            self.db(add_to_step)
-
-    def _score(self, trajectories) -> list[float]:
-        """ℓ_θ of stored trajectories under the current weights (rank 0; others join in :meth:`plan_replay`)."""
+    def score(self, trajectories) -> list[float]:
+        """ℓ_θ of stored trajectories under the current weights (rank 0, inside :meth:`scoring`;
+        the other ranks join in through :meth:`serve_scores`)."""
         payload = [(t.prompt_ids, t.response_ids) for t in trajectories]
         if self.world > 1:
             torch.distributed.broadcast_object_list([payload], src=0)
         return self._confidences(payload)
+
+    @contextlib.contextmanager
+    def scoring(self):
+        """Rank 0's scoring session: on leaving, tells the other ranks that no more scoring comes."""
+        try:
+            yield
+        finally:
+            if self.world > 1:
+                torch.distributed.broadcast_object_list([None], src=0)
+
+    def serve_scores(self) -> None:
+        """Ranks other than 0: take part in rank 0's scoring forward passes until it is done."""
+        while True:
+            box = [None]
+            torch.distributed.broadcast_object_list(box, src=0)
+            if box[0] is None:
+                return
+            self._confidences(box[0])
+
+    def log_step_metrics(self, metrics: dict[str, float]) -> None:
+        """Metrics computed after the step (rank 0): to MLflow, and merged into the step's row."""
+        self.tracker.log_metrics(metrics, self.step_no)
+
+        def add_to_step() -> None:  # the step's row holds them too (SQL without MLflow)
+            with self.store._raw() as conn:
+                conn.execute(Q["add_step_metrics"], {"metrics": json.dumps(metrics), "run_id": self.run_id,
+                                                     "step": self.step_no})
+
+        self.db(add_to_step)
 
     @torch.no_grad()
     def _confidences(self, payload: list[tuple]) -> list[float]:
@@ -618,10 +547,9 @@ class Learner:
         """Delete learner states except those of the newest ``keep_states`` versions (resume reads
         the newest; the rows say which directory is whose, whatever its name)."""
         def recent() -> set[str]:
-            with self.store.engine.connect() as conn:
-                return set(conn.execute(text(
-                    "SELECT meta->>'state_tag' FROM policy_versions WHERE run_id = :r AND meta ? 'state_tag' "
-                    "ORDER BY version DESC LIMIT :k"), {"r": self.run_id, "k": self.L.keep_states}).scalars())
+            with self.store._raw() as conn:
+                return {r[0] for r in conn.execute(Q["recent_state_tags"],
+                                                   {"run_id": self.run_id, "k": self.L.keep_states})}
 
         keep = self.db(recent)
         for old in states.iterdir():
@@ -656,14 +584,8 @@ class Learner:
             classes["none" if c == 0 else "all" if c == len(g.trajectories) else "some"] += 1
         for k, v in classes.items():
             m[f"groups/{k}_pass"] = float(v)
-        if self.nexgrpo:
-            replays = [g for g in groups if g.kind == "replay"]
-            m["replay/share"] = len(replays) / len(groups)
-            negatives = batch.replayed & ~batch.correct
-            m["replay/negative_confidence"] = (float(batch.confidence[negatives].nanmean()) if negatives.any()
-                                               else float("nan"))
-            cosines = [float(g.meta["cosine"]) for g in replays if "cosine" in g.meta]
-            m["replay/pair_cosine"] = sum(cosines) / len(cosines) if cosines else float("nan")
+        if hasattr(self.hooks, "metrics"):
+            m.update(self.hooks.metrics(batch, groups))
         stale = [self.version - v for v in batch.group_versions]
         m["staleness/mean"] = sum(stale) / len(stale)
         m["staleness/max"] = float(max(stale))

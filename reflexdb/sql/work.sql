@@ -67,3 +67,7 @@ SELECT
        AND claimed_by <> %(collector)s AND claimed_at >= now() - make_interval(secs => %(ttl)s))
     + (SELECT count(*) FROM replay_requests WHERE run_id = %(run_id)s AND status = 'claimed'
        AND claimed_by <> %(collector)s AND claimed_at >= now() - make_interval(secs => %(ttl)s));
+
+-- name: tasks_left
+-- Train tasks of a run collected fewer than max_collections times.
+SELECT count(*) FROM tasks WHERE run_id = %(run_id)s AND split = 'train' AND times_collected < %(max_collections)s;

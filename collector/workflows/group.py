@@ -1,0 +1,48 @@
+"""The plain group (GRPO and every method built on it): claim tasks, G samples each, score, group.
+
+    claim:   tasks (SKIP LOCKED), each at most ``collector.max_collections`` times; with soft
+             retirement (``retire_prob``: NexGRPO's ε), a retired task is kept with probability ε
+    collect: G = ``collector.group_size`` samples per task in one engine call -> rewards -> groups
+"""
+
+from __future__ import annotations
+
+from reflexdb import GroupIn, work
+
+from . import register_workflow
+
+
+@register_workflow("group")
+class GroupWorkflow:
+    """Args:
+        retire_prob: soft retirement's ε (None: retirement ignored, every task drawn in turn).
+    """
+
+    def __init__(self, ctx, *, retire_prob: float | None = None):
+        self.ctx = ctx
+        self.retire_prob = retire_prob
+        self.retirement = work.RetirementDraws()
+
+    def claim(self, want: int) -> list[work.ClaimedTask]:
+        c, C = self.ctx, self.ctx.cfg.collector
+        return c.db(lambda: work.claim_tasks(
+            c.store, c.run_id, c.name, want, max_collections=C.max_collections or 2**31 - 1,
+            claim_ttl_s=C.claim_ttl_s, retire_prob=self.retire_prob, rng=c.rng, draws=self.retirement))
+
+    def collect(self, claimed: list[work.ClaimedTask]) -> list[GroupIn]:
+        c = self.ctx
+        prompts = [c.prompt(t.prompt) for t in claimed]
+        samples = c.sample(prompts, c.cfg.collector.group_size)
+        return [GroupIn(run_id=c.run_id, task_id=t.id, policy_version=c.version,
+                        trajectories=c.score(t.ground_truth, prompt, batch), workflow="group", kind="fresh",
+                        collector=c.name, embedding_model=c.embedding_model, embedding_layer=-1)
+                for t, prompt, batch in zip(claimed, prompts, samples)]
+
+    def release(self) -> None:
+        work.release_claims(self.ctx.store, self.ctx.run_id, self.ctx.name)
+
+    def exhausted(self) -> bool:
+        """Every task was collected ``max_collections`` times (never, without a limit)."""
+        c = self.ctx
+        limit = c.cfg.collector.max_collections
+        return limit is not None and c.db(lambda: work.tasks_left(c.store, c.run_id, limit)) == 0

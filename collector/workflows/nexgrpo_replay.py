@@ -1,0 +1,98 @@
+"""NexGRPO's replay groups (METHODS.md §3; NexGRPO.md Sec. 4.2): fill the learner's replay requests.
+
+    claim:   replay requests (SKIP LOCKED), posted by the learner's planner
+    collect: for each, G − 2 fresh rollouts of the current policy, and the replay group
+             [y+, b*, fresh...]: y+ and b* are stored trajectories replayed with their behaviour
+             log-probs (origin ``replayed``, lineage to the original); the request is completed
+             in the group's transaction
+A request whose trajectories were deleted since is cancelled.
+"""
+
+from __future__ import annotations
+
+from reflexdb import GroupIn, Trajectory, TrajectoryIn, TurnIn, replay
+from reflexdb.errors import NotFound
+from reflexdb.replay import ReplayRequest
+
+from ..engines import Sample
+from . import register_workflow
+
+
+@register_workflow("nexgrpo_replay")
+class ReplayWorkflow:
+    def __init__(self, ctx):
+        self.ctx = ctx
+
+    def claim(self, want: int) -> list[ReplayRequest]:
+        c = self.ctx
+        return c.db(lambda: replay.claim_requests(c.store, c.run_id, c.name, want,
+                                                  claim_ttl_s=c.cfg.collector.claim_ttl_s))
+
+    def collect(self, requests: list[ReplayRequest]) -> list[GroupIn]:
+        c = self.ctx
+        prompts = [c.prompt(r.prompt) for r in requests]
+        n = max(r.group_size for r in requests) - 2
+        samples: list[list[Sample]] = c.sample(prompts, n) if n > 0 else [[] for _ in requests]
+        groups = []
+        for r, prompt, batch in zip(requests, prompts, samples):
+            try:
+                positive, negative = c.db(lambda r=r: c.store.read_trajectories([r.positive_id, r.negative_id]))
+            except NotFound as exc:  # deleted since the learner planned it: nothing to replay
+                c.echo(f"replay request {r.id} cancelled: {exc}")
+                c.db(lambda r=r: replay.cancel_request(c.store, r.id))
+                continue
+            fresh = c.score(r.ground_truth, prompt, batch[: r.group_size - 2])
+            groups.append(replay_group(r, positive, negative, fresh, policy_version=c.version, collector=c.name,
+                                       embedding_model=c.embedding_model))
+        return groups
+
+    def release(self) -> None:
+        replay.release_requests(self.ctx.store, self.ctx.run_id, self.ctx.name)
+
+
+def replayed_copy(original: Trajectory) -> TrajectoryIn:
+    """A stored trajectory as a member of a replay group: same tokens, behaviour log-probs, reward
+    and turns; origin ``replayed``, lineage to the original. No embedding: the original's vector
+    already represents it (the pools and the FAISS index leave replayed copies out).
+
+    Raises:
+        ValueError: ``original`` was read without payloads.
+    """
+    if original.response_ids is None:
+        raise ValueError(f"trajectory {original.id} was read without its token payload")
+    return TrajectoryIn(
+        prompt_ids=original.prompt_ids,
+        response_ids=original.response_ids,
+        logprobs=original.logprobs,
+        reward=original.reward,
+        correct=original.correct,
+        turns=[TurnIn(u.role, u.text, u.token_start, u.token_end, u.trainable, u.tool_error) for u in original.turns],
+        truncated=original.truncated,
+        finish_reason=original.finish_reason,
+        extracted_answer=original.extracted_answer,
+        confidence=original.confidence,
+        origin="replayed",
+        parent_trajectory_id=original.id,
+        policy_version=original.policy_version,
+        token_policy_versions=original.token_policy_versions,
+        loss_mask=original.loss_mask,
+        meta={"replayed_from": original.id},
+    )
+
+
+def replay_group(request: ReplayRequest, positive: Trajectory, negative: Trajectory, fresh: list[TrajectoryIn], *,
+                 policy_version: int, collector: str | None = None, embedding_model: str = "unknown") -> GroupIn:
+    """The replay group of ``request``: ``[y+, b*, *fresh]`` (``fresh`` are G − 2 new rollouts)."""
+    if (positive.id, negative.id) != (request.positive_id, request.negative_id):
+        raise ValueError(f"request {request.id} replays {request.positive_id} and {request.negative_id}, "
+                         f"got {positive.id} and {negative.id}")
+    return GroupIn(
+        run_id=request.run_id, task_id=request.task_id, policy_version=policy_version,
+        trajectories=[replayed_copy(positive), replayed_copy(negative), *fresh],
+        workflow="nexgrpo", kind="replay", collector=collector, embedding_model=embedding_model,
+        replay_request_id=request.id,
+        meta={"replay_request_id": request.id, "positive_id": positive.id, "negative_id": negative.id,
+              "cosine": float(request.cosine), "learner_step": request.learner_step},
+    )
+
+

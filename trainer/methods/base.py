@@ -1,0 +1,165 @@
+"""What a learner method is: a few named components, assembled, no subclass of the learner.
+
+A :class:`Method` says
+
+- which collection **workflows** its collectors run, in priority order (``collector/workflows/``);
+- which groups a batch takes (``select``: a view behind a query; default: the oldest eligible
+  groups of ``learner_eligible``);
+- how advantages are computed: the group scale and the **transforms** after it;
+- its **loss terms**: each a registered loss (``trainer/losses/registry.py``) applied to a subset
+  of the batch's rows, with that loss's own normaliser and a weight;
+- the **run settings** it publishes (the views read them) and the **metrics** it adds;
+- its typed **config section** (top-level key = the method's name) and cross-key checks;
+- optionally **hooks**: a stateful learner-side part (NexGRPO's replay planner) built once per
+  learner, called at setup and after each step.
+
+``trainer/learner.py`` and ``collector/runner.py`` only ever call these; they name no method.
+docs/design.md "Adding a method" walks through writing one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:  # the declarations stay importable without torch
+    from pydantic import BaseModel
+    from torch import Tensor
+
+    from reflexdb import Group, Store
+    from reflexdb.config import Config
+
+    from ..batch import Batch, Selection
+
+
+@dataclass(frozen=True)
+class WorkflowUse:
+    """A collection workflow a method's collectors run, with its options (keyword arguments)."""
+
+    name: str
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+#: ``rows(batch) -> [B] bool``: the rows a loss term applies to.
+RowSelector = Callable[["Batch"], "Tensor"]
+
+
+def valid_rows(batch: Batch) -> Tensor:
+    """Every row whose reward is known (a NULL reward — the reward function raised — carries no loss)."""
+    return batch.valid
+
+
+def best_of_group(batch: Batch) -> Tensor:
+    """One row per group: the highest reward among its valid rows (the first of equals). RAFT's
+    selection (Dong et al., 2023, Sec. 3: rank the K samples of a prompt, keep the best)."""
+    import torch
+
+    rewards = torch.where(batch.valid, batch.rewards.double(), torch.tensor(float("-inf"), dtype=torch.float64))
+    keep = torch.zeros(batch.size, dtype=torch.bool)
+    for g in torch.unique(batch.group_index):
+        rows = (batch.group_index == g).nonzero().flatten()
+        best = rows[int(torch.argmax(rewards[rows]))]  # argmax returns the first maximum
+        keep[best] = bool(batch.valid[best])
+    return keep
+
+
+@dataclass(frozen=True)
+class LossTerm:
+    """One term of a method's loss: ``weight · loss(rows)``.
+
+    Attributes:
+        name: the term's name; metrics are ``loss/<field>`` for the first term and
+            ``loss/<name>/<field>`` for the others.
+        loss: a registered loss family (``trainer/losses/registry.py``).
+        params: that family's typed parameters (``LossSpec.parse``).
+        rows: which rows of the batch it applies to.
+        weight: its coefficient in the step's loss.
+    """
+
+    name: str
+    loss: str
+    params: BaseModel
+    rows: RowSelector = valid_rows
+    weight: float = 1.0
+
+
+class LearnerContext(Protocol):
+    """What the learner offers a method's hooks (and nothing else)."""
+
+    cfg: Config
+    store: Store
+    run_id: int
+    step_no: int
+    version: int
+    main: bool  # rank 0: the only rank that writes to the store
+    world: int
+
+    def db(self, fn: Callable[[], Any]) -> Any: ...  # a database call, retried through an outage
+
+    def echo(self, msg: str) -> None: ...
+
+    def score(self, trajectories: Sequence[Any]) -> list[float]: ...  # ℓ_θ under the current weights
+
+    def log_step_metrics(self, metrics: dict[str, float]) -> None: ...  # MLflow + the step's row
+
+
+class Hooks(Protocol):
+    """A method's stateful learner-side part; every method is optional."""
+
+    def setup(self) -> None: ...
+
+    def select(self, n: int, min_version: int) -> Selection: ...
+
+    def metrics(self, batch: Batch, groups: Sequence[Group]) -> dict[str, float]: ...
+
+    def after_step(self, metrics: dict[str, float]) -> None: ...
+
+
+def _no_workflows(cfg: Config) -> list[WorkflowUse]:
+    return [WorkflowUse("group")]
+
+
+def _no_settings(cfg: Config) -> dict[str, Any]:
+    return {}
+
+
+def _no_check(cfg: Config) -> None:
+    return None
+
+
+@dataclass(frozen=True)
+class Method:
+    """A registered learner method (``algorithm: <name>``).
+
+    Attributes:
+        name: the value of ``algorithm``; also the key of its config section.
+        summary: one line for listings and error messages.
+        loss: the loss family of its main term (``learner.loss`` overrides it).
+        advantage_scale: the default of ``learner.advantage_scale`` (``group``: GRPO's std;
+            ``none``: Dr.GRPO's centring only).
+        config: the typed config section (a pydantic model with defaults), or ``None``.
+        workflows: ``cfg -> [WorkflowUse]``, the collectors' workflows in priority order.
+        terms: ``(cfg, main_params) -> [LossTerm]``; default: the main loss on every valid row.
+        transforms: ``cfg -> [transform]`` applied to the group advantages, in order.
+        settings: ``cfg -> {key: value}`` written to the run's settings at learner start.
+        check: ``cfg -> None``; raise ValueError naming the keys when they do not fit together.
+        hooks: ``(cfg, learner) -> Hooks``, built once per learner; ``None``: none.
+    """
+
+    name: str
+    summary: str
+    loss: str
+    advantage_scale: str = "group"
+    config: type[BaseModel] | None = None
+    workflows: Callable[[Config], list[WorkflowUse]] = _no_workflows
+    terms: Callable[[Config, BaseModel], list[LossTerm]] | None = None
+    transforms: Callable[[Config], list[Callable]] | None = None
+    settings: Callable[[Config], dict[str, Any]] = _no_settings
+    check: Callable[[Config], None] = _no_check
+    hooks: Callable[[Config, LearnerContext], Hooks] | None = None
+
+    def loss_terms(self, cfg: Config, main_params: BaseModel) -> list[LossTerm]:
+        if self.terms is not None:
+            return self.terms(cfg, main_params)
+        return [LossTerm("policy", cfg.learner.loss or self.loss, main_params)]
