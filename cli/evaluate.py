@@ -18,7 +18,7 @@ def eval_command(
     overrides: list[str] = typer.Option(None, "--set", help="Override a config key: --set learner.lr=1e-5 (repeatable; the value is YAML)."),
 ) -> None:
     """Report pass@1 and pass@k on held-out tasks with the plain prompt, and log them to MLflow."""
-    from reflexdb.trainer.cli_entry import run_eval
+    from reflexdb.collector.cli_entry import run_eval
 
     run_eval(config, checkpoint=checkpoint, split=split, k=k, max_tasks=max_tasks, url=url, as_json=as_json,
              overrides=overrides)

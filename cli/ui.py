@@ -16,7 +16,7 @@ def ui(
 ) -> None:
     """Start the MLflow UI on the runs the learner and `reflexdb eval` logged."""
     from reflexdb.settings import home
-    from reflexdb.trainer.tracking import default_tracking_uri
+    from reflexdb.tracking import default_tracking_uri
 
     uri = tracking_uri or default_tracking_uri()
     typer.echo(f"MLflow UI on http://{host}:{port} (store {uri}); Ctrl-C to stop")

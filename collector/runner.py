@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from reflexdb import GroupIn, Store, TrajectoryIn, TurnIn, drill, work
+from reflexdb import GroupIn, Store, TrajectoryIn, drill, work
 from reflexdb.config import Config
 from reflexdb.errors import ReplayRequestLost
 from reflexdb.retry import TRANSIENT, DbRetry
@@ -34,10 +34,11 @@ from reflexdb.retry import TRANSIENT, DbRetry
 from .engines import Engine, Sample, SamplingParams, make_engine
 from .engines.base import checkpoint_path
 from .models import model_display_name, resolve_model
-from .rewards import RewardResult, get_reward
+from .rewards import get_reward
 from .sources import build_tasks, prompt_messages
 from .tasks.templates import get_template
 from .workflows import Workflow, make_workflow
+from .workflows.base import score_samples
 
 log = logging.getLogger("reflexdb.collect")
 
@@ -228,22 +229,8 @@ class Collector:
     def score(self, ground_truth: str | None, prompt: list[dict], samples: list[Sample]) -> list[TrajectoryIn]:
         """Samples as trajectories with their rewards (a reward function that raises gives a NULL
         reward and the error, never a crash)."""
-        trajectories = []
-        for s in samples:
-            try:
-                r: RewardResult = self.reward_fn(s.text, ground_truth)
-                reward, correct, answer, error = float(r.reward), r.correct, r.extracted, None
-            except Exception as exc:  # a user's reward function must never crash the collector
-                reward, correct, answer, error = None, None, None, f"{type(exc).__name__}: {exc}"
-                self.stats.reward_errors += 1
-            n = len(s.token_ids)
-            turns = [TurnIn(m["role"], m["content"]) for m in prompt]
-            turns.append(TurnIn("assistant", s.text, 0, n))
-            trajectories.append(TrajectoryIn(
-                prompt_ids=s.prompt_ids, response_ids=s.token_ids, logprobs=s.logprobs, reward=reward,
-                correct=correct, turns=turns, finish_reason=s.finish_reason, extracted_answer=answer,
-                embedding=s.embedding, error=error,
-            ))
+        trajectories = score_samples(self.reward_fn, ground_truth, prompt, samples)
+        self.stats.reward_errors += sum(t.error is not None for t in trajectories)
         return trajectories
 
     def _write(self, groups: list[GroupIn]) -> None:

@@ -309,6 +309,8 @@ def _type_name(ann: Any) -> str:
     args = typing.get_args(ann)
     if typing.get_origin(ann) is Literal:
         return " or ".join(f"`{a!r}`" for a in args)
+    if typing.get_origin(ann) is dict:
+        return "mapping"
     if typing.get_origin(ann) is list:
         return f"list of {_type_name(args[0])}"
     if args:

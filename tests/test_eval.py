@@ -15,7 +15,7 @@ from sqlalchemy import text
 
 from reflexdb import GroupIn
 from reflexdb.config import parse_config
-from reflexdb.trainer.evaluate import evaluate, pass_at_k
+from reflexdb.collector.evaluate import evaluate, pass_at_k
 
 from .factories import make_group, setup_run
 

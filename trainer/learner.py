@@ -50,7 +50,7 @@ from .advantages import apply_advantage_transforms, group_advantages
 from .batch import Batch, Selection, eligible_group_ids, pack, pack_sequences
 from .engine import EngineSettings, StateUnreadable, TrainingEngine, clean_partial_files
 from .losses.registry import get_loss_spec
-from .tracking import Tracker
+from reflexdb.tracking import Tracker
 
 Q = load_queries("learner.sql")
 

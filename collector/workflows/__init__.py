@@ -32,7 +32,7 @@ def register_workflow(name: str) -> Callable[[type], type]:
 
 
 def get_workflow(name: str) -> type:
-    from . import group, nexgrpo_replay  # noqa: F401  (importing registers them)
+    from . import eval, group, nexgrpo_replay  # noqa: F401  (importing registers them)
 
     load_plugins()
     try:

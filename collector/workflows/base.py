@@ -28,6 +28,28 @@ if TYPE_CHECKING:
     from ..engines import Engine, Sample
 
 
+def score_samples(reward_fn, ground_truth: str | None, prompt: list[dict], samples: list[Sample]) -> list[TrajectoryIn]:
+    """Samples as trajectories with their rewards and turns. A reward function that raises gives a
+    NULL reward and the error on the row (``error``), never a crash: a user's reward function
+    must not stop a collector."""
+    from reflexdb import TrajectoryIn, TurnIn
+
+    out = []
+    for s in samples:
+        try:
+            r = reward_fn(s.text, ground_truth)
+            reward, correct, answer, error = float(r.reward), r.correct, r.extracted, None
+        except Exception as exc:
+            reward, correct, answer, error = None, None, None, f"{type(exc).__name__}: {exc}"
+        turns = [TurnIn(m["role"], m["content"]) for m in prompt]
+        turns.append(TurnIn("assistant", s.text, 0, len(s.token_ids)))
+        out.append(TrajectoryIn(
+            prompt_ids=s.prompt_ids, response_ids=s.token_ids, logprobs=s.logprobs, reward=reward,
+            correct=correct, turns=turns, finish_reason=s.finish_reason, extracted_answer=answer,
+            embedding=s.embedding, error=error))
+    return out
+
+
 class CollectContext(Protocol):
     """What a workflow may use of its collector (``collector/runner.py``)."""
 

@@ -13,10 +13,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Callable
 
 from sqlalchemy import text
 
-from reflexdb import GroupIn, Store, TrajectoryIn, TurnIn
+from reflexdb import Store
 from reflexdb.config import Config
 from reflexdb.errors import NotFound, ReflexdbError
 
@@ -62,14 +63,36 @@ def resolve_checkpoint(store: Store, run_id: int, spec: str, base_model) -> tupl
     return path.name, path, None
 
 
+@dataclass
+class _EvalContext:
+    """What the eval workflow uses (collector/workflows/base.py, CollectContext): one evaluator,
+    a fixed checkpoint, the sampling seed of the config (the same samples for every checkpoint)."""
+
+    cfg: Config
+    store: Store
+    run_id: int
+    engine: Any
+    version: int
+    embedding_model: str
+    params: Any
+    prompt: Callable
+    score: Callable
+    name: str = "eval"
+
+    def sample(self, prompts, n):
+        return self.engine.generate(prompts, n=n, params=self.params)
+
+
 def evaluate(cfg: Config, store: Store, checkpoint: str = "latest", *, split: str = "eval", k: int | None = None,
              max_tasks: int | None = None, echo=print) -> EvalResult:
-    from reflexdb.collector.engines import SamplingParams, make_engine
-    from reflexdb.collector.models import resolve_model
-    from reflexdb.collector.rewards import get_reward
-    from reflexdb.collector.sources import build_tasks, prompt_messages
+    from reflexdb.tracking import Tracker
 
-    from .tracking import Tracker
+    from .engines import SamplingParams, make_engine
+    from .models import resolve_model
+    from .rewards import get_reward
+    from .sources import build_tasks, prompt_messages
+    from .workflows import make_workflow
+    from .workflows.base import score_samples
 
     k = k or cfg.learner.eval_samples
     run_id = store.create_run(cfg.run, algorithm=cfg.algorithm, config=cfg.masked())
@@ -86,31 +109,16 @@ def evaluate(cfg: Config, store: Store, checkpoint: str = "latest", *, split: st
     params = SamplingParams(temperature=s.temperature, top_p=s.top_p, max_new_tokens=s.max_new_tokens,
                             stop=tuple(s.stop), seed=cfg.seed)
     echo(f"evaluating {label} on {len(tasks)} {split} tasks x {k} samples")
+    ctx = _EvalContext(cfg=cfg, store=store, run_id=run_id, engine=engine, version=version or 0,
+                       embedding_model=engine.model_name, params=params,
+                       prompt=lambda text: prompt_messages(cfg.tasks.template, text),
+                       score=lambda gt, prompt, samples: score_samples(reward, gt, prompt, samples))
+    workflow = make_workflow("eval", ctx, tasks=tasks, k=k, meta={"checkpoint": str(path), "label": label})
     per_task = []
-    batch = max(1, cfg.collector.tasks_per_batch)
-    for start in range(0, len(tasks), batch):
-        chunk = tasks[start:start + batch]
-        prompts = [prompt_messages(cfg.tasks.template, t.prompt) for t in chunk]
-        for task, prompt, samples in zip(chunk, prompts, engine.generate(prompts, n=k, params=params)):
-            trajs, correct = [], 0
-            for smp in samples:
-                try:
-                    r = reward(smp.text, task.ground_truth)
-                    rew, ok, ans, err = float(r.reward), r.correct, r.extracted, None
-                except Exception as exc:
-                    rew, ok, ans, err = None, None, None, f"{type(exc).__name__}: {exc}"
-                correct += bool(ok)
-                trajs.append(TrajectoryIn(
-                    prompt_ids=smp.prompt_ids, response_ids=smp.token_ids, logprobs=smp.logprobs, reward=rew,
-                    correct=ok, extracted_answer=ans, error=err, finish_reason=smp.finish_reason,
-                    embedding=smp.embedding,
-                    turns=[*(TurnIn(m["role"], m["content"]) for m in prompt),
-                           TurnIn("assistant", smp.text, 0, len(smp.token_ids))]))
-            store.write_group(GroupIn(run_id=run_id, task_id=task.id, policy_version=version or 0,
-                                      trajectories=trajs, workflow="eval", kind="eval",
-                                      meta={"checkpoint": str(path), "label": label},
-                                      embedding_model=engine.model_name))
-            per_task.append(correct)
+    while claimed := workflow.claim(max(1, cfg.collector.tasks_per_batch)):
+        for group in workflow.collect(claimed):
+            store.write_group(group)
+            per_task.append(sum(bool(t.correct) for t in group.trajectories))
     p1 = sum(c / k for c in per_task) / len(per_task)
     pk = sum(pass_at_k(k, c, k) for c in per_task) / len(per_task)
     tracker = Tracker(cfg, run_name=f"{cfg.run}-eval-{label}")

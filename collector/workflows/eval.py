@@ -1,0 +1,39 @@
+"""Held-out evaluation (``reflexdb eval``): k samples of each eval task with the plain prompt.
+
+    claim:   the next eval tasks of the list it was given (nothing shared: one evaluator)
+    collect: k samples per task -> rewards -> one group of kind ``eval`` per task (the learner's
+             view never takes them), with the checkpoint in ``meta``
+"""
+
+from __future__ import annotations
+
+from reflexdb import GroupIn
+
+from . import register_workflow
+
+
+@register_workflow("eval")
+class EvalWorkflow:
+    """Args:
+        tasks: rows with ``id``, ``prompt`` and ``ground_truth``.
+        k: samples per task.
+        meta: stored with each group (checkpoint path and label).
+    """
+
+    def __init__(self, ctx, *, tasks: list, k: int, meta: dict):
+        self.ctx, self.queue, self.k, self.meta = ctx, list(tasks), k, meta
+
+    def claim(self, want: int) -> list:
+        taken, self.queue = self.queue[:want], self.queue[want:]
+        return taken
+
+    def collect(self, tasks: list) -> list[GroupIn]:
+        c = self.ctx
+        prompts = [c.prompt(t.prompt) for t in tasks]
+        return [GroupIn(run_id=c.run_id, task_id=t.id, policy_version=c.version,
+                        trajectories=c.score(t.ground_truth, prompt, samples), workflow="eval", kind="eval",
+                        meta=self.meta, embedding_model=c.embedding_model)
+                for t, prompt, samples in zip(tasks, prompts, c.sample(prompts, self.k))]
+
+    def exhausted(self) -> bool:
+        return not self.queue
