@@ -240,7 +240,7 @@ def make_config(args, tasks_per_batch: int) -> Config:
 
 
 def seeds_like_collector(cfg: Config, count: int) -> list[int]:
-    """The per-call seeds Collector._collect draws (same derivation, same process id)."""
+    """The per-call seeds Collector.sample draws (same derivation, same process id)."""
     rng = np.random.default_rng([cfg.seed, os.getpid()])
     return [int(rng.integers(2**31)) for _ in range(count)]
 
@@ -299,8 +299,13 @@ def run_collector(engine: HFEngine, cfg: Config, url: str, n_groups: int, pgdata
     setup_s = time.perf_counter() - t0
     acc: dict[str, float] = {}
     # Instance attributes shadow the methods: the loop calls these wrappers.
-    for name in ("_maybe_reload", "_admitted", "_collect", "_group", "_write", "_report"):
+    for name in ("_maybe_reload", "_admitted", "_write", "_report"):
         setattr(collector, name, timed(getattr(collector, name), acc, name))
+    # The workflow's collect (prompts, seed, generate, scoring) and the scoring of samples
+    # (reward_fn + the records) it calls back on the collector.
+    collector.score = timed(collector.score, acc, "_group")
+    for workflow in collector.workflows:
+        workflow.collect = timed(workflow.collect, acc, "_collect")
     shutdown = collector._shutdown
 
     def timed_shutdown(*a, **k):  # _shutdown calls _report: count that part as _report only
