@@ -15,9 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from sqlalchemy import text
 
-from reflexdb import Store
+from reflexdb import Store, work
 from reflexdb.config import Config
 from reflexdb.errors import NotFound, ReflexdbError
 
@@ -92,14 +91,15 @@ def evaluate(cfg: Config, store: Store, checkpoint: str = "latest", *, split: st
     from .rewards import get_reward
     from .sources import build_tasks, prompt_messages
     from .workflows import make_workflow
+    from .workflows.eval import EvalTask
     from .workflows.base import score_samples
 
     k = k or cfg.learner.eval_samples
     run_id = store.create_run(cfg.run, algorithm=cfg.algorithm, config=cfg.masked())
     store.add_tasks(run_id, build_tasks(cfg.tasks)[0])  # idempotent: the collector adds the same ones
-    with store.engine.connect() as conn:
-        tasks = conn.execute(text("SELECT id, prompt, ground_truth FROM tasks WHERE run_id = :r AND split = :s "
-                                  "ORDER BY id LIMIT :n"), {"r": run_id, "s": split, "n": max_tasks or 2**31 - 1}).all()
+    with store._raw() as conn:
+        tasks = [EvalTask(*row) for row in conn.execute(
+            work.W["split_tasks"], {"run_id": run_id, "split": split, "n": max_tasks or 2**31 - 1})]
     if not tasks:
         raise ReflexdbError(f"run {cfg.run!r} has no tasks in split {split!r} (tasks.eval_size is 0?)")
     label, path, version = resolve_checkpoint(store, run_id, checkpoint, resolve_model(cfg.model))

@@ -7,20 +7,28 @@
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from reflexdb import GroupIn
 
 from . import register_workflow
 
 
+class EvalTask(NamedTuple):
+    id: int
+    prompt: str
+    ground_truth: str | None
+
+
 @register_workflow("eval")
 class EvalWorkflow:
     """Args:
-        tasks: rows with ``id``, ``prompt`` and ``ground_truth``.
+        tasks: the held-out tasks to sample.
         k: samples per task.
         meta: stored with each group (checkpoint path and label).
     """
 
-    def __init__(self, ctx, *, tasks: list, k: int, meta: dict):
+    def __init__(self, ctx, *, tasks: list[EvalTask], k: int, meta: dict):
         self.ctx, self.queue, self.k, self.meta = ctx, list(tasks), k, meta
 
     def claim(self, want: int) -> list:

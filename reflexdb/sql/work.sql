@@ -71,3 +71,7 @@ SELECT
 -- name: tasks_left
 -- Train tasks of a run collected fewer than max_collections times.
 SELECT count(*) FROM tasks WHERE run_id = %(run_id)s AND split = 'train' AND times_collected < %(max_collections)s;
+
+-- name: split_tasks
+-- A run's tasks of one split, oldest first (reflexdb eval's held-out problems).
+SELECT id, prompt, ground_truth FROM tasks WHERE run_id = %(run_id)s AND split = %(split)s ORDER BY id LIMIT %(n)s;
