@@ -116,7 +116,7 @@ class Hooks(Protocol):
     def after_step(self, metrics: dict[str, float]) -> None: ...
 
 
-def _no_workflows(cfg: Config) -> list[WorkflowUse]:
+def _plain_group(cfg: Config) -> list[WorkflowUse]:
     return [WorkflowUse("group")]
 
 
@@ -152,7 +152,7 @@ class Method:
     loss: str
     advantage_scale: str = "group"
     config: type[BaseModel] | None = None
-    workflows: Callable[[Config], list[WorkflowUse]] = _no_workflows
+    workflows: Callable[[Config], list[WorkflowUse]] = _plain_group
     terms: Callable[[Config, BaseModel], list[LossTerm]] | None = None
     transforms: Callable[[Config], list[Callable]] | None = None
     settings: Callable[[Config], dict[str, Any]] = _no_settings
