@@ -26,6 +26,9 @@ class TurnIn:
             turns inside the prompt.
         trainable: whether the turn's tokens may carry loss (assistant turns, by default).
         tool_error: the turn is a tool call whose execution failed (CLEANER).
+        attempt: the attempt of a multi-turn episode the turn belongs to (0-based; an assistant
+            turn and the environment's feedback on it share it); ``None`` for prompt turns.
+        answer, correct, reward: on an assistant turn, the environment's verdict on it.
     """
 
     role: str
@@ -34,6 +37,10 @@ class TurnIn:
     token_end: int | None = None
     trainable: bool | None = None
     tool_error: bool = False
+    attempt: int | None = None
+    answer: str | None = None
+    correct: bool | None = None
+    reward: float | None = None
 
 
 @dataclass
@@ -142,6 +149,10 @@ class Turn:
     token_end: int | None
     trainable: bool
     tool_error: bool
+    attempt: int | None = None
+    answer: str | None = None
+    correct: bool | None = None
+    reward: float | None = None
 
 
 @dataclass(frozen=True)

@@ -212,6 +212,13 @@ turns = Table(
     Column("token_end", Integer),
     Column("trainable", Boolean, nullable=False, server_default=text("false")),
     Column("tool_error", Boolean, nullable=False, server_default=text("false")),
+    # Multi-turn episodes (0007): the attempt the turn belongs to (an assistant turn and the
+    # environment's feedback on it share it; NULL for prompt turns) and, on assistant turns, what
+    # the environment made of the turn.
+    Column("attempt", SmallInteger),
+    Column("answer", Text),
+    Column("correct", Boolean),
+    Column("reward", Float),
     PrimaryKeyConstraint("trajectory_id", "turn_index"),
     CheckConstraint(_in("role", ROLES), name="role"),
     CheckConstraint("token_start IS NULL OR (token_start >= 0 AND token_end >= token_start)", name="span"),
@@ -386,7 +393,7 @@ replay_requests = Table(
 VIEWS = (
     "failures", "group_stats", "staleness", "learner_eligible",
     "task_latest_group", "nexgrpo_positive_pool", "nexgrpo_negative_pool", "nexgrpo_retired_tasks",
-    "nexgrpo_replay_candidates", "untrained_groups",
+    "nexgrpo_replay_candidates", "untrained_groups", "episode_turns",
 )
 
 #: SQL functions created by migrations from ``reflexdb/sql/functions/<name>.sql`` (the views call them).

@@ -62,8 +62,9 @@ _TRAJ_TYPES = (
     "int8", "int8", "int8", "int8", "int2", "text", "int8", "int8", "int8", "int4", "float8", "bool",
     "bool", "text", "text", "float8", "int2", "int4", "text", "jsonb",
 )
-_TURN_COLUMNS = ("trajectory_id", "turn_index", "role", "text", "token_start", "token_end", "trainable", "tool_error")
-_TURN_TYPES = ("int8", "int2", "text", "text", "int4", "int4", "bool", "bool")
+_TURN_COLUMNS = ("trajectory_id", "turn_index", "role", "text", "token_start", "token_end", "trainable", "tool_error",
+                 "attempt", "answer", "correct", "reward")
+_TURN_TYPES = ("int8", "int2", "text", "text", "int4", "int4", "bool", "bool", "int2", "text", "bool", "float8")
 _PAYLOAD_COLUMNS = ("trajectory_id", "prompt_ids", "response_ids", "logprobs", "token_policy_versions", "loss_mask")
 _PAYLOAD_TYPES = ("int8", "int4[]", "int4[]", "float4[]", "int4[]", "bool[]")
 _EMBED_COLUMNS = ("trajectory_id", "model", "layer", "dim", "vector")
@@ -369,7 +370,8 @@ class Store:
                 Jsonb(s.meta),
             ))
             for k, u in enumerate(t.turns):
-                out.turns.append((tid, k, u.role, u.text, u.token_start, u.token_end, u.trainable, u.tool_error))
+                out.turns.append((tid, k, u.role, u.text, u.token_start, u.token_end, u.trainable, u.tool_error,
+                                  u.attempt, u.answer, u.correct, u.reward))
             out.payloads.append((tid, t.prompt_ids, t.response_ids, t.logprobs, t.token_policy_versions, t.loss_mask))
             if t.embedding is not None:
                 out.embeddings.append((tid, g.embedding_model, g.embedding_layer, t.embedding.shape[0], t.embedding))

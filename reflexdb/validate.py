@@ -110,7 +110,15 @@ def _turns(turns: list[TurnIn], n_tokens: int, where: str) -> list[TurnIn]:
                 f"span [{turn.token_start}, {turn.token_end}) does not lie in the {n_tokens} response tokens",
             )
         trainable = turn.role == "assistant" if turn.trainable is None else bool(turn.trainable)
-        out.append(TurnIn(turn.role, turn.text, turn.token_start, turn.token_end, trainable, bool(turn.tool_error)))
+        if turn.attempt is not None and not 0 <= int(turn.attempt) <= 32767:
+            raise InvalidGroup(f"{w}.attempt", f"must lie in [0, 32767], got {turn.attempt}")
+        if turn.answer is not None and "\x00" in str(turn.answer):
+            raise InvalidGroup(f"{w}.answer", "contains a NUL character")
+        out.append(TurnIn(turn.role, turn.text, turn.token_start, turn.token_end, trainable, bool(turn.tool_error),
+                          None if turn.attempt is None else int(turn.attempt),
+                          None if turn.answer is None else str(turn.answer),
+                          None if turn.correct is None else bool(turn.correct),
+                          _finite(turn.reward, f"{w}.reward")))
     return out
 
 
@@ -141,15 +149,18 @@ def prepare_trajectory(t: TrajectoryIn, where: str, group_version: int) -> Prepa
         raise InvalidGroup(f"{where}.policy_version", f"must be >= 0, got {version}")
 
     turns = _turns(t.turns, n, where)
+    spans = [u for u in turns if u.token_start is not None]
+    # The model's own tokens: the trainable turns' spans (every token when no turn has a span).
+    # The loss mask defaults to them (what the learner trains) and may only narrow them (R3L's
+    # pivotal credit masks a retry's shared prefix): never an environment token.
+    own = np.ones(n, dtype=bool)
+    if spans:
+        own[:] = False
+        for u in spans:
+            if u.trainable:
+                own[u.token_start : u.token_end] = True
     if t.loss_mask is None:
-        spans = [u for u in turns if u.token_start is not None]
-        if spans:
-            loss_mask = np.zeros(n, dtype=bool)
-            for u in spans:
-                if u.trainable:
-                    loss_mask[u.token_start : u.token_end] = True
-        else:
-            loss_mask = np.ones(n, dtype=bool)
+        loss_mask = own
     else:
         loss_mask = np.asarray(t.loss_mask)
         if loss_mask.ndim != 1 or loss_mask.shape[0] != n:
@@ -158,6 +169,10 @@ def prepare_trajectory(t: TrajectoryIn, where: str, group_version: int) -> Prepa
             if not np.isin(loss_mask, (0, 1)).all():
                 raise InvalidGroup(f"{where}.loss_mask", "must hold booleans (0/1)")
             loss_mask = loss_mask.astype(bool)
+        outside = np.flatnonzero(loss_mask & ~own)
+        if outside.size:
+            raise InvalidGroup(f"{where}.loss_mask", f"marks token {int(outside[0])}, which lies in no trainable "
+                               "turn's span (an environment's or the prompt's token never carries loss)")
 
     embedding = None
     if t.embedding is not None:
@@ -173,8 +188,11 @@ def prepare_trajectory(t: TrajectoryIn, where: str, group_version: int) -> Prepa
     reward = _finite(t.reward, f"{where}.reward")
     confidence = _finite(t.confidence, f"{where}.confidence")
     if confidence is None and n:
-        # == np.mean(logprobs, dtype=np.float64) (the same reduction), without np.mean's overhead
-        confidence = float(np.exp(np.add.reduce(logprobs, axis=None, dtype=np.float64) / n))
+        if own.all():
+            # == np.mean(logprobs, dtype=np.float64) (the same reduction), without np.mean's overhead
+            confidence = float(np.exp(np.add.reduce(logprobs, axis=None, dtype=np.float64) / n))
+        elif own.any():  # an episode: the model's own tokens only, not the environment's
+            confidence = float(np.exp(np.add.reduce(logprobs[own], axis=None, dtype=np.float64) / own.sum()))
     if confidence is not None and not 0.0 <= confidence <= 1.0:
         raise InvalidGroup(f"{where}.confidence", f"must lie in [0, 1], got {confidence}")
     truncated = t.finish_reason == "length" if t.truncated is None else bool(t.truncated)

@@ -30,7 +30,7 @@ def test_round_trip_every_field(store):
     T = 37
     versions = np.array([3] * 20 + [4] * 17, dtype=np.int32)
     mask = np.zeros(T, dtype=bool)
-    mask[5:30] = True
+    mask[5:20] = mask[25:30] = True  # narrower than the assistant spans [0, 20) and [25, 37)
     src = TrajectoryIn(
         prompt_ids=np.arange(9, dtype=np.int64),
         response_ids=rng.integers(0, 49152, T),
@@ -71,7 +71,9 @@ def test_round_trip_every_field(store):
     assert t.policy_version == 3
     assert t.truncated is True and t.finish_reason == "length"
     assert t.reward == 0.25 and t.correct is False and t.extracted_answer == "5"
-    assert t.confidence == pytest.approx(float(np.exp(np.mean(src.logprobs.astype(np.float64)))))
+    # confidence: over the model's own tokens, the assistant spans (not the observation's 20..25)
+    own = np.r_[src.logprobs[:20], src.logprobs[25:]].astype(np.float64)
+    assert t.confidence == pytest.approx(float(np.exp(np.mean(own))))
     assert t.num_turns == 5 and t.response_length == T and t.times_sampled == 0
     assert t.meta == {"note": "hand-made", "k": [1, 2]}
     assert [(u.role, u.token_start, u.token_end, u.trainable, u.tool_error) for u in t.turns] == [

@@ -67,7 +67,8 @@ SELECT trajectory_id, vector FROM embeddings WHERE trajectory_id = ANY(%(ids)s);
 
 -- name: select_turns
 -- Turns by trajectory id, in order.
-SELECT trajectory_id, turn_index, role, text, token_start, token_end, trainable, tool_error
+SELECT trajectory_id, turn_index, role, text, token_start, token_end, trainable, tool_error,
+       attempt, answer, correct, reward
 FROM turns WHERE trajectory_id = ANY(%(ids)s)
 ORDER BY trajectory_id, turn_index;
 
