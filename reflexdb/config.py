@@ -68,6 +68,30 @@ class CollectorConfig(_Section):
     poll_interval_s: float = Field(2.0, gt=0, description="Polling period of waits (NOTIFY wakes them earlier).")
 
 
+class EnvironmentConfig(BaseModel):
+    """``environment:``: ``name`` and that environment's options (the other keys)."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    name: str = Field("single", description="The environment episodes run in (collector/environments): 'single' (one answer), 'multi_attempt' (up to max_attempts answers with feedback after a wrong one), or a plug-in's. The other keys of this section are its options, e.g. max_attempts: 3, attempt_discount: 1.0.")
+    _options: Any = PrivateAttr(None)
+
+    @model_validator(mode="after")
+    def _parse(self) -> EnvironmentConfig:
+        from reflexdb.collector.environments import environment_names, parse_options
+
+        if self.name not in environment_names():
+            raise ValueError(f"environment.name: {self.name!r} is not a registered environment; known: "
+                             f"{', '.join(environment_names())}")
+        self._options = parse_options(self.name, dict(self.__pydantic_extra__ or {}))
+        return self
+
+    @property
+    def options(self) -> Any:
+        """The environment's options as its typed ``Options`` model (defaults filled in)."""
+        return self._options
+
+
 class LearnerConfig(_Section):
     groups_per_step: int = Field(16, ge=1, le=100_000, description="Groups consumed by one learner step (the collectors' admission control reads it).")
     publish_every: int = Field(1, ge=1, le=100_000, description="Publish weights every k learner steps.")
@@ -112,6 +136,7 @@ class Config(_Section):
     tasks: TasksConfig = Field(default_factory=TasksConfig)
     collector: CollectorConfig = Field(default_factory=CollectorConfig)
     learner: LearnerConfig = Field(default_factory=LearnerConfig)
+    environment: EnvironmentConfig = Field(default_factory=EnvironmentConfig)
     _loss_params: Any = PrivateAttr(None)
 
     @model_validator(mode="after")
@@ -372,6 +397,18 @@ def markdown_reference() -> str:
             continue
         lines += ["", f"## `{name}` (read when `algorithm: {name}`)", ""]
         section(m.config, f"{name}.")
+    from reflexdb.collector.environments import environment_names, get_environment
+
+    lines += ["", "## Environment options (the other keys of `environment:`)", "",
+              "Each environment takes its own keys next to `name`; a key it does not take is an error.", ""]
+    for name in environment_names():
+        options = get_environment(name).Options
+        lines += [f"### `environment.name: {name}`", ""]
+        if options.model_fields:
+            section(options, "environment.")
+        else:
+            lines.append("No options.")
+        lines.append("")
     lines += ["", "## Loss parameters (`learner.loss_params`)", "",
               "Each loss family takes its own keys; a key the chosen family does not take is an error.", ""]
     for name in loss_names():

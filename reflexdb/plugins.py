@@ -14,6 +14,8 @@ import stops with a message naming it (a run must not silently lose its method).
 
 from __future__ import annotations
 
+import importlib
+from collections.abc import Callable
 from importlib.metadata import entry_points
 
 from .errors import ReflexdbError
@@ -40,3 +42,43 @@ def load_plugins() -> None:
                               f"{type(exc).__name__}: {exc}") from exc
         if callable(obj):  # "pkg:register": a function that registers the parts
             obj()
+
+
+class ClassRegistry(dict):
+    """Classes by name (workflows, environments): ``register(name)`` is a class decorator, ``get``
+    imports the built-in modules and the plug-ins first.
+
+    Args:
+        kind: what the classes are, for messages (``workflow``).
+        package, builtins: the built-ins are the modules ``package.<name>`` for each name in ``builtins``.
+    """
+
+    def __init__(self, kind: str, package: str, builtins: tuple[str, ...]):
+        super().__init__()
+        self.kind, self.package, self.builtins = kind, package, builtins
+
+    def register(self, name: str) -> Callable[[type], type]:
+        def wrap(cls: type) -> type:
+            if self.get(name, cls) is not cls:
+                raise ValueError(f"{self.kind} {name!r} is already registered")
+            cls.name = name
+            self[name] = cls
+            return cls
+
+        return wrap
+
+    def load(self) -> None:
+        for module in self.builtins:  # importing registers them
+            importlib.import_module(f"{self.package}.{module}")
+        load_plugins()
+
+    def lookup(self, name: str) -> type:
+        self.load()
+        try:
+            return self[name]
+        except KeyError:
+            raise KeyError(f"unknown {self.kind} {name!r}; registered: {', '.join(sorted(self))}") from None
+
+    def names(self) -> list[str]:
+        self.load()
+        return sorted(self)

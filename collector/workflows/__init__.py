@@ -9,36 +9,14 @@ A method names the workflows its collectors run, in priority order (``Method.wor
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
-from reflexdb.plugins import load_plugins
+from reflexdb.plugins import ClassRegistry
 
 from .base import CollectContext, Workflow
 
-WORKFLOWS: dict[str, type] = {}
-
-
-def register_workflow(name: str) -> Callable[[type], type]:
-    """Class decorator: register a workflow under ``name`` (names are unique)."""
-
-    def wrap(cls: type) -> type:
-        if WORKFLOWS.get(name, cls) is not cls:
-            raise ValueError(f"workflow {name!r} is already registered")
-        cls.name = name
-        WORKFLOWS[name] = cls
-        return cls
-
-    return wrap
-
-
-def get_workflow(name: str) -> type:
-    from . import eval, group, nexgrpo_replay  # noqa: F401  (importing registers them)
-
-    load_plugins()
-    try:
-        return WORKFLOWS[name]
-    except KeyError:
-        raise KeyError(f"unknown workflow {name!r}; registered: {', '.join(sorted(WORKFLOWS))}") from None
+WORKFLOWS = ClassRegistry("workflow", __name__, ("eval", "group", "nexgrpo_replay"))
+#: Class decorator: register a workflow under ``name`` (names are unique).
+register_workflow = WORKFLOWS.register
+get_workflow = WORKFLOWS.lookup
 
 
 def make_workflow(name: str, ctx: CollectContext, **options) -> Workflow:

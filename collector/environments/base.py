@@ -1,0 +1,76 @@
+"""What an environment is: the other side of a multi-turn episode.
+
+One instance is one episode on one task::
+
+    env = make_environment("multi_attempt", options, task, reward_fn=..., template=...)
+    messages = env.reset()                   # the first chat messages (system, user)
+    step = env.step(text, finish_reason)     # the model's turn -> feedback, reward, done
+    messages = env.restore(k)                # back to the state before assistant turn k
+
+- ``reset`` returns the conversation the first assistant turn answers.
+- ``step`` takes the assistant's decoded text and returns a :class:`Step`: the environment's
+  reply (``feedback``, chat messages the template renders between assistant turns; empty when the
+  episode is over), the verdict on this turn (answer, correct, reward) and, once ``done``, the
+  episode's reward and correctness.
+- ``restore(k)`` puts the environment back where it was before assistant turn ``k`` (0-based) and
+  returns the conversation at that point (R3L retries from a pivot turn). An environment is a
+  function of its history, so restoring is replaying the first ``k`` turns' bookkeeping.
+
+The driver (``collector/episodes.py``) owns tokens: an environment sees and writes text only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple, Protocol
+
+
+class EnvTask(NamedTuple):
+    """A task as an environment sees it."""
+
+    id: int
+    prompt: str
+    ground_truth: str | None
+
+
+@dataclass(frozen=True)
+class Step:
+    """The environment's answer to one assistant turn.
+
+    Attributes:
+        feedback: chat messages to append before the next assistant turn (``[]`` when done).
+        done: the episode is over.
+        answer, correct, reward: the verdict on this turn (``reward`` None: the reward function failed).
+        episode_reward, episode_correct: the episode's, once ``done``.
+        error: the reward function's error on this turn, if it raised.
+    """
+
+    feedback: list[dict[str, str]] = field(default_factory=list)
+    done: bool = True
+    answer: str | None = None
+    correct: bool | None = None
+    reward: float | None = None
+    episode_reward: float | None = None
+    episode_correct: bool | None = None
+    error: str | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+class Environment(Protocol):
+    name: str
+
+    def reset(self) -> list[dict[str, str]]: ...
+
+    def step(self, text: str, finish_reason: str) -> Step: ...
+
+    def restore(self, turn: int) -> list[dict[str, str]]: ...
+
+
+def judge(reward_fn, text: str, ground_truth: str | None) -> tuple[float | None, bool | None, str | None, str | None]:
+    """(reward, correct, answer, error) of one response; a reward function that raises gives a NULL
+    reward and its error, never a crash (a user's reward function must not stop a collector)."""
+    try:
+        r = reward_fn(text, ground_truth)
+        return float(r.reward), r.correct, r.extracted, None
+    except Exception as exc:
+        return None, None, None, f"{type(exc).__name__}: {exc}"
