@@ -91,6 +91,9 @@ class HFEngine:
         score_token_budget: most (rows × padded length) tokens in one scoring forward pass;
             bounds the memory of the logits and hidden states it materialises.
         cache_dir: model cache for the built-in models (default :func:`~reflexdb.collector.models.model_cache_dir`).
+        share_prefixes: prefill a prefix shared by several prompts of one call once (the turns of
+            multi-turn episodes share their task's prompt and the system prompt) when that saves at
+            least ``min_shared_prefix`` tokens; the ``n`` samples of one prompt always share it.
     """
 
     kind = "hf"
@@ -104,6 +107,8 @@ class HFEngine:
         max_batch_size: int = 32,
         score_token_budget: int = 2048,
         cache_dir: Path | None = None,
+        share_prefixes: bool = True,
+        min_shared_prefix: int = 64,
     ):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -112,6 +117,9 @@ class HFEngine:
         self.dtype = _resolve_dtype(dtype, self.device)
         self.max_batch_size = max_batch_size
         self.score_token_budget = score_token_budget
+        self.share_prefixes, self.min_shared_prefix = share_prefixes, min_shared_prefix
+        #: prompt tokens of every row asked for, and those actually prefilled (docs/benchmarks.md)
+        self.prompt_tokens = self.prefill_tokens = 0
         try:
             self._model = AutoModelForCausalLM.from_pretrained(location, dtype=self.dtype)
             self._tokenizer = AutoTokenizer.from_pretrained(location)
@@ -188,16 +196,15 @@ class HFEngine:
         if max_new < 1:
             raise ValueError(f"prompt of {P} tokens leaves no room in the context of {self._max_positions}")
 
-        # Left-pad so that every row's last prompt token sits in the last column.
-        input_ids = torch.full((len(prompts), P), self._pad_id, dtype=torch.long)
-        mask = torch.zeros((len(prompts), P), dtype=torch.long)
-        for i, p in enumerate(prompts):
-            input_ids[i, P - len(p) :] = torch.tensor(p, dtype=torch.long)
-            mask[i, P - len(p) :] = 1
-        input_ids, mask = input_ids.to(dev), mask.to(dev)
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)  # [B0, P]
-        logits, hidden, cache = self._forward(input_ids=input_ids, attention_mask=mask, position_ids=positions)
-        next_pos = positions[:, -1] + 1  # [B0]
+        input_ids, mask, positions = self._left_pad(prompts)
+        plan = self._prefix_plan(prompts) if self.share_prefixes else None
+        self.prompt_tokens += sum(lengths) * n
+        if plan is None:
+            self.prefill_tokens += sum(lengths)
+            logits, hidden, cache = self._forward(input_ids=input_ids, attention_mask=mask, position_ids=positions)
+        else:
+            logits, hidden, cache, mask = self._prefill_shared(prompts, plan)
+        next_pos = torch.tensor(lengths, dtype=torch.long, device=dev)  # [B0]
         if n > 1:  # one prefill per prompt, then n copies of its cache
             cache.batch_repeat_interleave(n)
             logits, hidden = logits.repeat_interleave(n, 0), hidden.repeat_interleave(n, 0)
@@ -274,6 +281,77 @@ class HFEngine:
                 )
             out.append(group)
         return out
+
+    def _left_pad(self, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """input_ids, attention_mask and position_ids `[B, P]` with every row's last token in the last column."""
+        P = max(len(p) for p in prompts)
+        input_ids = torch.full((len(prompts), P), self._pad_id, dtype=torch.long)
+        mask = torch.zeros((len(prompts), P), dtype=torch.long)
+        for i, p in enumerate(prompts):
+            if p:
+                input_ids[i, P - len(p) :] = torch.tensor(p, dtype=torch.long)
+                mask[i, P - len(p) :] = 1
+        input_ids, mask = input_ids.to(self.device), mask.to(self.device)
+        return input_ids, mask, (mask.cumsum(-1) - 1).clamp(min=0)
+
+    def _prefix_plan(self, prompts: list[list[int]]) -> list[tuple[int, list[int]]] | None:
+        """Families of rows that share a prefix worth prefilling once: ``[(prefix_length, rows)]``
+        covering every row, or ``None`` when sharing would save fewer than ``min_shared_prefix``
+        tokens. Rows are sorted so that rows with long common prefixes are neighbours; a row joins
+        the family before it while that saves at least as many tokens as it costs."""
+        if len(prompts) < 2:
+            return None
+        order = sorted(range(len(prompts)), key=lambda i: prompts[i])
+
+        def lcp(a: list[int], b: list[int]) -> int:
+            n = min(len(a), len(b))
+            i = 0
+            while i < n and a[i] == b[i]:
+                i += 1
+            return i
+
+        families: list[tuple[int, list[int]]] = []
+        prefix, rows = len(prompts[order[0]]) - 1, [order[0]]
+        for i in order[1:]:
+            shared = min(lcp(prompts[rows[-1]], prompts[i]), prefix, len(prompts[i]) - 1)
+            if len(rows) * shared >= (len(rows) - 1) * prefix and shared > 0:
+                prefix, rows = shared, rows + [i]
+            else:
+                families.append((prefix, rows))
+                prefix, rows = len(prompts[i]) - 1, [i]
+        families.append((prefix, rows))
+        saved = sum((len(r) - 1) * p for p, r in families)
+        if saved < self.min_shared_prefix or any(p < 1 for p, _ in families):
+            return None
+        return families
+
+    def _prefill_shared(self, prompts: list[list[int]], plan: list[tuple[int, list[int]]]):
+        """Prefill each family's prefix once, copy its cache to the family's rows, then prefill
+        every row's own suffix on top. Row layout: ``[pad | prefix | pad | suffix]``; the attention
+        mask hides both pads and position ids count real tokens only, so each row sees exactly its
+        prompt. Returns the last position's logits and hidden state, the cache and the mask."""
+        dev = self.device
+        prefixes = [prompts[rows[0]][:p] for p, rows in plan]
+        ids, pmask, ppos = self._left_pad(prefixes)
+        _, _, cache = self._forward(input_ids=ids, attention_mask=pmask, position_ids=ppos)
+        family = [0] * len(prompts)
+        prefix_len = [0] * len(prompts)
+        for f, (p, rows) in enumerate(plan):
+            for r in rows:
+                family[r], prefix_len[r] = f, p
+        index = torch.tensor(family, dtype=torch.long, device=dev)
+        cache.batch_select_indices(index)  # family f's cache, once for each of its rows
+        suffixes = [p[k:] for p, k in zip(prompts, prefix_len)]
+        sids, smask, _ = self._left_pad(suffixes)
+        S = sids.shape[1]
+        start = torch.tensor(prefix_len, dtype=torch.long, device=dev)[:, None]
+        spos = (start + (smask.cumsum(-1) - 1).clamp(min=0)) * smask + start * (1 - smask)
+        mask = torch.cat([pmask[index], smask], dim=1)
+        self.prefill_tokens += sum(len(p) for p in prefixes) + sum(len(s) for s in suffixes)
+        logits, hidden, cache = self._forward(input_ids=sids, attention_mask=mask, position_ids=spos,
+                                              past_key_values=cache)
+        assert S >= 1
+        return logits, hidden, cache, mask
 
     # -- scoring -----------------------------------------------------------------------------
 

@@ -1,0 +1,213 @@
+"""The rollout driver: many episodes of an environment at once, over any engine.
+
+    episodes = Rollout(engine, make_env, params).run(tasks, n)    # n episodes per task
+
+Turn 0: every task's first messages, ``n`` samples each, in one engine call (the ``n`` samples
+of a prompt share its prefill). Turn k > 0: every unfinished episode of the batch continues in
+one engine call, its prompt being the token ids of the conversation so far; the engine reuses
+what it can of the shared prefix (the HF engine prefills a prefix shared by several rows once).
+This repeats until every episode is done. Never one episode at a time.
+
+An episode is one trajectory (docs/concepts.md, "Episodes, turns, spans and loss masks"):
+
+- ``prompt_ids``: the first messages under the chat template, with the generation prompt;
+- ``response_ids``: assistant turn 0, the environment's turn 0, assistant turn 1, ... where every
+  assistant token is exactly the token the engine sampled, with its behaviour log-prob and the
+  policy version that sampled it, and every environment token is what the chat template renders
+  for the environment's message (log-prob 0, never trained on);
+- ``turns``: one row per turn with its span in ``response_ids``, ``trainable`` on assistant turns
+  only, the attempt index and the environment's verdict. The loss mask is the union of the
+  trainable spans (reflexdb/validate.py builds it), so the learner never re-tokenises.
+
+**Turn boundaries.** The assistant's sampled tokens end with the token that stopped it (EOS:
+``<|im_end|>`` for ChatML templates), or with no closing token when it was truncated or stopped
+by a stop string. The environment's span is the text the chat template puts between the end of
+the assistant's content and the start of the next assistant's content, minus a closing token the
+assistant already sampled: for SmolLM2 ``"\\n<|im_start|>user\\nIncorrect. ...<|im_end|>\\n<|im_start|>assistant\\n"``
+(or ``"<|im_end|>\\n<|im_start|>user..."`` after a truncated turn). It is tokenised on its own;
+special tokens in it are recognised as such. Decoding ``prompt_ids + response_ids`` therefore
+reproduces the template's rendering of the whole conversation (tests/test_episodes.py).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from reflexdb import TrajectoryIn, TurnIn
+
+from .engines import Sample, SamplingParams
+from .environments import Environment, EnvTask, Step, make_environment
+from .tasks.templates import get_template, render_chat
+
+#: Stands in for an assistant message's content when locating turn boundaries in the rendered text.
+_SENTINEL = "\u2063reflexdb\u2063turn\u2063"
+
+
+def environment_ids(tokenizer: Any, history: Sequence[dict], feedback: Sequence[dict], sampled: Sequence[int],
+                    finish_reason: str) -> list[int]:
+    """Token ids of what the chat template puts between an assistant turn and the next one.
+
+    Args:
+        history: the conversation before the assistant turn (prompt messages, earlier turns).
+        feedback: the environment's messages after it.
+        sampled: the assistant turn's sampled token ids (their last may be a closing token).
+    Raises:
+        ValueError: the template renders earlier turns differently once more turns follow (then
+            the stored conversation could not be one sequence).
+    """
+    closed = [*history, {"role": "assistant", "content": _SENTINEL}]
+    a = render_chat(tokenizer, closed, add_generation_prompt=False)
+    b = render_chat(tokenizer, [*closed, *feedback], add_generation_prompt=True)
+    if not b.startswith(a) or _SENTINEL not in a:
+        raise ValueError("the chat template renders a conversation differently once more turns follow; "
+                         "multi-turn episodes need a template that only appends")
+    closing = a[a.rindex(_SENTINEL) + len(_SENTINEL):]
+    if finish_reason == "stop" and sampled:
+        last = tokenizer.decode([int(sampled[-1])], skip_special_tokens=False)
+        if int(sampled[-1]) in set(tokenizer.all_special_ids) and last and closing.startswith(last):
+            closing = closing[len(last):]  # the model already sampled the closing token
+    return list(tokenizer.encode(closing + b[len(a):], add_special_tokens=False))
+
+
+@dataclass
+class RolloutStats:
+    """What one :meth:`Rollout.run` did (collector progress, benchmarks/episodes_bench.py)."""
+
+    episodes: int = 0
+    turns: int = 0  # assistant turns sampled
+    engine_calls: int = 0
+    sampled_tokens: int = 0
+    environment_tokens: int = 0
+    prompt_tokens: int = 0  # prompt tokens of every row of every call (what a cacheless engine prefills)
+    seconds: float = 0.0
+
+
+@dataclass
+class _Episode:
+    env: Environment
+    messages: list[dict]  # the conversation so far, as chat messages
+    prompt_turns: list[dict]
+    prompt_ids: np.ndarray | None = None
+    ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    turns: list[TurnIn] = field(default_factory=list)
+    emb_sum: np.ndarray | None = None
+    emb_tokens: int = 0
+    finish_reason: str = "stop"
+    last: Step | None = None
+    error: str | None = None
+
+    def take(self, s: Sample, step: Step, version: int, attempt: int) -> None:
+        start = len(self.ids)
+        self.ids += s.token_ids.tolist()
+        self.logprobs += s.logprobs.tolist()
+        self.versions += [version] * len(s.token_ids)
+        self.turns.append(TurnIn("assistant", s.text, start, len(self.ids), True, attempt=attempt,
+                                 answer=step.answer, correct=step.correct, reward=step.reward))
+        w = len(s.token_ids)
+        self.emb_sum = s.embedding * w if self.emb_sum is None else self.emb_sum + s.embedding * w
+        self.emb_tokens += w
+        self.finish_reason, self.last = s.finish_reason, step
+        self.error = self.error or step.error
+        self.messages.append({"role": "assistant", "content": s.text})
+
+    def feed(self, tokenizer: Any, s: Sample, step: Step, version: int, attempt: int) -> None:
+        env_ids = environment_ids(tokenizer, self.messages[:-1], step.feedback, s.token_ids.tolist(), s.finish_reason)
+        start = len(self.ids)
+        self.ids += env_ids
+        self.logprobs += [0.0] * len(env_ids)
+        self.versions += [version] * len(env_ids)
+        text = "\n\n".join(m["content"] for m in step.feedback)
+        role = step.feedback[0]["role"] if len(step.feedback) == 1 else "observation"
+        self.turns.append(TurnIn(role if role in ("user", "tool", "observation") else "observation", text, start,
+                                 len(self.ids), False, attempt=attempt))
+        self.messages += step.feedback
+
+    def trajectory(self) -> TrajectoryIn:
+        step = self.last
+        turns = [TurnIn(m["role"], m["content"]) for m in self.prompt_turns] + self.turns
+        emb = None if self.emb_sum is None else (self.emb_sum / max(self.emb_tokens, 1)).astype(np.float32)
+        return TrajectoryIn(
+            prompt_ids=self.prompt_ids, response_ids=np.asarray(self.ids, dtype=np.int32),
+            logprobs=np.asarray(self.logprobs, dtype=np.float32), reward=step.episode_reward,
+            correct=step.episode_correct, turns=turns, finish_reason=self.finish_reason,
+            extracted_answer=step.answer, embedding=emb, error=self.error,
+            token_policy_versions=np.asarray(self.versions, dtype=np.int32), meta=dict(step.meta))
+
+
+class Rollout:
+    """Runs episodes of an environment in batches over an engine.
+
+    Args:
+        engine: any :class:`~reflexdb.collector.engines.Engine`.
+        make_env: ``make_env(task) -> Environment``, a fresh episode.
+        params: ``params() -> SamplingParams``, called once per engine call (a fresh seed each).
+        version: the policy version the engine holds (stored on every token).
+    """
+
+    def __init__(self, engine: Any, make_env: Callable[[EnvTask], Environment], params: Callable[[], SamplingParams],
+                 version: int = 0):
+        self.engine, self.make_env, self.params, self.version = engine, make_env, params, version
+        self.stats = RolloutStats()
+
+    def run(self, tasks: Sequence[EnvTask], n: int) -> list[list[TrajectoryIn]]:
+        """``n`` episodes of each task, as trajectories: ``result[i][j]`` is episode ``j`` of task ``i``."""
+        t0 = time.monotonic()
+        tok = self.engine.tokenizer
+        episodes: list[list[_Episode]] = []
+        for task in tasks:
+            row = []
+            for _ in range(n):
+                env = self.make_env(task)
+                messages = env.reset()
+                row.append(_Episode(env, list(messages), list(messages)))
+            episodes.append(row)
+        # turn 0: n samples of each task's first messages, in one call
+        samples = self._generate([row[0].messages for row in episodes], n)
+        active: list[tuple[_Episode, Sample]] = []
+        for row, batch in zip(episodes, samples):
+            for ep, s in zip(row, batch):
+                ep.prompt_ids = s.prompt_ids
+                active.append((ep, s))
+        attempt = 0
+        while active:
+            going = []
+            for ep, s in active:
+                step = ep.env.step(s.text, s.finish_reason)
+                ep.take(s, step, self.version, attempt)
+                if not step.done:
+                    before = len(ep.ids)
+                    ep.feed(tok, s, step, self.version, attempt)
+                    self.stats.environment_tokens += len(ep.ids) - before
+                    going.append(ep)
+            attempt += 1
+            if not going:
+                break
+            # turn k > 0: every unfinished episode continues, in one call
+            prompts = [np.concatenate([ep.prompt_ids, np.asarray(ep.ids, dtype=np.int32)]).tolist() for ep in going]
+            active = [(ep, batch[0]) for ep, batch in zip(going, self._generate(prompts, 1))]
+        self.stats.episodes += sum(len(row) for row in episodes)
+        self.stats.seconds += time.monotonic() - t0
+        return [[ep.trajectory() for ep in row] for row in episodes]
+
+    def _generate(self, prompts: list, n: int) -> list[list[Sample]]:
+        out = self.engine.generate(prompts, n=n, params=self.params())
+        self.stats.engine_calls += 1
+        for batch in out:
+            for s in batch:
+                self.stats.turns += 1
+                self.stats.sampled_tokens += len(s.token_ids)
+                self.stats.prompt_tokens += len(s.prompt_ids)
+        return out
+
+
+def environment_factory(name: str, options: Any, reward_fn: Callable, template: str) -> Callable[[EnvTask], Environment]:
+    """``make_env(task)`` for environment ``name`` with the run's reward function and prompt template."""
+    tpl = get_template(template)
+    return lambda task: make_environment(name, options, task, reward_fn=reward_fn, template=tpl)
