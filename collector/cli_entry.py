@@ -38,19 +38,20 @@ def run_collector(config_path: Path, *, max_groups: int | None = None, max_secon
 
 
 def run_eval(config_path: Path, *, checkpoint: str, split: str, k: int | None, max_tasks: int | None,
-             url: str | None, as_json: bool = False, overrides: list[str] | None = None) -> None:
+             url: str | None, as_json: bool = False, overrides: list[str] | None = None, attempts: int = 1) -> None:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     cfg = load_config(config_path, parse_overrides(overrides))
     from .evaluate import evaluate
 
     store = Store.open(url or cfg.database_url, create_schema=True)
     try:
-        r = evaluate(cfg, store, checkpoint, split=split, k=k, max_tasks=max_tasks,
+        r = evaluate(cfg, store, checkpoint, split=split, k=k, max_tasks=max_tasks, attempts=attempts,
                      echo=lambda msg: typer.echo(f"[eval] {msg}", err=True))
     finally:
         store.close()
     if as_json:
         typer.echo(json.dumps(dataclasses.asdict(r)))
         return
+    tried = f", {attempts} attempts each" if attempts > 1 else ""
     typer.echo(f"{r.label}: pass@1 {r.pass_at_1:.4f}  pass@{r.samples_per_task} {r.pass_at_k:.4f}  "
-               f"({r.tasks} {r.split} tasks x {r.samples_per_task} samples; MLflow run {r.mlflow_run_id})")
+               f"({r.tasks} {r.split} tasks x {r.samples_per_task} samples{tried}; MLflow run {r.mlflow_run_id})")

@@ -76,14 +76,23 @@ class _EvalContext:
     params: Any
     prompt: Callable
     score: Callable
+    make_env: Callable
     name: str = "eval"
 
     def sample(self, prompts, n):
         return self.engine.generate(prompts, n=n, params=self.params)
 
+    def rollout(self, tasks, n):
+        from .episodes import Rollout
+
+        return Rollout(self.engine, self.make_env, lambda: self.params, self.version).run(tasks, n)
+
 
 def evaluate(cfg: Config, store: Store, checkpoint: str = "latest", *, split: str = "eval", k: int | None = None,
-             max_tasks: int | None = None, echo=print) -> EvalResult:
+             max_tasks: int | None = None, attempts: int = 1, echo=print) -> EvalResult:
+    """pass@1 and pass@k of ``checkpoint``; ``attempts`` > 1 runs each sample as an episode of the
+    ``multi_attempt`` environment (up to that many answers, with feedback), so pass@1 is the share
+    of episodes solved within ``attempts`` tries."""
     from reflexdb.tracking import Tracker
 
     from .engines import SamplingParams, make_engine
@@ -93,6 +102,8 @@ def evaluate(cfg: Config, store: Store, checkpoint: str = "latest", *, split: st
     from .workflows import make_workflow
     from .workflows.eval import EvalTask
     from .workflows.base import score_samples
+    from .episodes import environment_factory
+    from .environments import parse_options
 
     k = k or cfg.learner.eval_samples
     run_id = store.create_run(cfg.run, algorithm=cfg.algorithm, config=cfg.masked())
@@ -108,12 +119,22 @@ def evaluate(cfg: Config, store: Store, checkpoint: str = "latest", *, split: st
     s = cfg.collector.sampling
     params = SamplingParams(temperature=s.temperature, top_p=s.top_p, max_new_tokens=s.max_new_tokens,
                             stop=tuple(s.stop), seed=cfg.seed)
-    echo(f"evaluating {label} on {len(tasks)} {split} tasks x {k} samples")
+    if attempts < 1:
+        raise ReflexdbError(f"--attempts must be >= 1, got {attempts}")
+    if attempts == 1:
+        env_name, env_options = "single", parse_options("single", {})
+    else:
+        extra = dict(cfg.environment.__pydantic_extra__ or {}) if cfg.environment.name == "multi_attempt" else {}
+        env_name, env_options = "multi_attempt", parse_options("multi_attempt", {**extra, "max_attempts": attempts})
+    tried = f" ({attempts} attempts each)" if attempts > 1 else ""
+    echo(f"evaluating {label} on {len(tasks)} {split} tasks x {k} samples{tried}")
     ctx = _EvalContext(cfg=cfg, store=store, run_id=run_id, engine=engine, version=version or 0,
                        embedding_model=engine.model_name, params=params,
                        prompt=lambda text: prompt_messages(cfg.tasks.template, text),
-                       score=lambda gt, prompt, samples: score_samples(reward, gt, prompt, samples))
-    workflow = make_workflow("eval", ctx, tasks=tasks, k=k, meta={"checkpoint": str(path), "label": label})
+                       score=lambda gt, prompt, samples: score_samples(reward, gt, prompt, samples),
+                       make_env=environment_factory(env_name, env_options, reward, cfg.tasks.template))
+    workflow = make_workflow("eval", ctx, tasks=tasks, k=k,
+                             meta={"checkpoint": str(path), "label": label, "attempts": attempts})
     per_task = []
     while claimed := workflow.claim(max(1, cfg.collector.tasks_per_batch)):
         for group in workflow.collect(claimed):
@@ -125,7 +146,9 @@ def evaluate(cfg: Config, store: Store, checkpoint: str = "latest", *, split: st
     tracker.client.set_tag(tracker.run_id, "reflexdb.checkpoint", str(path))
     tracker.client.log_param(tracker.run_id, "eval.k", k)
     tracker.client.log_param(tracker.run_id, "eval.split", split)
-    tracker.log_metrics({"eval/pass_at_1": p1, f"eval/pass_at_{k}": pk, "eval/pass_at_k": pk,
+    tracker.client.log_param(tracker.run_id, "eval.attempts", attempts)
+    suffix = "" if attempts == 1 else f"_{attempts}_attempts"
+    tracker.log_metrics({f"eval/pass_at_1{suffix}": p1, f"eval/pass_at_{k}{suffix}": pk, f"eval/pass_at_k{suffix}": pk,
                          "eval/tasks": float(len(per_task))}, version or 0)
     tracker.close()
     engine.close()

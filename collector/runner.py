@@ -33,6 +33,8 @@ from reflexdb.retry import TRANSIENT, DbRetry
 
 from .engines import Engine, Sample, SamplingParams, make_engine
 from .engines.base import checkpoint_path
+from .environments import EnvTask
+from .episodes import Rollout, RolloutStats, environment_factory
 from .models import model_display_name, resolve_model
 from .rewards import get_reward
 from .sources import build_tasks, prompt_messages
@@ -41,6 +43,13 @@ from .workflows import Workflow, make_workflow
 from .workflows.base import score_samples
 
 log = logging.getLogger("reflexdb.collect")
+
+def _sampled_tokens(t: TrajectoryIn) -> int:
+    """Tokens the engine sampled for ``t``: its assistant spans (an episode's environment tokens
+    were not generated), or all its response tokens."""
+    spans = [u.token_end - u.token_start for u in t.turns if u.role == "assistant" and u.token_start is not None]
+    return sum(spans) if spans else len(t.response_ids)
+
 
 class Abandon(Exception):
     """Raised by the second SIGINT/SIGTERM: drop the in-flight group."""
@@ -89,6 +98,9 @@ class Collector:
             temperature=self.c.sampling.temperature, top_p=self.c.sampling.top_p,
             max_new_tokens=self.c.sampling.max_new_tokens, stop=tuple(self.c.sampling.stop),
         )
+        self.make_env = environment_factory(cfg.environment.name, cfg.environment.options, self.reward_fn,
+                                            cfg.tasks.template)
+        self.rollout_stats = RolloutStats()
         self.version = 0
         self.stopping = False
         self.stats = Stats()
@@ -226,6 +238,20 @@ class Collector:
         drill.phase("generate")
         return self.engine.generate(prompts, n=n, params=params)
 
+    def rollout(self, tasks: list[EnvTask], n: int) -> list[list[TrajectoryIn]]:
+        """``n`` episodes of each task in the run's environment (collector/episodes.py), scored:
+        ``result[i][j]`` is episode ``j`` of task ``i``. With ``environment: single`` this is one
+        engine call, ``sample`` + ``score``."""
+        def params() -> SamplingParams:  # one seed per engine call
+            return SamplingParams(**{**self.params.__dict__, "seed": int(self.rng.integers(2**31))})
+
+        drill.phase("generate")
+        r = Rollout(self.engine, self.make_env, params, self.version)
+        r.stats = self.rollout_stats
+        out = r.run(tasks, n)
+        self.stats.reward_errors += sum(t.error is not None for row in out for t in row)
+        return out
+
     def score(self, ground_truth: str | None, prompt: list[dict], samples: list[Sample]) -> list[TrajectoryIn]:
         """Samples as trajectories with their rewards (a reward function that raises gives a NULL
         reward and the error, never a crash)."""
@@ -247,7 +273,7 @@ class Collector:
             self.stats.replay_groups += g.kind == "replay"
             self.stats.trajectories += len(g.trajectories)
             self.stats.fresh_samples += len(fresh)
-            self.stats.tokens += sum(len(t.response_ids) for t in fresh)
+            self.stats.tokens += sum(_sampled_tokens(t) for t in fresh)
             self.stats.correct += sum(bool(t.correct) for t in fresh)
 
     def _report(self, reported: Stats) -> None:

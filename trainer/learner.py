@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+import numpy as np
 import torch
 
 from reflexdb import Store, drill
@@ -450,7 +451,7 @@ class Learner:
     def score(self, trajectories) -> list[float]:
         """ℓ_θ of stored trajectories under the current weights (rank 0, inside :meth:`scoring`;
         the other ranks join in through :meth:`serve_scores`)."""
-        payload = [(t.prompt_ids, t.response_ids) for t in trajectories]
+        payload = [(t.prompt_ids, t.response_ids, t.loss_mask) for t in trajectories]
         if self.world > 1:
             torch.distributed.broadcast_object_list([payload], src=0)
         return self._confidences(payload)
@@ -486,13 +487,19 @@ class Learner:
 
     @torch.no_grad()
     def _confidences(self, payload: list[tuple]) -> list[float]:
-        """``exp(mean_t log π_θ(o_t))`` over each response (NexGRPO.md Eq. 3), temperature as sampled."""
+        """``exp(mean_t log π_θ(o_t))`` over each response's loss-masked tokens (NexGRPO.md Eq. 3;
+        in an episode the model's own tokens, as the stored confidence), temperature as sampled."""
         out: list[float] = []
         step = max(1, self.L.micro_batch_size)
         for start in range(0, len(payload), step):
-            ids, attn, P, T = pack_sequences(payload[start:start + step], self.engine.pad_id)
+            chunk = payload[start:start + step]
+            ids, attn, P, T = pack_sequences([(p, r) for p, r, _ in chunk], self.engine.pad_id)
             lp, _ = self.engine.token_logprobs(ids, attn, P, T, temperature=self.temperature, grad=False)
-            mean = lp.double().sum(dim=1) / T.to(lp.device).clamp(min=1)
+            mask = torch.zeros(lp.shape, dtype=torch.float64)
+            for i, (_, r, m) in enumerate(chunk):
+                mask[i, :len(r)] = torch.as_tensor(np.ones(len(r), bool) if m is None else m, dtype=torch.float64)
+            mask = mask.to(lp.device)
+            mean = (lp.double() * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1)
             out.extend(torch.exp(mean).cpu().tolist())
         return out
 

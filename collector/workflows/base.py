@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from reflexdb.config import Config
 
     from ..engines import Engine, Sample
+    from ..environments import EnvTask
 
 
 def score_samples(reward_fn, ground_truth: str | None, prompt: list[dict], samples: list[Sample]) -> list[TrajectoryIn]:
@@ -67,6 +68,8 @@ class CollectContext(Protocol):
     def echo(self, msg: str) -> None: ...
 
     def prompt(self, text: str) -> list[dict]: ...  # the chat messages of a task prompt (the run's template)
+
+    def rollout(self, tasks: list[EnvTask], n: int) -> list[list[TrajectoryIn]]: ...  # n scored episodes each
 
     def sample(self, prompts: list[list[dict]], n: int) -> list[list[Sample]]: ...  # n samples each, seeded
 

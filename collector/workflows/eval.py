@@ -1,4 +1,5 @@
-"""Held-out evaluation (``reflexdb eval``): k samples of each eval task with the plain prompt.
+"""Held-out evaluation (``reflexdb eval``): k episodes of each eval task with the plain prompt
+(one attempt each, or ``--attempts K`` in the multi-attempt environment).
 
     claim:   the next eval tasks of the list it was given (nothing shared: one evaluator)
     collect: k samples per task -> rewards -> one group of kind ``eval`` per task (the learner's
@@ -11,10 +12,11 @@ from typing import NamedTuple
 
 from reflexdb import GroupIn
 
+from ..environments import EnvTask
 from . import register_workflow
 
 
-class EvalTask(NamedTuple):
+class EvalTask(NamedTuple):  # the fields of environments.EnvTask
     id: int
     prompt: str
     ground_truth: str | None
@@ -37,11 +39,10 @@ class EvalWorkflow:
 
     def collect(self, tasks: list) -> list[GroupIn]:
         c = self.ctx
-        prompts = [c.prompt(t.prompt) for t in tasks]
-        return [GroupIn(run_id=c.run_id, task_id=t.id, policy_version=c.version,
-                        trajectories=c.score(t.ground_truth, prompt, samples), workflow="eval", kind="eval",
-                        meta=self.meta, embedding_model=c.embedding_model)
-                for t, prompt, samples in zip(tasks, prompts, c.sample(prompts, self.k))]
+        episodes = c.rollout([EnvTask(t.id, t.prompt, t.ground_truth) for t in tasks], self.k)
+        return [GroupIn(run_id=c.run_id, task_id=t.id, policy_version=c.version, trajectories=batch,
+                        workflow="eval", kind="eval", meta=self.meta, embedding_model=c.embedding_model)
+                for t, batch in zip(tasks, episodes)]
 
     def exhausted(self) -> bool:
         return not self.queue

@@ -2,13 +2,15 @@
 
     claim:   tasks (SKIP LOCKED), each at most ``collector.max_collections`` times; with soft
              retirement (``retire_prob``: NexGRPO's ε), a retired task is kept with probability ε
-    collect: G = ``collector.group_size`` samples per task in one engine call -> rewards -> groups
+    collect: G = ``collector.group_size`` episodes per task in the run's environment (one engine
+             call per turn for all of them; ``single``: one call) -> rewards -> groups
 """
 
 from __future__ import annotations
 
 from reflexdb import GroupIn, work
 
+from ..environments import EnvTask
 from . import register_workflow
 
 
@@ -31,12 +33,11 @@ class GroupWorkflow:
 
     def collect(self, claimed: list[work.ClaimedTask]) -> list[GroupIn]:
         c = self.ctx
-        prompts = [c.prompt(t.prompt) for t in claimed]
-        samples = c.sample(prompts, c.cfg.collector.group_size)
-        return [GroupIn(run_id=c.run_id, task_id=t.id, policy_version=c.version,
-                        trajectories=c.score(t.ground_truth, prompt, batch), workflow="group", kind="fresh",
-                        collector=c.name, embedding_model=c.embedding_model, embedding_layer=-1)
-                for t, prompt, batch in zip(claimed, prompts, samples)]
+        episodes = c.rollout([EnvTask(t.id, t.prompt, t.ground_truth) for t in claimed], c.cfg.collector.group_size)
+        return [GroupIn(run_id=c.run_id, task_id=t.id, policy_version=c.version, trajectories=batch,
+                        workflow="group", kind="fresh", collector=c.name, embedding_model=c.embedding_model,
+                        embedding_layer=-1)
+                for t, batch in zip(claimed, episodes)]
 
     def release(self) -> None:
         work.release_claims(self.ctx.store, self.ctx.run_id, self.ctx.name)

@@ -1,7 +1,7 @@
 """NexGRPO's replay groups (METHODS.md §3; NexGRPO.md Sec. 4.2): fill the learner's replay requests.
 
     claim:   replay requests (SKIP LOCKED), posted by the learner's planner
-    collect: for each, G − 2 fresh rollouts of the current policy, and the replay group
+    collect: for each, G − 2 fresh rollouts (episodes of the run's environment) of the current policy, and the replay group
              [y+, b*, fresh...]: y+ and b* are stored trajectories replayed with their behaviour
              log-probs (origin ``replayed``, lineage to the original); the request is completed
              in the group's transaction
@@ -14,7 +14,7 @@ from reflexdb import GroupIn, Trajectory, TrajectoryIn, TurnIn, replay
 from reflexdb.errors import NotFound
 from reflexdb.replay import ReplayRequest
 
-from ..engines import Sample
+from ..environments import EnvTask
 from . import register_workflow
 
 
@@ -30,18 +30,18 @@ class ReplayWorkflow:
 
     def collect(self, requests: list[ReplayRequest]) -> list[GroupIn]:
         c = self.ctx
-        prompts = [c.prompt(r.prompt) for r in requests]
         n = max(r.group_size for r in requests) - 2
-        samples: list[list[Sample]] = c.sample(prompts, n) if n > 0 else [[] for _ in requests]
+        episodes = (c.rollout([EnvTask(r.task_id, r.prompt, r.ground_truth) for r in requests], n) if n > 0
+                    else [[] for _ in requests])
         groups = []
-        for r, prompt, batch in zip(requests, prompts, samples):
+        for r, batch in zip(requests, episodes):
             try:
                 positive, negative = c.db(lambda r=r: c.store.read_trajectories([r.positive_id, r.negative_id]))
             except NotFound as exc:  # deleted since the learner planned it: nothing to replay
                 c.echo(f"replay request {r.id} cancelled: {exc}")
                 c.db(lambda r=r: replay.cancel_request(c.store, r.id))
                 continue
-            fresh = c.score(r.ground_truth, prompt, batch[: r.group_size - 2])
+            fresh = batch[: r.group_size - 2]
             groups.append(replay_group(r, positive, negative, fresh, policy_version=c.version, collector=c.name,
                                        embedding_model=c.embedding_model))
         return groups
@@ -66,7 +66,8 @@ def replayed_copy(original: Trajectory) -> TrajectoryIn:
         logprobs=original.logprobs,
         reward=original.reward,
         correct=original.correct,
-        turns=[TurnIn(u.role, u.text, u.token_start, u.token_end, u.trainable, u.tool_error) for u in original.turns],
+        turns=[TurnIn(u.role, u.text, u.token_start, u.token_end, u.trainable, u.tool_error, u.attempt, u.answer,
+                      u.correct, u.reward) for u in original.turns],
         truncated=original.truncated,
         finish_reason=original.finish_reason,
         extracted_answer=original.extracted_answer,
