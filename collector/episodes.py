@@ -168,6 +168,23 @@ class Rollout:
                 messages = env.reset()
                 row.append(_Episode(env, list(messages), list(messages)))
             episodes.append(row)
+        # An engine that can keep each row's cache (hf) keeps it while episodes may continue: turn
+        # k + 1 then prefills only the environment's tokens.
+        keep = hasattr(self.engine, "keep_kv") and any(getattr(ep.env, "multi_turn", True)
+                                                      for row in episodes for ep in row)
+        if keep:
+            self.engine.keep_kv = True
+        try:
+            self._turns(episodes, n, tok)
+        finally:
+            if keep:
+                self.engine.keep_kv = False
+                self.engine.forget_kv()
+        self.stats.episodes += sum(len(row) for row in episodes)
+        self.stats.seconds += time.monotonic() - t0
+        return [[ep.trajectory() for ep in row] for row in episodes]
+
+    def _turns(self, episodes: list[list[_Episode]], n: int, tok: Any) -> None:
         # turn 0: n samples of each task's first messages, in one call
         samples = self._generate([row[0].messages for row in episodes], n)
         active: list[tuple[_Episode, Sample]] = []
@@ -192,9 +209,6 @@ class Rollout:
             # turn k > 0: every unfinished episode continues, in one call
             prompts = [np.concatenate([ep.prompt_ids, np.asarray(ep.ids, dtype=np.int32)]).tolist() for ep in going]
             active = [(ep, batch[0]) for ep, batch in zip(going, self._generate(prompts, 1))]
-        self.stats.episodes += sum(len(row) for row in episodes)
-        self.stats.seconds += time.monotonic() - t0
-        return [[ep.trajectory() for ep in row] for row in episodes]
 
     def _generate(self, prompts: list, n: int) -> list[list[Sample]]:
         out = self.engine.generate(prompts, n=n, params=self.params())

@@ -160,7 +160,14 @@ def check_episode(engine, t, attempts):
 
 def test_driver_batches_turns_and_tokens_are_exact(tiny):
     r = rollout(tiny)
+    p0, f0 = tiny.prompt_tokens, tiny.prefill_tokens
     episodes = r.run(TASKS, 4)
+    # Turn 0 prefills the two prompts once each (4 samples share each); turns 1 and 2 continue each
+    # row's kept cache, so each of the 8 rows prefills only its last sampled token and the
+    # environment's tokens: 2 turns x 8 rows x 1 + every environment token.
+    first = sum(len(row[0].prompt_ids) for row in episodes)
+    assert tiny.prefill_tokens - f0 == first + 2 * 8 + r.stats.environment_tokens
+    assert tiny.prompt_tokens - p0 == r.stats.prompt_tokens and not tiny._kv  # forgotten after the batch
     assert [len(row) for row in episodes] == [4, 4]
     # every episode ran 3 attempts: turn 0 for both tasks in one call, then one call per turn
     assert r.stats.engine_calls == 3 and r.stats.turns == 3 * 8 and r.stats.episodes == 8
@@ -182,6 +189,19 @@ def test_driver_batches_turns_and_tokens_are_exact(tiny):
             if u.trainable and u.token_start is not None:
                 mask[u.token_start:u.token_end] = True
         assert np.abs(s.logprobs[mask] - t.logprobs[mask]).max() < 1e-3
+
+
+def test_kept_caches_give_the_same_episodes(tiny):
+    """Continuing each row's kept cache samples what prefilling the whole conversation again does."""
+    kept = rollout(tiny, seed=5).run(TASKS, 3)
+    tiny.keep_kv_tokens = 0  # nothing can be kept: every turn prefills its whole conversation
+    try:
+        again = rollout(tiny, seed=5).run(TASKS, 3)
+    finally:
+        tiny.keep_kv_tokens = 65536
+    for a, b in zip((t for row in kept for t in row), (t for row in again for t in row)):
+        assert a.response_ids.tolist() == b.response_ids.tolist()
+        assert np.abs(a.logprobs - b.logprobs).max() < 1e-4
 
 
 def test_episodes_end_at_different_turns(tiny):

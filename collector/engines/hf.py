@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import gc
 import logging
+from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -94,6 +95,9 @@ class HFEngine:
         share_prefixes: prefill a prefix shared by several prompts of one call once (the turns of
             multi-turn episodes share their task's prompt and the system prompt) when that saves at
             least ``min_shared_prefix`` tokens; the ``n`` samples of one prompt always share it.
+        keep_kv_tokens: most tokens of conversation caches kept while ``keep_kv`` is on (the rollout
+            driver turns it on for multi-turn episodes: turn k + 1 then prefills only the
+            environment's tokens). SmolLM2-135M: 45 KiB a token in float32.
     """
 
     kind = "hf"
@@ -109,6 +113,7 @@ class HFEngine:
         cache_dir: Path | None = None,
         share_prefixes: bool = True,
         min_shared_prefix: int = 64,
+        keep_kv_tokens: int = 65536,
     ):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -120,6 +125,12 @@ class HFEngine:
         self.share_prefixes, self.min_shared_prefix = share_prefixes, min_shared_prefix
         #: prompt tokens of every row asked for, and those actually prefilled (docs/benchmarks.md)
         self.prompt_tokens = self.prefill_tokens = 0
+        #: while true, each generated row's cache is kept (up to ``keep_kv_tokens`` tokens, oldest
+        #: dropped first) and a later prompt that continues it prefills only its new tokens.
+        self.keep_kv = False
+        self.keep_kv_tokens = keep_kv_tokens
+        self._kv: OrderedDict[tuple[int, ...], list] = OrderedDict()
+        self._kv_tokens = 0
         try:
             self._model = AutoModelForCausalLM.from_pretrained(location, dtype=self.dtype)
             self._tokenizer = AutoTokenizer.from_pretrained(location)
@@ -197,9 +208,15 @@ class HFEngine:
             raise ValueError(f"prompt of {P} tokens leaves no room in the context of {self._max_positions}")
 
         input_ids, mask, positions = self._left_pad(prompts)
-        plan = self._prefix_plan(prompts) if self.share_prefixes else None
+        hits = [self._recall(p) for p in prompts] if self.keep_kv and self._kv else []
+        plan = None
+        if not (hits and all(hits)):
+            hits = []
+            plan = self._prefix_plan(prompts) if self.share_prefixes else None
         self.prompt_tokens += sum(lengths) * n
-        if plan is None:
+        if hits:  # every prompt continues a conversation whose cache an earlier call kept
+            logits, hidden, cache, mask = self._prefill_suffixes(prompts, [h[1] for h in hits], [h[0] for h in hits])
+        elif plan is None:
             self.prefill_tokens += sum(lengths)
             logits, hidden, cache = self._forward(input_ids=input_ids, attention_mask=mask, position_ids=positions)
         else:
@@ -246,7 +263,13 @@ class HFEngine:
             for r in rows[done].tolist():
                 reason[r] = "stop"
             keep = ~done
-            if not bool(keep.any()) or step == max_new - 1:
+            last = not bool(keep.any()) or step == max_new - 1
+            if self.keep_kv:  # a row that ends here may be continued by a later call (the next turn)
+                ending = torch.ones_like(done) if last else done
+                for j in ending.nonzero().squeeze(1).tolist():
+                    r = int(rows[j])
+                    self._remember(tuple(prompts[r // n]) + tuple(tokens[r, :step].tolist()), cache, j, mask[j])
+            if last:
                 break
             if bool(done.any()):  # drop finished rows from the batch
                 idx = keep.nonzero().squeeze(1)
@@ -326,32 +349,86 @@ class HFEngine:
         return families
 
     def _prefill_shared(self, prompts: list[list[int]], plan: list[tuple[int, list[int]]]):
-        """Prefill each family's prefix once, copy its cache to the family's rows, then prefill
-        every row's own suffix on top. Row layout: ``[pad | prefix | pad | suffix]``; the attention
-        mask hides both pads and position ids count real tokens only, so each row sees exactly its
-        prompt. Returns the last position's logits and hidden state, the cache and the mask."""
-        dev = self.device
+        """Prefill each family's prefix once, then every row's own suffix on top of its family's
+        cache (:meth:`_prefill_suffixes`)."""
         prefixes = [prompts[rows[0]][:p] for p, rows in plan]
         ids, pmask, ppos = self._left_pad(prefixes)
         _, _, cache = self._forward(input_ids=ids, attention_mask=pmask, position_ids=ppos)
-        family = [0] * len(prompts)
-        prefix_len = [0] * len(prompts)
+        self.prefill_tokens += sum(len(p) for p in prefixes)
+        per_row: list = [None] * len(prompts)
+        lengths = [0] * len(prompts)
         for f, (p, rows) in enumerate(plan):
+            kv = self._row_kv(cache, f, pmask[f])
             for r in rows:
-                family[r], prefix_len[r] = f, p
-        index = torch.tensor(family, dtype=torch.long, device=dev)
-        cache.batch_select_indices(index)  # family f's cache, once for each of its rows
+                per_row[r], lengths[r] = kv, p
+        return self._prefill_suffixes(prompts, per_row, lengths)
+
+    def _prefill_suffixes(self, prompts: list[list[int]], prefix_kv: list, prefix_len: list[int]):
+        """Each row's prompt from the cache of its first ``prefix_len`` tokens (``prefix_kv``: one
+        ``[(K, V) per layer]`` each, ``[H, L, D]``): the prefixes' caches are left-padded into one
+        batch cache, then every row's own suffix is prefilled on top. Row layout:
+        ``[pad | prefix | pad | suffix]``; the attention mask hides both pads and position ids count
+        real tokens only, so each row sees exactly its prompt. Returns the last position's logits
+        and hidden state, the cache and the attention mask."""
+        from transformers import DynamicCache
+
+        dev = self.device
+        B, Lp = len(prompts), max(prefix_len)
+        pmask = torch.zeros((B, Lp), dtype=torch.long, device=dev)
+        layers = []
+        for layer in range(len(prefix_kv[0])):
+            k0, v0 = prefix_kv[0][layer]
+            K = k0.new_zeros((B, k0.shape[0], Lp, k0.shape[2]))
+            V = v0.new_zeros((B, v0.shape[0], Lp, v0.shape[2]))
+            for i, (kv, n) in enumerate(zip(prefix_kv, prefix_len)):
+                K[i, :, Lp - n :], V[i, :, Lp - n :] = kv[layer]
+            layers.append((K, V))
+        for i, n in enumerate(prefix_len):
+            pmask[i, Lp - n :] = 1
+        cache = DynamicCache(layers)
         suffixes = [p[k:] for p, k in zip(prompts, prefix_len)]
         sids, smask, _ = self._left_pad(suffixes)
-        S = sids.shape[1]
         start = torch.tensor(prefix_len, dtype=torch.long, device=dev)[:, None]
         spos = (start + (smask.cumsum(-1) - 1).clamp(min=0)) * smask + start * (1 - smask)
-        mask = torch.cat([pmask[index], smask], dim=1)
-        self.prefill_tokens += sum(len(p) for p in prefixes) + sum(len(s) for s in suffixes)
+        mask = torch.cat([pmask, smask], dim=1)
+        self.prefill_tokens += sum(len(x) for x in suffixes)
         logits, hidden, cache = self._forward(input_ids=sids, attention_mask=mask, position_ids=spos,
                                               past_key_values=cache)
-        assert S >= 1
         return logits, hidden, cache, mask
+
+    # -- the cache of conversations that may continue (multi-turn episodes) -------------------
+
+    @staticmethod
+    def _row_kv(cache: Any, row: int, mask_row: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Row ``row``'s keys and values at its real (unmasked) columns, per layer: ``[H, L, D]``."""
+        cols = mask_row.nonzero().squeeze(1)
+        return [(layer.keys[row][:, cols].clone(), layer.values[row][:, cols].clone()) for layer in cache.layers]
+
+    def _remember(self, key: tuple[int, ...], cache: Any, row: int, mask_row: torch.Tensor) -> None:
+        """Keep the cache of the conversation ``key`` (prompt + the tokens fed after it), newest last;
+        the oldest go once more than ``keep_kv_tokens`` tokens are kept."""
+        if key in self._kv:
+            self._kv.move_to_end(key)
+            return
+        self._kv[key] = self._row_kv(cache, row, mask_row)
+        self._kv_tokens += len(key)
+        while self._kv_tokens > self.keep_kv_tokens and self._kv:
+            old, _ = self._kv.popitem(last=False)
+            self._kv_tokens -= len(old)
+
+    def _recall(self, prompt: list[int]) -> tuple[int, list] | None:
+        """The longest kept conversation that ``prompt`` continues (at least one new token)."""
+        best = None
+        for key, kv in self._kv.items():
+            n = len(key)
+            if n < len(prompt) and (best is None or n > best[0]) and tuple(prompt[:n]) == key:
+                best = (n, kv)
+        return best
+
+    def forget_kv(self) -> None:
+        """Drop every kept conversation cache (the rollout driver calls it after a batch of episodes)."""
+        self._kv.clear()
+        self._kv_tokens = 0
 
     # -- scoring -----------------------------------------------------------------------------
 

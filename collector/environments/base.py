@@ -58,6 +58,7 @@ class Step:
 
 class Environment(Protocol):
     name: str
+    multi_turn: bool  # whether an episode may have more than one assistant turn (optional; default True)
 
     def reset(self) -> list[dict[str, str]]: ...
 

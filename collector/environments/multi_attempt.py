@@ -43,6 +43,10 @@ class MultiAttemptMath:
         self.history: list[tuple[str, str]] = []  # (text, finish_reason) of each assistant turn
         self._verdicts: list[tuple] = []
 
+    @property
+    def multi_turn(self) -> bool:
+        return self.options.max_attempts > 1
+
     def reset(self) -> list[dict[str, str]]:
         self.history, self._verdicts = [], []
         return self.template.messages(self.task.prompt)

@@ -10,6 +10,7 @@ from .base import EnvTask, Step, judge
 
 @register_environment("single")
 class SingleTurn:
+    multi_turn = False  # no episode continues: the engine need not keep caches
     class Options(BaseModel):
         model_config = ConfigDict(extra="forbid", frozen=True)
 
