@@ -5,13 +5,15 @@ One process, one SmolLM2 engine (``hf``, CPU), the arithmetic tasks of the quick
 ``group_size``), sampling as in the quickstart (temperature 1, 48 new tokens), the ``math``
 reward. No database: this measures generation and the driver's bookkeeping only.
 
-Three arms, alternating round by round (``a, b, c, a, b, c, ...``) so machine drift hits all:
+Four arms, alternating round by round (``a, b, c, d, a, ...``) so machine drift hits all:
 
 a. **single**: ``environment: single`` (today's one-turn answer), one engine call per batch;
-b. **multi**: ``multi_attempt`` with K = 3, the engine sharing prefixes between rows
-   (``share_prefixes``: the default);
-c. **multi, no sharing**: the same episodes with prefix sharing off (every turn re-prefills the
-   whole conversation).
+b. **multi**: ``multi_attempt`` with K = 3 and the engine's defaults: each row's KV cache kept
+   between turns (turn k + 1 prefills only the environment's tokens) and prefixes shared between
+   new prompts prefilled once;
+c. **multi_no_kv**: the same episodes, prefix sharing only (``keep_kv_tokens = 0``: each turn
+   prefills its whole conversation, a prefix shared by several rows once);
+d. **multi_no_reuse**: neither (every turn re-prefills every conversation in full).
 
 Each arm runs the same task batches with the same seeds. Reported per arm: sampled tokens,
 seconds, sampled tokens/s (the throughput to compare: "the same number of tokens" costs
@@ -59,16 +61,18 @@ def main() -> None:
     reward = get_reward("math")
     tasks = [EnvTask(i, t.prompt, t.ground_truth) for i, t in
              enumerate(arithmetic_tasks(args.tasks * args.batches * args.rounds, level=1, split="train", seed=0))]
-    arms = {
-        "single": ("single", {}, True),
-        "multi": ("multi_attempt", {"max_attempts": args.attempts}, True),
-        "multi_no_sharing": ("multi_attempt", {"max_attempts": args.attempts}, False),
+    multi = ("multi_attempt", {"max_attempts": args.attempts})
+    arms = {  # environment, its options, share_prefixes, keep_kv_tokens
+        "single": ("single", {}, True, 65536),
+        "multi": (*multi, True, 65536),
+        "multi_no_kv": (*multi, True, 0),
+        "multi_no_reuse": (*multi, False, 0),
     }
     totals = {name: dict(tokens=0, seconds=0.0, calls=0, episodes=0, turns=0, env_tokens=0, prompt_tokens=0,
                          prefilled=0, correct=0) for name in arms}
     for rnd in range(args.rounds):
-        for name, (env_name, options, share) in arms.items():
-            engine.share_prefixes = share
+        for name, (env_name, options, share, kept) in arms.items():
+            engine.share_prefixes, engine.keep_kv_tokens = share, kept
             make_env = environment_factory(env_name, parse_options(env_name, options), reward, "plain")
             for b in range(args.batches):
                 start = (rnd * args.batches + b) * args.tasks
@@ -105,7 +109,7 @@ def main() -> None:
         "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch threads {args.threads}",
         "load_before": os.getloadavg()[0], "args": vars(args), "arms": rows,
         "ratios": {name: rows[name]["tokens_per_s"] / single for name in rows},
-        "sharing_speedup": rows["multi"]["tokens_per_s"] / rows["multi_no_sharing"]["tokens_per_s"],
+        "reuse_speedup": rows["multi"]["tokens_per_s"] / rows["multi_no_reuse"]["tokens_per_s"],
     }
     print(f"{'arm':<18}{'tokens':>8}{'s':>8}{'tok/s':>8}{'calls':>7}{'att/ep':>8}{'solved':>8}{'env tok':>9}"
           f"{'prompt tok':>11}{'prefilled':>10}{'saved':>7}")
@@ -114,7 +118,7 @@ def main() -> None:
               f"{r['attempts_per_episode']:>8.2f}{r['solved']:>8.3f}{r['env_tokens']:>9}{r['prompt_tokens']:>11}"
               f"{r['prefilled']:>10}{r['prefill_saved']:>7.1%}")
     print("tokens/s relative to single:", {k: round(v, 3) for k, v in result["ratios"].items()},
-          f"sharing speedup {result['sharing_speedup']:.3f}")
+          f"reuse speedup (multi / multi_no_reuse) {result['reuse_speedup']:.3f}")
     if args.json_out:
         with open(args.json_out, "w") as fh:
             json.dump(result, fh, indent=2)
