@@ -42,6 +42,7 @@ from .dapo import DAPOParams, dapo_loss, overlong_filter
 from .dr_grpo import DrGRPOParams, dr_grpo_loss
 from .grpo import GRPOParams, grpo_loss
 from .grpo_lambda import GRPOLambdaParams, grpo_lambda_loss
+from .lte import LTEShapedParams, lte_shaped_loss
 from .gspo import GSPOParams, gspo_loss
 from .opmd import OPMDParams, opmd_loss
 from .params import LossParams
@@ -331,5 +332,6 @@ for _spec in (
     LossSpec("opmd", opmd_loss, OPMDParams),
     LossSpec("sft", sft_loss, SFTParams),
     LossSpec("grpo_lambda", grpo_lambda_loss, GRPOLambdaParams),
+    LossSpec("lte_shaped", lte_shaped_loss, LTEShapedParams, agg="token-mean"),  # LTE Eq. 7-8: 1/Z' Σ f(r') A'
 ):
     register_loss_spec(_spec)
