@@ -393,7 +393,7 @@ replay_requests = Table(
 VIEWS = (
     "failures", "group_stats", "staleness", "learner_eligible",
     "task_latest_group", "nexgrpo_positive_pool", "nexgrpo_negative_pool", "nexgrpo_retired_tasks",
-    "nexgrpo_replay_candidates", "untrained_groups", "episode_turns",
+    "nexgrpo_replay_candidates", "untrained_groups", "episode_turns", "lte_hint_pool",
 )
 
 #: SQL functions created by migrations from ``reflexdb/sql/functions/<name>.sql`` (the views call them).

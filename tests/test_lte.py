@@ -109,3 +109,45 @@ def test_micro_batches_reproduce_the_full_batch():
             total += part.item()
         assert total == pytest.approx(lte_mixed_loss(NEW, OLD, ADV, MASK, REPLACED).loss.item(), abs=1e-9)
         assert torch.allclose(new.grad, full_new.grad, atol=1e-9)
+
+
+# ---------------------------------------------------------------- the hint pool view
+
+
+def _group(store, run, task, outcomes, *, kind="fresh"):
+    """A group from ``(correct, truncated, answer, reward)`` per trajectory."""
+    import numpy as np
+
+    from reflexdb import GroupIn, TrajectoryIn
+
+    trajs = [TrajectoryIn(response_ids=np.arange(4), logprobs=np.full(4, -0.5, np.float32), prompt_ids=np.arange(3),
+                          correct=c, reward=r, extracted_answer=a, finish_reason="length" if tr else "stop")
+             for c, tr, a, r in outcomes]
+    return store.write_group(GroupIn(run_id=run, task_id=task, policy_version=2, trajectories=trajs, kind=kind)).group_id
+
+
+def test_hint_pool_view_on_hand_made_groups(store):
+    from .factories import setup_run
+
+    run, tasks = setup_run(store, n_tasks=3)
+    wrong = lambda a: (False, False, a, 0.0)  # noqa: E731
+    cut = (False, True, None, 0.0)
+    none_truncated = _group(store, run, tasks[0], [wrong("7"), wrong("8"), wrong("7"), (False, False, None, 0.0)])
+    all_truncated = _group(store, run, tasks[1], [cut, cut, cut])
+    some_truncated = _group(store, run, tasks[2], [cut, wrong("12"), (False, True, "99", 0.0)])  # 99: truncated, ignored
+    _group(store, run, tasks[0], [wrong("7"), (True, False, "3", 1.0)])  # some-pass: not in the pool
+    _group(store, run, tasks[0], [wrong("7"), (False, False, "x", None)])  # a reward missing: not judged
+    _group(store, run, tasks[0], [wrong("7")], kind="eval")  # eval groups are never hinted
+    with store._raw() as conn:
+        rows = conn.execute("SELECT group_id, hint_kind, wrong_answers, answer_counts, n_truncated, size "
+                            "FROM lte_hint_pool WHERE run_id = %s ORDER BY group_id", (run,)).fetchall()
+        assert rows == [
+            (none_truncated, "wrong_answers", ["7", "8"], {"7": 2, "8": 1}, 0, 4),
+            (all_truncated, "concise", [], {}, 3, 3),
+            (some_truncated, "concise_wrong_answers", ["12"], {"12": 1}, 2, 3),
+        ]
+        # a hint row ends the wait: the group leaves the pool
+        conn.execute("INSERT INTO hints (group_id, task_id, kind, wrong_answers, hinted_prompt) "
+                     "VALUES (%s, %s, 'wrong_answers', '{7,8}', 'q')", (none_truncated, tasks[0]))
+        left = conn.execute("SELECT group_id FROM lte_hint_pool WHERE run_id = %s ORDER BY 1", (run,)).fetchall()
+    assert left == [(all_truncated,), (some_truncated,)]
