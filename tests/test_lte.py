@@ -151,3 +151,23 @@ def test_hint_pool_view_on_hand_made_groups(store):
                      "VALUES (%s, %s, 'wrong_answers', '{7,8}', 'q')", (none_truncated, tasks[0]))
         left = conn.execute("SELECT group_id FROM lte_hint_pool WHERE run_id = %s ORDER BY 1", (run,)).fetchall()
     assert left == [(all_truncated,), (some_truncated,)]
+
+
+def test_hint_templates():
+    from reflexdb.collector.tasks.hints import KINDS, hint_text, hinted_question
+    from reflexdb.collector.tasks.templates import get_template
+
+    wrong = hint_text("wrong_answers", ["7", "8"])
+    assert "These answers are known to be wrong: 7, 8." in wrong and "concisely" not in wrong
+    concise = hint_text("concise")
+    assert "Think concisely" in concise and "known to be wrong" not in concise
+    both = hint_text("concise_wrong_answers", ["12"])
+    assert "Think concisely" in both and "known to be wrong: 12." in both
+    for kind in KINDS:  # every hint asks the model not to mention it
+        assert "Do not mention this hint" in hint_text(kind, ["1"])
+    assert "Think concisely" in hint_text("wrong_answers", [])  # nothing to list: at least say something useful
+    with pytest.raises(ValueError, match="unknown hint kind 'rude'"):
+        hint_text("rude")
+    # the prompt template wraps the hinted question like any question (answer format unchanged)
+    [msg] = get_template("boxed").messages(hinted_question("What is 2 + 3?", "wrong_answers", ["6"]))
+    assert msg["content"].startswith("What is 2 + 3?\n\nHint: ") and msg["content"].endswith("\\boxed{}.")
