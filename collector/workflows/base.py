@@ -35,13 +35,11 @@ def score_samples(reward_fn, ground_truth: str | None, prompt: list[dict], sampl
     must not stop a collector."""
     from reflexdb import TrajectoryIn, TurnIn
 
+    from ..environments.base import judge
+
     out = []
     for s in samples:
-        try:
-            r = reward_fn(s.text, ground_truth)
-            reward, correct, answer, error = float(r.reward), r.correct, r.extracted, None
-        except Exception as exc:
-            reward, correct, answer, error = None, None, None, f"{type(exc).__name__}: {exc}"
+        reward, correct, answer, error = judge(reward_fn, s.text, ground_truth)
         turns = [TurnIn(m["role"], m["content"]) for m in prompt]
         turns.append(TurnIn("assistant", s.text, 0, len(s.token_ids)))
         out.append(TrajectoryIn(

@@ -8,18 +8,14 @@
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 from reflexdb import GroupIn
 
 from ..environments import EnvTask
 from . import register_workflow
 
 
-class EvalTask(NamedTuple):  # the fields of environments.EnvTask
-    id: int
-    prompt: str
-    ground_truth: str | None
+#: An eval task is a task as an environment sees it (id, prompt, ground truth).
+EvalTask = EnvTask
 
 
 @register_workflow("eval")
@@ -39,7 +35,7 @@ class EvalWorkflow:
 
     def collect(self, tasks: list) -> list[GroupIn]:
         c = self.ctx
-        episodes = c.rollout([EnvTask(t.id, t.prompt, t.ground_truth) for t in tasks], self.k)
+        episodes = c.rollout(tasks, self.k)
         return [GroupIn(run_id=c.run_id, task_id=t.id, policy_version=c.version, trajectories=batch,
                         workflow="eval", kind="eval", meta=self.meta, embedding_model=c.embedding_model)
                 for t, batch in zip(tasks, episodes)]
