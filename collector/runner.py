@@ -28,7 +28,7 @@ import numpy as np
 
 from reflexdb import GroupIn, Store, TrajectoryIn, drill, work
 from reflexdb.config import Config
-from reflexdb.errors import ReplayRequestLost
+from reflexdb.errors import LteStageLost, ReplayRequestLost
 from reflexdb.retry import TRANSIENT, DbRetry
 
 from .engines import Engine, Sample, SamplingParams, make_engine
@@ -263,7 +263,7 @@ class Collector:
         for g in groups:
             try:
                 w = self.db(lambda g=g: self.store.write_group(g, complete_claim=self.name))
-            except ReplayRequestLost as exc:  # another collector fills it: drop ours
+            except (ReplayRequestLost, LteStageLost) as exc:  # another collector (or the learner) has it: drop ours
                 self.echo(str(exc))
                 continue
             drill.journal(f"group {w.group_id} {len(w.trajectory_ids)}")

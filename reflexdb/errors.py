@@ -47,3 +47,10 @@ class ReplayRequestLost(ReflexdbError):
     took it, or it was cancelled); the group was not written."""
 
     exit_code = 7
+
+
+class LteStageLost(ReflexdbError):
+    """An LTE hint stage is no longer the writer's (its claim expired and another collector took
+    it, or the learner took the original group after the stage timed out); nothing was written."""
+
+    exit_code = 7

@@ -101,6 +101,9 @@ class GroupIn:
         embedding_model, embedding_layer: where the trajectories' embeddings come from.
         replay_request_id: the NexGRPO replay request this group fulfils (kind ``replay``); the
             store marks it done in the transaction that writes the group.
+        lte_stage: the LTE hint stage this group finishes (``reflexdb.lte.LteStageIn``; kind
+            ``hinted``): the store writes its hints row before the group and marks the stage done
+            in the same transaction.
         write_key: chosen once per group (a fresh UUID by default). Writing the same ``GroupIn``
             again after an attempt whose commit was not acknowledged (the connection dropped)
             returns the group the first attempt wrote instead of writing it twice.
@@ -117,6 +120,7 @@ class GroupIn:
     embedding_layer: int = -1
     meta: dict[str, Any] = field(default_factory=dict)
     replay_request_id: int | None = None
+    lte_stage: Any = None
     write_key: uuid.UUID = field(default_factory=uuid.uuid4)
 
 

@@ -389,6 +389,36 @@ replay_requests = Table(
     Index(None, "group_id"),
 )
 
+#: Values allowed in ``lte_stages.status``.
+LTE_STAGE_STATUSES = ("pending", "claimed", "done", "released")
+#: Values allowed in ``lte_stages.mode``: hinted extra rollouts (LTE), or plain ones (GRPO_Extra).
+LTE_MODES = ("hint", "extra")
+
+# LTE's hint stage of a none-pass group (METHODS.md §2; docs/lte.md): opened as 'pending' from the
+# view lte_hint_pool, claimed by a collector (SKIP LOCKED, TTL), 'done' when the collector wrote
+# the hints row and, if any extra rollout was correct, the LTE group (same transaction); 'released'
+# when the learner took the original group after the stage timed out. A group has at most one.
+lte_stages = Table(
+    "lte_stages",
+    metadata,
+    Column("group_id", BigInteger, ForeignKey("groups.id", ondelete="CASCADE"), primary_key=True),
+    Column("run_id", BigInteger, ForeignKey("runs.id", ondelete="CASCADE"), nullable=False),
+    Column("status", Text, nullable=False, server_default="pending"),
+    Column("claimed_by", Text),
+    Column("claimed_at", DateTime(timezone=True)),
+    Column("mode", Text),  # hint | extra (GRPO_Extra), set when done
+    Column("hint_id", BigInteger, ForeignKey("hints.id", ondelete="SET NULL")),
+    Column("lte_group_id", BigInteger, ForeignKey("groups.id", ondelete="SET NULL")),  # the group trained instead
+    Column("n_sampled", SmallInteger),  # extra rollouts sampled (G)
+    Column("n_correct", SmallInteger),  # G': correct ones, each replacing a failed original
+    Column("completed_at", DateTime(timezone=True)),
+    _now(),
+    CheckConstraint(_in("status", LTE_STAGE_STATUSES), name="status"),
+    CheckConstraint(_in("mode", LTE_MODES), name="mode"),
+    Index(None, "run_id", "status"),
+    Index(None, "lte_group_id"),
+)
+
 #: Views created by migrations from ``reflexdb/sql/views/<name>.sql``, in creation order.
 VIEWS = (
     "failures", "group_stats", "staleness", "learner_eligible",

@@ -32,7 +32,7 @@ from sqlalchemy import func, select, text
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import Engine
 
-from . import drill, migrate, schema
+from . import drill, lte, migrate, schema
 from .db import connect_raw, make_engine
 from .errors import InvalidGroup, NotFound, ReflexdbError, ReplayRequestLost
 from .records import (
@@ -249,6 +249,8 @@ class Store:
             InvalidGroup: naming the offending field; nothing is written.
             ReplayRequestLost: a group's ``replay_request_id`` is done, cancelled or claimed by
                 another collector than ``complete_claim``; nothing is written.
+            LteStageLost: a group's ``lte_stage`` is no longer ``complete_claim``'s (claim taken
+                after its TTL, or released to the learner); nothing is written.
         """
         prepared = [prepare_group(g) for g in groups]
         self._claimed_dims = {}
@@ -270,6 +272,9 @@ class Store:
                 with conn.pipeline():
                     if not self.synchronous_commit:
                         conn.execute("SET LOCAL synchronous_commit = off")
+                    for g in groups:  # LTE: the hints row first (hinted trajectories refer to it)
+                        if g.lte_stage is not None and g.lte_stage.hint is not None:
+                            lte.insert_hint(conn, g.lte_stage)
                     if prepared:
                         self._insert_group(cur, prepared[0])
                 drill.phase("write")  # inside the transaction: a kill here must leave nothing
@@ -280,7 +285,7 @@ class Store:
                     written.append(self._group_rows(p, ids, rows))
                 rows.copy(cur)
                 if complete_claim is not None:
-                    claimed = [g.task_id for g in groups if g.replay_request_id is None]
+                    claimed = [g.task_id for g in groups if g.replay_request_id is None and g.lte_stage is None]
                     if claimed:
                         cur.execute(Q["complete_claims"], {"ids": claimed, "collector": complete_claim})
                 for g, w in zip(groups, written):
@@ -292,6 +297,9 @@ class Store:
                                 f"replay request {g.replay_request_id} is no longer "
                                 f"{'collector ' + repr(complete_claim) if complete_claim else 'open'}'s "
                                 "(claim expired and taken by another collector, or cancelled); group not written")
+                for g, w in zip(groups, written):
+                    if g.lte_stage is not None:
+                        lte.complete_stage(cur, g.lte_stage, collector=complete_claim, lte_group_id=w.group_id)
                 return written
         except psycopg.errors.UniqueViolation as exc:
             if exc.diag.constraint_name != "uq_groups_write_key":

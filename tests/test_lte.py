@@ -171,3 +171,286 @@ def test_hint_templates():
     # the prompt template wraps the hinted question like any question (answer format unchanged)
     [msg] = get_template("boxed").messages(hinted_question("What is 2 + 3?", "wrong_answers", ["6"]))
     assert msg["content"].startswith("What is 2 + 3?\n\nHint: ") and msg["content"].endswith("\\boxed{}.")
+
+
+# ---------------------------------------------------------------- hint stages through the store
+
+
+def _stage_setup(store, *, n_correct=0, size=4, version=0):
+    """A run with a none-pass group (or ``n_correct`` right) of ``size`` on task 0 and a some-pass one on task 1."""
+    import numpy as np
+
+    from .factories import make_group, setup_run
+
+    rng = np.random.default_rng(0)
+    run, tasks = setup_run(store, n_tasks=2)
+    original = store.write_group(make_group(rng, run, tasks[0], size=size, n_correct=n_correct, version=version,
+                                            dim=None))
+    other = store.write_group(make_group(rng, run, tasks[1], size=size, n_correct=1, version=version, dim=None))
+    return run, tasks, original, other
+
+
+def _extra(n, rng=None, **kw):
+    """``n`` correct extra rollouts (hinted prompt ids: 20 tokens, the plain ones are 12)."""
+    import numpy as np
+
+    from .factories import make_trajectory
+
+    rng = rng or np.random.default_rng(1)
+    return [make_trajectory(rng, P=20, T=10, dim=None, **kw) for _ in range(n)]
+
+
+def _lte_group(store, stage_row, n_correct, *, mode="hint", seed=0):
+    import numpy as np
+
+    from reflexdb import lte
+    from reflexdb.collector.workflows.lte_hint import lte_group
+    from reflexdb.lte import HintIn, LteStageIn
+
+    [original] = store.read_groups([stage_row.group_id])
+    hint = HintIn(lte.reserve_hint_id(store), stage_row.hint_kind, stage_row.wrong_answers, "q + hint") \
+        if mode == "hint" else None
+    stage = LteStageIn(stage_row.group_id, stage_row.task_id, mode, hint, 4, n_correct)
+    return original, lte_group(original, _extra(n_correct), stage, rng=np.random.default_rng(seed), collector="a")
+
+
+def test_an_lte_group_replaces_failures_with_lineage_in_one_transaction(store):
+    from reflexdb import lte
+
+    from .processes import rows
+
+    run, tasks, original, other = _stage_setup(store)
+    [s] = lte.claim_stages(store, run, "a", 5, min_version=0, timeout_s=300)
+    assert (s.group_id, s.hint_kind, s.wrong_answers, s.size) == (original.group_id, "wrong_answers", ["7"], 4)
+    orig, group = _lte_group(store, s, 2, seed=0)
+    w = store.write_group(group, complete_claim="a")
+    [g] = store.read_groups([w.group_id])
+    assert (g.kind, g.workflow, g.policy_version, g.size) == ("hinted", "lte", orig.policy_version, 4)
+    replaced = group.meta["replaced"]
+    assert len(replaced) == 2
+    for pos, (t, o) in enumerate(zip(g.trajectories, orig.trajectories)):
+        assert t.parent_trajectory_id == o.id  # a copy of the original, or the rollout that replaced it
+        assert list(t.prompt_ids) == list(o.prompt_ids)  # training prompt: always the plain one
+        if pos in replaced:
+            assert (t.origin, t.correct, len(t.response_ids)) == ("hinted", True, 10)
+            assert t.hint_id is not None and t.turns[0].text == o.turns[0].text
+        else:
+            assert (t.origin, t.correct, t.hint_id) == ("replayed", False, None)
+    [(status, hint_id, lte_gid, n_sampled, n_correct, mode)] = rows(
+        store, "SELECT status, hint_id, lte_group_id, n_sampled, n_correct, mode FROM lte_stages")
+    assert (status, lte_gid, n_sampled, n_correct, mode) == ("done", w.group_id, 4, 2, "hint")
+    assert rows(store, "SELECT id, group_id, kind, wrong_answers, hinted_prompt FROM hints") == [
+        (hint_id, original.group_id, "wrong_answers", ["7"], "q + hint")]
+    # the task's claim and collection count are not touched by a hint stage
+    assert rows(store, "SELECT times_collected FROM tasks WHERE id = :t", t=tasks[0]) == [(0,)]
+    # the pool is empty now, and the learner takes the LTE group and the some-pass one, never the original
+    assert rows(store, "SELECT count(*) FROM lte_hint_pool") == [(0,)]
+    ids, _, released = lte.eligible_group_ids(store, run, 10, min_version=0, timeout_s=300)
+    assert (ids, released) == (sorted([other.group_id, w.group_id]), 0)
+
+
+def test_a_none_pass_group_waits_for_its_stage_then_is_released_after_the_timeout(store):
+    from reflexdb import lte
+    from reflexdb.errors import LteStageLost
+
+    from .processes import rows
+
+    run, tasks, original, other = _stage_setup(store)
+    ids, _, _ = lte.eligible_group_ids(store, run, 10, min_version=0, timeout_s=300)
+    assert ids == [other.group_id]  # waiting for its hint stage
+    [s] = lte.claim_stages(store, run, "a", 5, min_version=0, timeout_s=300)
+    ids, _, released = lte.eligible_group_ids(store, run, 10, min_version=0, timeout_s=0)  # timed out
+    assert (ids, released) == ([original.group_id, other.group_id], 1)
+    assert rows(store, "SELECT status FROM lte_stages") == [("released",)]
+    # the collector that held it finishes too late: nothing of its group is written
+    _, group = _lte_group(store, s, 1)
+    with pytest.raises(LteStageLost, match="no longer collector 'a'"):
+        store.write_group(group, complete_claim="a")
+    assert rows(store, "SELECT count(*) FROM groups WHERE kind = 'hinted'") == [(0,)]
+    assert rows(store, "SELECT count(*) FROM hints") == [(0,)]
+    # released: out of the pool, never claimed again, still trained (a second choice finds it again)
+    assert lte.claim_stages(store, run, "b", 5, min_version=0, timeout_s=300) == []
+    assert lte.eligible_group_ids(store, run, 10, min_version=0, timeout_s=0)[0] == [original.group_id,
+                                                                                    other.group_id]
+
+
+def test_a_timed_out_group_is_not_claimed_and_stale_groups_are_not_opened(store):
+    from reflexdb import lte
+
+    run, tasks, original, other = _stage_setup(store)
+    assert lte.claim_stages(store, run, "a", 5, min_version=0, timeout_s=0) == []
+    assert lte.claim_stages(store, run, "a", 5, min_version=1, timeout_s=300) == []  # policy 0 < 1: stale
+    assert [s.group_id for s in lte.claim_stages(store, run, "a", 5, min_version=0, timeout_s=300)] == \
+        [original.group_id]
+
+
+@pytest.mark.parametrize("unsolved, trained", [("train", True), ("skip", False)])
+def test_an_unsolved_stage_writes_its_hint_and_the_original_trains_as_it_is(store, unsolved, trained):
+    from reflexdb import lte
+    from reflexdb.lte import HintIn, LteStageIn
+
+    from .processes import rows
+
+    run, tasks, original, other = _stage_setup(store)
+    [s] = lte.claim_stages(store, run, "a", 5, min_version=0, timeout_s=300)
+    hint = HintIn(lte.reserve_hint_id(store), s.hint_kind, s.wrong_answers, "q + hint")
+    lte.finish_unsolved(store, LteStageIn(s.group_id, s.task_id, "hint", hint, 4, 0), "a")
+    assert rows(store, "SELECT status, n_correct, lte_group_id FROM lte_stages") == [("done", 0, None)]
+    assert rows(store, "SELECT count(*) FROM hints") == [(1,)]
+    ids, _, _ = lte.eligible_group_ids(store, run, 10, min_version=0, timeout_s=300,
+                                       train_unsolved=unsolved == "train")
+    assert ids == ([original.group_id] if trained else []) + [other.group_id]
+
+
+def test_two_collectors_racing_for_one_stage_one_wins_and_nothing_is_written_twice(store):
+    import threading
+
+    from reflexdb import lte
+    from reflexdb.errors import LteStageLost
+
+    from .processes import rows
+
+    run, tasks, original, other = _stage_setup(store)
+    barrier, got = threading.Barrier(2), {}
+
+    def claim(name):
+        barrier.wait()
+        got[name] = lte.claim_stages(store, run, name, 5, min_version=0, timeout_s=300)
+
+    threads = [threading.Thread(target=claim, args=(n,)) for n in ("a", "b")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(len(v) for v in got.values()) == [0, 1]
+    winner = "a" if got["a"] else "b"
+    [s] = got[winner]
+    _, mine = _lte_group(store, s, 2)
+    _, theirs = _lte_group(store, s, 1)
+    store.write_group(mine, complete_claim=winner)
+    with pytest.raises(LteStageLost):  # the loser, had it sampled anyway, writes nothing
+        store.write_group(theirs, complete_claim="b" if winner == "a" else "a")
+    assert rows(store, "SELECT count(*) FROM groups WHERE kind = 'hinted'") == [(1,)]
+    assert rows(store, "SELECT count(*) FROM hints") == [(1,)]
+
+
+def test_a_dead_collectors_stage_is_claimed_again_after_its_ttl(store):
+    import time
+
+    from reflexdb import lte
+    from reflexdb.errors import LteStageLost
+
+    run, tasks, original, other = _stage_setup(store)
+    [s] = lte.claim_stages(store, run, "dead", 5, min_version=0, timeout_s=300, claim_ttl_s=0.5)
+    assert lte.claim_stages(store, run, "b", 5, min_version=0, timeout_s=300, claim_ttl_s=0.5) == []
+    time.sleep(0.6)  # "dead" never releases (killed): its claim expires
+    [again] = lte.claim_stages(store, run, "b", 5, min_version=0, timeout_s=300, claim_ttl_s=0.5)
+    assert again.group_id == s.group_id
+    _, late = _lte_group(store, s, 1)
+    with pytest.raises(LteStageLost):
+        store.write_group(late, complete_claim="dead")
+    _, group = _lte_group(store, again, 1)
+    store.write_group(group, complete_claim="b")
+
+
+def test_grpo_extra_mode_writes_no_hint_and_on_policy_replacements(store):
+    from reflexdb import lte
+
+    from .processes import rows
+
+    run, tasks, original, other = _stage_setup(store)
+    [s] = lte.claim_stages(store, run, "a", 5, min_version=0, timeout_s=300)
+    _, group = _lte_group(store, s, 3, mode="extra")
+    w = store.write_group(group, complete_claim="a")
+    [g] = store.read_groups([w.group_id])
+    assert sorted(t.origin for t in g.trajectories) == ["base", "base", "base", "replayed"]
+    assert all(t.hint_id is None for t in g.trajectories)
+    assert rows(store, "SELECT mode, hint_id FROM lte_stages") == [("extra", None)]
+    assert rows(store, "SELECT count(*) FROM hints") == [(0,)]
+    assert rows(store, "SELECT count(*) FROM lte_hint_pool") == [(0,)]
+
+
+def test_release_gives_claims_back(store):
+    from reflexdb import lte
+
+    run, tasks, original, other = _stage_setup(store)
+    assert len(lte.claim_stages(store, run, "a", 5, min_version=0, timeout_s=300)) == 1
+    lte.release_stages(store, run, "a")
+    assert len(lte.claim_stages(store, run, "b", 5, min_version=0, timeout_s=300)) == 1
+
+
+# ---------------------------------------------------------------- end to end on the tiny model
+
+
+def _lte_config(**lte):
+    from reflexdb.config import parse_config
+
+    return parse_config({
+        "run": "lte", "model": "tiny", "algorithm": "lte", "max_staleness": 100,
+        "tasks": {"train_size": 6, "eval_size": 0},
+        "collector": {"group_size": 4, "tasks_per_batch": 2, "sampling": {"max_new_tokens": 6},
+                      "progress_every_s": 1, "poll_interval_s": 0.2},
+        "learner": {"groups_per_step": 2, "micro_batch_size": 3, "lr": 1e-3, "poll_interval_s": 0.2},
+        "lte": lte,
+    })
+
+
+@pytest.mark.slow
+def test_lte_workflow_and_learner_end_to_end_on_the_tiny_model(store, tmp_path, monkeypatch, model_cache):
+    """A collector writes none-pass groups, then their hint stages (real sampling under the hinted
+    prompt; the judge is rigged so that half of the hinted rollouts are right); the learner trains
+    the LTE groups instead of the originals, with the hinted rows' behaviour log-probs as π_old."""
+    from reflexdb.collector.runner import Collector
+    from reflexdb.trainer.batch import pack
+    from reflexdb.trainer.learner import Learner
+
+    from .processes import rows
+
+    monkeypatch.setenv("REFLEXDB_HOME", str(tmp_path / "home"))
+    cfg = _lte_config()
+    real = Collector.rollout
+    prompts = []
+
+    def rigged(self, tasks, n):  # the tiny model never answers right: decide by the prompt instead
+        out = real(self, tasks, n)
+        for task, episodes in zip(tasks, out):
+            prompts.append(task.prompt)
+            for j, t in enumerate(episodes):
+                t.correct = "Hint:" in task.prompt and j % 2 == 0
+                t.reward = float(t.correct)
+        return out
+
+    monkeypatch.setattr(Collector, "rollout", rigged)
+    collector = Collector(cfg, store, echo=lambda m: None)
+    collector.setup()
+    stats = collector.run(max_groups=4)  # 2 fresh none-pass groups, then their 2 LTE groups
+    assert stats.groups == 4
+    assert sum("Hint:" in p for p in prompts) == 2  # one hinted rollout call per stage
+    lte_groups = rows(store, "SELECT id, meta->>'original_group_id' FROM groups WHERE kind = 'hinted' ORDER BY id")
+    originals = [int(o) for _, o in lte_groups]
+    assert len(lte_groups) == 2
+    assert rows(store, "SELECT status, n_sampled, n_correct FROM lte_stages ORDER BY group_id") == [("done", 4, 2)] * 2
+    for gid, orig in zip([g for g, _ in lte_groups], originals):
+        [g], [o] = store.read_groups([gid]), store.read_groups([orig])
+        hinted = [t for t in g.trajectories if t.origin == "hinted"]
+        assert len(hinted) == 2 and all(t.hint_id is not None and t.correct for t in hinted)
+        assert {t.parent_trajectory_id for t in g.trajectories} == {t.id for t in o.trajectories}
+        assert all(list(t.prompt_ids) == list(o.trajectories[0].prompt_ids) for t in g.trajectories)
+        assert g.policy_version == o.policy_version
+
+    learner = Learner(cfg, store, echo=lambda m: None)
+    learner.setup()
+    chosen = learner.wait_for_groups(None)
+    assert chosen.group_ids == [g for g, _ in lte_groups]  # never the originals
+    batch = pack(store.read_groups(chosen.group_ids, turns=False), learner.engine.pad_id)
+    old = learner.old_logprobs(batch)
+    assert torch.equal(old[batch.hinted], batch.behaviour_logprobs[batch.hinted])
+    learner.run(max_steps=1)
+    consumed = {t for (t,) in rows(store, "SELECT DISTINCT group_id FROM consumption")}
+    assert consumed == {g for g, _ in lte_groups}
+    [(metrics,)] = rows(store, "SELECT metrics FROM learner_steps")
+    assert metrics["lte/lte_groups"] == 2 and metrics["lte/none_pass_before"] == 2
+    assert metrics["lte/some_pass_after"] == 2 and metrics["lte/replaced_per_group"] == 2
+    assert metrics["lte/hinted_success_rate"] == 0.5 and metrics["reward/pass_at_1"] == 0.0
+    assert sum(v for k, v in metrics.items() if k.startswith("lte/hint_kind/")) == 2
+    assert math.isfinite(metrics["loss/hinted/policy_loss"]) and metrics["loss/hinted/num_tokens"] > 0

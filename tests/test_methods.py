@@ -21,7 +21,8 @@ def batch_of(rewards, groups) -> Batch:
                  correct=r > 0.5, valid=valid, truncated=torch.zeros(B, dtype=torch.bool), input_ids=z[:, None],
                  attention_mask=z[:, None], prompt_lengths=z, response_lengths=z,
                  response_mask=torch.ones(B, 1, dtype=torch.bool), behaviour_logprobs=torch.zeros(B, 1),
-                 policy_versions=z, replayed=torch.zeros(B, dtype=torch.bool), confidence=torch.zeros(B),
+                 policy_versions=z, replayed=torch.zeros(B, dtype=torch.bool), hinted=torch.zeros(B, dtype=torch.bool),
+                 confidence=torch.zeros(B),
                  group_versions=[], group_kinds=[])
 
 
@@ -40,7 +41,7 @@ def test_raft_min_reward_drops_groups_whose_best_is_below_it():
 
 
 def test_registry_lists_the_built_methods_and_their_losses():
-    assert method_names() == ["dapo", "dr_grpo", "grpo", "grpo_lambda", "gspo", "nexgrpo", "opmd", "raft"]
+    assert method_names() == ["dapo", "dr_grpo", "grpo", "grpo_lambda", "gspo", "lte", "nexgrpo", "opmd", "raft"]
     assert {n: get_method(n).loss for n in ("nexgrpo", "raft", "dr_grpo")} == {"nexgrpo": "grpo", "raft": "sft",
                                                                                 "dr_grpo": "dr_grpo"}
     assert parse_config({"run": "r", "algorithm": "dr_grpo"}).advantage_scale == "none"
@@ -50,7 +51,7 @@ def test_registry_lists_the_built_methods_and_their_losses():
 
 @pytest.mark.parametrize("data, says", [
     ({"algorithm": "r3l"}, "algorithm 'r3l': R3L (reflect-then-retry"),
-    ({"algorithm": "lte"}, "LTE (hints from the model's own mistakes) is not built yet; the methods built are: dapo"),
+    ({"algorithm": "cleaner"}, "CLEANER (rollback of failed tool calls) is not built yet; the methods built are: dapo"),
     ({"algorithm": "grpo2"}, "algorithm 'grpo2' is not a registered method"),
     ({"learner": {"loss": "nope"}}, "learner.loss: 'nope' is not a registered loss; known: dapo"),
     ({"algorithm": "dr_grpo", "learner": {"loss_params": {"agg": "token-mean"}}},

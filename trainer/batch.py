@@ -41,6 +41,7 @@ class Batch:
     behaviour_logprobs: torch.Tensor  # [B, T] float32
     policy_versions: torch.Tensor  # [B] int64: producing version of each trajectory
     replayed: torch.Tensor  # [B] bool: a stored trajectory replayed (origin 'replayed'): ratio denominator π_beh
+    hinted: torch.Tensor  # [B] bool: sampled under an LTE hint (origin 'hinted'): prompt ids plain, π_beh under the hint
     confidence: torch.Tensor  # [B] float32: stored confidence exp(mean behaviour log-prob) (NaN if unknown)
     group_versions: list[int]
     group_kinds: list[str]
@@ -164,6 +165,7 @@ def pack(groups: list[Group], pad_id: int) -> Batch:
         behaviour_logprobs=torch.from_numpy(blp),
         policy_versions=torch.tensor([t.policy_version for _, t in trajs], dtype=torch.int64),
         replayed=torch.tensor([t.origin == "replayed" for _, t in trajs]),
+        hinted=torch.tensor([t.origin == "hinted" for _, t in trajs]),
         confidence=torch.tensor([t.confidence if t.confidence is not None else float("nan") for _, t in trajs],
                                 dtype=torch.float32),
         group_versions=[g.policy_version for g in groups],

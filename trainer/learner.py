@@ -344,7 +344,8 @@ class Learner:
 
         π_old (recomputed under the weights at the step's start, or the behaviour log-probs, as
         configured) for on-policy rows; the stored behaviour log-probs π_beh for replayed stored
-        trajectories (origin ``replayed``: NexGRPO's y+ and b*, NexGRPO.md Eq. 7).
+        trajectories (origin ``replayed``: NexGRPO's y+ and b*, NexGRPO.md Eq. 7) and for LTE's
+        hinted rollouts (origin ``hinted``: sampled under the hint, LTE.md Eq. 6).
         """
         if self.L.pi_old == "behaviour":
             return batch.behaviour_logprobs
@@ -356,7 +357,8 @@ class Learner:
             lp, _ = self.engine.token_logprobs(mb.input_ids, mb.attention_mask, mb.prompt_lengths,
                                                mb.response_lengths, temperature=self.temperature, grad=False)
             out[sl, :lp.shape[1]] = lp.float().cpu()
-        return torch.where(batch.replayed[:, None], batch.behaviour_logprobs, out)  # Eq. 7: π_beh for replay
+        # Eq. 7: π_beh for replay; LTE's hinted rows: π_old(o' | H_q, q) is their behaviour (LTE.md Eq. 6)
+        return torch.where((batch.replayed | batch.hinted)[:, None], batch.behaviour_logprobs, out)
 
     @torch.no_grad()
     def ref_logprobs(self, batch: Batch) -> torch.Tensor | None:
@@ -582,7 +584,7 @@ class Learner:
         m: dict[str, float] = {f"loss/{k}": v for k, v in stats.items()}
         valid = batch.valid
         m["reward/mean"] = float(batch.rewards[valid].mean()) if valid.any() else float("nan")
-        fresh = ~batch.replayed  # pass@1 of what the policy sampled, not of replayed copies
+        fresh = ~batch.replayed & ~batch.hinted  # pass@1 of what the policy sampled on the plain prompt
         m["reward/pass_at_1"] = float(batch.correct[fresh].float().mean()) if fresh.any() else float("nan")
         m["reward/missing"] = float((~valid).sum())
         classes = {"none": 0, "some": 0, "all": 0}

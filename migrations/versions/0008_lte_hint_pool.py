@@ -19,7 +19,7 @@ VIEWS = ("lte_hint_pool",)
 
 
 def upgrade() -> None:
-    create_views(VIEWS)
+    create_views(VIEWS, version="0008")  # 0009 changed lte_hint_pool: this revision's copy
 
 
 def downgrade() -> None:

@@ -3,7 +3,8 @@
 -- Question it answers: "which problems is the model stuck on, and what does it keep answering?"
 -- LTE (METHODS.md §2; LTE.md Sec. 3.1) hints a group whose G rollouts all failed: a fresh group
 -- (kind 'fresh', not eval or replay) with no correct trajectory, every reward computed (a group
--- whose reward function failed on a row cannot be called none-pass) and no `hints` row yet.
+-- whose reward function failed on a row cannot be called none-pass), no `hints` row and no hint
+-- stage that ended (lte_stages: 'done', or 'released' to the learner after the timeout).
 -- hint_kind follows the paper's main text, Sec. 3.1: all responses truncated -> 'concise' (think
 -- concisely); some truncated -> 'concise_wrong_answers' (concise + the incorrect answers); none
 -- truncated -> 'wrong_answers'. The paper's Algorithm 1 swaps the last two branches; the text is
@@ -11,7 +12,8 @@
 -- the non-truncated responses (the paper treats truncated responses as holding no answer), sorted.
 -- Columns: run_id, group_id, task_id, split, prompt, ground_truth, policy_version, size,
 -- n_truncated, hint_kind, wrong_answers (text[]), answer_counts (jsonb: answer -> how many of the
--- non-truncated responses gave it), created_at, waiting (now() - created_at).
+-- non-truncated responses gave it), created_at, waiting (now() - created_at), stage (NULL: not
+-- opened yet, 'pending' or 'claimed'), claimed_by.
 -- Settings read: none.
 -- Example: SELECT task_id, hint_kind, wrong_answers, answer_counts FROM lte_hint_pool
 --          WHERE run_id = 1 ORDER BY created_at LIMIT 20;
@@ -34,7 +36,9 @@ SELECT
     COALESCE(a.answers, '{}'::text[]) AS wrong_answers,
     COALESCE(a.counts, '{}'::jsonb) AS answer_counts,
     g.created_at,
-    now() - g.created_at AS waiting
+    now() - g.created_at AS waiting,
+    st.status AS stage,
+    st.claimed_by
 FROM groups g
 JOIN tasks k ON k.id = g.task_id
 CROSS JOIN LATERAL (
@@ -55,8 +59,10 @@ CROSS JOIN LATERAL (
         GROUP BY t.extracted_answer
     ) x
 ) a
+LEFT JOIN lte_stages st ON st.group_id = g.id
 WHERE g.kind = 'fresh'
   AND s.n_trajectories > 0
   AND s.n_correct = 0
   AND s.n_reward_missing = 0
-  AND NOT EXISTS (SELECT 1 FROM hints h WHERE h.group_id = g.id);
+  AND NOT EXISTS (SELECT 1 FROM hints h WHERE h.group_id = g.id)
+  AND (st.status IS NULL OR st.status IN ('pending', 'claimed'));
