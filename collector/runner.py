@@ -101,6 +101,7 @@ class Collector:
         self.make_env = environment_factory(cfg.environment.name, cfg.environment.options, self.reward_fn,
                                             cfg.tasks.template)
         self.rollout_stats = RolloutStats()
+        self._said_waiting = float("-inf")  # when the admission wait was last reported
         self.version = 0
         self.stopping = False
         self.stats = Stats()
@@ -158,23 +159,23 @@ class Collector:
                     self._report(reported)
                     last_report = time.monotonic()
                 self._maybe_reload()
-                if not self._admitted():
-                    continue
-                drill.phase("claim")
                 want = self.c.tasks_per_batch
                 if max_groups is not None:
                     want = min(want, max_groups - self.stats.groups)
-                for workflow in self.workflows:  # priority order: the first with work wins
-                    claimed = workflow.claim(want)
-                    if claimed:
-                        self._write(workflow.collect(claimed))
-                        break
-                else:
-                    finite = [w for w in self.workflows if hasattr(w, "exhausted")]
-                    if finite and all(w.exhausted() for w in finite):
-                        self.echo("every task has been collected max_collections times: done")
-                        break
-                    time.sleep(self.c.poll_interval_s)  # others hold the remaining claims
+                # Work that only replaces groups already admitted (LTE's hint stages) never waits for
+                # admission: the learner may be waiting for exactly that work.
+                free = [w for w in self.workflows if getattr(w, "admission_free", False)]
+                if free and self._claim_and_collect(free, want):
+                    continue
+                if not self._admitted(wait_s=self.c.poll_interval_s if free else self.c.progress_every_s):
+                    continue
+                if self._claim_and_collect(self.workflows, want):
+                    continue
+                finite = [w for w in self.workflows if hasattr(w, "exhausted")]
+                if finite and all(w.exhausted() for w in finite):
+                    self.echo("every task has been collected max_collections times: done")
+                    break
+                time.sleep(self.c.poll_interval_s)  # others hold the remaining claims
         except Abandon:
             self.echo("abandoned the in-flight group; nothing of it was written")
         except BaseException:
@@ -209,7 +210,17 @@ class Collector:
         self.version = policy.version
         self.echo(f"loaded policy v{policy.version} from {policy.checkpoint_uri} in {time.monotonic() - t0:.1f}s")
 
-    def _admitted(self) -> bool:
+    def _claim_and_collect(self, workflows: list[Workflow], want: int) -> bool:
+        """Ask ``workflows`` for work in priority order; the first with work wins. Whether one had any."""
+        drill.phase("claim")
+        for workflow in workflows:
+            claimed = workflow.claim(want)
+            if claimed:
+                self._write(workflow.collect(claimed))
+                return True
+        return False
+
+    def _admitted(self, wait_s: float) -> bool:
         settings = self.db(lambda: self.store.get_settings(self.run_id))
         a = self.db(lambda: work.admission(
             self.store, self.run_id, self.name, policy_version=self.version, eta=self.cfg.max_staleness,
@@ -220,9 +231,11 @@ class Collector:
         if a.allowed:
             return True
         drill.phase("admission")
-        self.echo(f"waiting for policy v{a.consume_version - self.cfg.max_staleness}: group {a.next_group} would be "
-                  f"{a.staleness} versions stale when consumed (max_staleness {self.cfg.max_staleness})")
-        self.db(lambda: self.store.wait_for_policy(self.run_id, self.version, timeout=self.c.progress_every_s,
+        if time.monotonic() - self._said_waiting >= self.c.progress_every_s:  # short waits: say it now and then
+            self._said_waiting = time.monotonic()
+            self.echo(f"waiting for policy v{a.consume_version - self.cfg.max_staleness}: group {a.next_group} would be "
+                      f"{a.staleness} versions stale when consumed (max_staleness {self.cfg.max_staleness})")
+        self.db(lambda: self.store.wait_for_policy(self.run_id, self.version, timeout=wait_s,
                                                        poll_interval=self.c.poll_interval_s))
         return False
 

@@ -395,6 +395,56 @@ def _lte_config(**lte):
     })
 
 
+def _rig(monkeypatch, prompts=None):
+    """Judge extra rollouts by their prompt: under a hint, episodes 0, 2, ... are right; else none."""
+    from reflexdb.collector.runner import Collector
+
+    real = Collector.rollout
+
+    def rigged(self, tasks, n):  # the tiny model never answers right
+        out = real(self, tasks, n)
+        for task, episodes in zip(tasks, out):
+            if prompts is not None:
+                prompts.append(task.prompt)
+            for j, t in enumerate(episodes):
+                t.correct = "Hint:" in task.prompt and j % 2 == 0
+                t.reward = float(t.correct)
+        return out
+
+    monkeypatch.setattr(Collector, "rollout", rigged)
+
+
+@pytest.mark.slow
+def test_hint_stages_run_while_admission_holds_new_groups_back(store, tmp_path, monkeypatch, model_cache):
+    """max_staleness 0 and 4 groups already written: the collector may not start a new group, but
+    the hint stages of the none-pass ones replace groups already admitted, so they run (else the
+    learner, waiting for them, and the collector, waiting for a policy, would wait on each other
+    until the hint timeout)."""
+    import numpy as np
+
+    from reflexdb.collector.runner import Collector
+    from reflexdb.collector.sources import build_tasks
+
+    from .factories import make_group
+    from .processes import rows
+
+    monkeypatch.setenv("REFLEXDB_HOME", str(tmp_path / "home"))
+    cfg = _lte_config()
+    cfg = cfg.model_copy(update={"max_staleness": 0})
+    _rig(monkeypatch)
+    run = store.create_run(cfg.run, algorithm="lte")
+    tasks = store.add_tasks(run, build_tasks(cfg.tasks)[0])
+    rng = np.random.default_rng(0)
+    for task in tasks[:4]:
+        store.write_group(make_group(rng, run, task, n_correct=0, dim=None, P=6, T=5,
+                                     response_ids=rng.integers(0, 1000, 5), prompt_ids=rng.integers(0, 1000, 6)))
+    collector = Collector(cfg, store, echo=lambda m: None)
+    collector.setup()
+    stats = collector.run(max_groups=4, max_seconds=120)
+    assert stats.groups == 4
+    assert rows(store, "SELECT kind, count(*) FROM groups GROUP BY 1 ORDER BY 1") == [("fresh", 4), ("hinted", 4)]
+
+
 @pytest.mark.slow
 def test_lte_workflow_and_learner_end_to_end_on_the_tiny_model(store, tmp_path, monkeypatch, model_cache):
     """A collector writes none-pass groups, then their hint stages (real sampling under the hinted
@@ -408,19 +458,8 @@ def test_lte_workflow_and_learner_end_to_end_on_the_tiny_model(store, tmp_path, 
 
     monkeypatch.setenv("REFLEXDB_HOME", str(tmp_path / "home"))
     cfg = _lte_config()
-    real = Collector.rollout
     prompts = []
-
-    def rigged(self, tasks, n):  # the tiny model never answers right: decide by the prompt instead
-        out = real(self, tasks, n)
-        for task, episodes in zip(tasks, out):
-            prompts.append(task.prompt)
-            for j, t in enumerate(episodes):
-                t.correct = "Hint:" in task.prompt and j % 2 == 0
-                t.reward = float(t.correct)
-        return out
-
-    monkeypatch.setattr(Collector, "rollout", rigged)
+    _rig(monkeypatch, prompts)
     collector = Collector(cfg, store, echo=lambda m: None)
     collector.setup()
     stats = collector.run(max_groups=4)  # 2 fresh none-pass groups, then their 2 LTE groups

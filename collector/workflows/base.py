@@ -10,6 +10,10 @@ A workflow is a small class::
         def release(self) -> None: ...                    # stop: give back unfinished claims
         def exhausted(self) -> bool: ...                  # no work will ever come again
 
+A workflow whose work only replaces groups already admitted (LTE's hint stages) sets the class
+attribute ``admission_free = True``: the collector runs it even while admission control holds new
+groups back.
+
 The collector writes each returned group in one transaction (``GroupIn.complete_claim``
 semantics: the claim is completed in the same transaction) and keeps the statistics; a workflow
 never writes groups itself. ``release`` and ``exhausted`` are optional.

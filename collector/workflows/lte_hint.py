@@ -42,6 +42,10 @@ class LTEHintWorkflow:
         timeout_s: a none-pass group older than this is the learner's (``lte.hint_timeout_s``).
     """
 
+    #: A stage replaces a group that was admitted when it was written: it never waits for admission
+    #: control (the learner may be waiting for it; collector/runner.py).
+    admission_free = True
+
     def __init__(self, ctx, *, mode: str = "hint", timeout_s: float = 300.0):
         if mode not in MODES:
             raise ValueError(f"lte_hint: mode {mode!r} is not one of {', '.join(MODES)}")
