@@ -493,3 +493,85 @@ def test_lte_workflow_and_learner_end_to_end_on_the_tiny_model(store, tmp_path, 
     assert metrics["lte/hinted_success_rate"] == 0.5 and metrics["reward/pass_at_1"] == 0.0
     assert sum(v for k, v in metrics.items() if k.startswith("lte/hint_kind/")) == 2
     assert math.isfinite(metrics["loss/hinted/policy_loss"]) and metrics["loss/hinted/num_tokens"] > 0
+
+
+@pytest.mark.slow
+def test_a_collector_killed_mid_hint_leaves_nothing_and_its_stage_is_claimed_again_after_the_ttl(
+        store, db_url, tmp_path, model_cache):
+    """SIGKILL while a real `reflexdb collect` is sampling a hint stage: nothing of the stage is
+    written, its claim stays until the TTL, and then another collector takes it."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    import numpy as np
+    import yaml
+
+    from reflexdb import lte
+    from reflexdb.collector.sources import build_tasks
+
+    from .factories import make_group
+    from .processes import REFLEXDB, child_env, rows
+
+    data = {"run": "lte-kill", "model": "tiny", "algorithm": "lte", "max_staleness": 100,
+            "tasks": {"train_size": 6, "eval_size": 0},
+            "collector": {"group_size": 4, "tasks_per_batch": 1, "claim_ttl_s": 3, "sampling": {"max_new_tokens": 6}},
+            "lte": {"hint_timeout_s": 600}}
+    cfg_path = tmp_path / "lte.yaml"
+    cfg_path.write_text(yaml.safe_dump(data))
+    cfg = _lte_config()
+    run = store.create_run("lte-kill", algorithm="lte")
+    tasks = store.add_tasks(run, build_tasks(cfg.tasks)[0])
+    rng = np.random.default_rng(0)
+    original = store.write_group(make_group(rng, run, tasks[0], n_correct=0, dim=None, P=6, T=5,
+                                            response_ids=rng.integers(0, 1000, 5), prompt_ids=rng.integers(0, 1000, 6)))
+    drill_dir = tmp_path / "drill"
+    drill_dir.mkdir()
+    env = dict(child_env(db_url, tmp_path, model_cache), REFLEXDB_DRILL_DIR=str(drill_dir))
+    proc = subprocess.Popen(REFLEXDB + ["collect", "-c", str(cfg_path), "--name", "doomed"], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        phase, deadline = "", time.monotonic() + 180
+        while phase != "hint" and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.05)
+            f = drill_dir / f"{proc.pid}.phase"
+            phase = f.read_bytes().decode().strip() if f.exists() else ""
+        assert phase == "hint", (phase, proc.poll())
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert rows(store, "SELECT status, claimed_by FROM lte_stages WHERE group_id = :g", g=original.group_id) == [
+        ("claimed", "doomed")]
+    assert rows(store, "SELECT count(*) FROM groups WHERE kind = 'hinted'") == [(0,)]
+    assert rows(store, "SELECT count(*) FROM hints") == [(0,)]
+    assert lte.claim_stages(store, run, "heir", 5, min_version=0, timeout_s=600, claim_ttl_s=3) == []
+    time.sleep(3.2)
+    [again] = lte.claim_stages(store, run, "heir", 5, min_version=0, timeout_s=600, claim_ttl_s=3)
+    assert again.group_id == original.group_id
+
+
+def test_untrained_groups_names_lte_reasons_never_passed_over(store):
+    """The learner skips a none-pass group by design while it waits for its stage, and never
+    trains a replaced one: untrained_groups says so instead of calling them passed over."""
+    from reflexdb import lte
+
+    from .processes import rows
+
+    run, tasks, original, other = _stage_setup(store)
+    store.set_settings(run, {"lte.mode": "hint", "lte.unsolved": "train"})
+    ids, snapshot, _ = lte.eligible_group_ids(store, run, 10, min_version=0, timeout_s=300)
+    assert ids == [other.group_id]
+    [(tid,)] = rows(store, "SELECT id FROM trajectories WHERE group_id = :g LIMIT 1", g=other.group_id)
+    store.record_step(run, 1, 0, [tid], loss=0.0, metrics={}, batch_snapshot=snapshot)
+
+    def reasons():
+        return rows(store, "SELECT group_id, reason FROM untrained_groups WHERE run_id = :r ORDER BY 1", r=run)
+
+    assert reasons() == [(original.group_id, "hint_stage")]
+    [s] = lte.claim_stages(store, run, "a", 5, min_version=0, timeout_s=300)
+    _, group = _lte_group(store, s, 2)
+    w = store.write_group(group, complete_claim="a")
+    assert reasons() == [(original.group_id, "replaced"), (w.group_id, "waiting")]

@@ -23,7 +23,7 @@ import time
 
 import numpy as np
 
-from reflexdb import GroupIn, Trajectory, TrajectoryIn, TurnIn, lte
+from reflexdb import GroupIn, Trajectory, TrajectoryIn, TurnIn, drill, lte
 from reflexdb.errors import LteStageLost
 from reflexdb.lte import ClaimedStage, HintIn, LteStageIn
 
@@ -65,6 +65,7 @@ class LTEHintWorkflow:
     def collect(self, stages: list[ClaimedStage]) -> list[GroupIn]:
         c = self.ctx
         t0 = time.monotonic()
+        drill.phase("hint")  # a drill (or the kill test) stops a collector here, holding its claims
         originals = {g.id: g for g in c.db(lambda: c.store.read_groups([s.group_id for s in stages]))}
         prompts = [s.prompt if self.mode == "extra" else hinted_question(s.prompt, s.hint_kind, s.wrong_answers)
                    for s in stages]

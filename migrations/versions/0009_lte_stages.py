@@ -6,6 +6,9 @@
   the stage timed out (``released``). See docs/lte.md.
 - The view ``lte_hint_pool`` now leaves out groups whose stage is done or released (a GRPO_Extra
   stage writes no hints row) and shows the stage's status and claimer.
+- The view ``untrained_groups`` names LTE's reasons: ``replaced`` (its LTE group trains instead),
+  ``unsolved`` (skipped per ``lte.unsolved``), ``hint_stage`` (held for its stage), none of them
+  ``passed_over``.
 
 Revision ID: 0009
 Revises: 0008
@@ -54,9 +57,11 @@ def upgrade() -> None:
     op.create_index(op.f("ix_lte_stages_run_id_status"), "lte_stages", ["run_id", "status"])
     op.create_index(op.f("ix_lte_stages_lte_group_id"), "lte_stages", ["lte_group_id"])
     create_views(VIEWS)
+    create_views(("untrained_groups",))  # same columns: CREATE OR REPLACE
 
 
 def downgrade() -> None:
+    create_views(("untrained_groups",), version="0006")  # no longer reads lte_stages
     drop_views(VIEWS)  # CREATE OR REPLACE cannot drop the view's new columns
     create_views(VIEWS, version="0008")
     op.drop_table("lte_stages")

@@ -18,19 +18,28 @@
 --                staleness window (a slow or stalled writer, a collector that resumed late);
 --   backlog      stale; steps could take it, but each took only older groups of its queue
 --                (collectors wrote faster than the learner trained);
---   unknown      written, or its window's steps chosen, before migration 0005 (nothing recorded).
+--   unknown      written, or its window's steps chosen, before migration 0005 (nothing recorded);
+--   replaced     LTE: its hint stage wrote an LTE group, which trains in its place (lte_stages);
+--   unsolved     LTE: its hint stage found no correct extra rollout and lte.unsolved is 'skip';
+--   hint_stage   LTE: a none-pass group held for its hint stage (not ended yet): the learner
+--                takes newer groups meanwhile by design, so this is not 'passed_over'.
 -- Columns: run_id, group_id, task_id, kind, policy_version, learner_version, staleness, reason,
 -- steps_that_could_take, created_at.
 -- Settings read: learner.max_staleness (default 1), from run_settings (through the function
--- run_setting; and via learner_eligible).
+-- run_setting; and via learner_eligible); lte.mode and lte.unsolved (LTE runs).
 -- Example: SELECT reason, count(*) FROM untrained_groups WHERE run_id = 1 GROUP BY reason;
 CREATE OR REPLACE VIEW untrained_groups AS
 WITH u AS (
     SELECT e.run_id, e.group_id, e.task_id, e.kind, e.policy_version, e.learner_version, e.staleness,
            e.eligible, e.created_at, g.xact_id,
-           run_setting(e.run_id, 'learner.max_staleness', '1')::int AS max_staleness
+           run_setting(e.run_id, 'learner.max_staleness', '1')::int AS max_staleness,
+           s.status AS lte_status, s.lte_group_id, run_setting(e.run_id, 'lte.unsolved', 'train') AS lte_unsolved,
+           (run_setting(e.run_id, 'lte.mode', '') <> '' AND e.kind = 'fresh'
+            AND NOT EXISTS (SELECT 1 FROM trajectories t WHERE t.group_id = e.group_id
+                            AND (t.correct OR t.reward IS NULL))) AS lte_none_pass
     FROM learner_eligible e
     JOIN groups g ON g.id = e.group_id
+    LEFT JOIN lte_stages s ON s.group_id = e.group_id
     WHERE e.kind <> 'eval' AND e.times_consumed = 0
 )
 SELECT
@@ -43,6 +52,10 @@ SELECT
     u.staleness,
     CASE
         WHEN u.xact_id IS NULL OR w.unrecorded > 0 THEN 'unknown'
+        WHEN u.lte_status = 'done' AND u.lte_group_id IS NOT NULL THEN 'replaced'
+        WHEN u.lte_status = 'done' AND u.lte_unsolved = 'skip' THEN 'unsolved'
+        WHEN u.lte_none_pass AND u.lte_status IS DISTINCT FROM 'done' AND u.lte_status IS DISTINCT FROM 'released'
+            THEN 'hint_stage'
         WHEN w.took_newer > 0 THEN 'passed_over'
         WHEN u.eligible THEN 'waiting'
         WHEN w.could_take = 0 THEN 'late'
