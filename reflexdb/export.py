@@ -1,0 +1,248 @@
+"""``reflexdb export``: any view, table or query to Parquet or JSONL, streamed in bounded memory.
+
+Rows are read through a server-side cursor in batches of ``batch_size`` inside one read-only
+transaction (one consistent snapshot), and each batch is written before the next is read, so
+memory holds one batch whatever the result's size.
+
+A result with a ``trajectory_id`` column also gets each trajectory's text and tokens, under the
+column names Hugging Face ``datasets`` and TRL use:
+
+- ``prompt``, ``completion``: the prompt turns' text and the response's (every turn with a token
+  span: the model's turns and, in an episode, the environment's), or with ``chat=True``
+  ``messages``: every turn as ``{"role", "content"}``;
+- ``prompt_ids``, ``completion_ids``: token ids, as lists;
+- ``logprobs``: the behaviour log-probs of the completion tokens (NULL when not known, e.g.
+  imported rows).
+
+Column types come from PostgreSQL's (so every batch has the same Parquet schema): integers, floats,
+booleans, text, timestamps and arrays map to their Arrow types; JSON and anything else is text.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import date, datetime
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+from .errors import ReflexdbError
+
+FORMATS = {".parquet": "parquet", ".jsonl": "jsonl"}
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)?$")
+_SQL = re.compile(r"^\s*(select|with|values|table)\b", re.IGNORECASE)
+
+# PostgreSQL type OIDs -> Arrow type names (pg_type; arrays are their element's list).
+_SCALARS = {16: "bool", 20: "int64", 21: "int64", 23: "int64", 26: "int64", 700: "float64", 701: "float64",
+            1700: "float64", 25: "string", 1043: "string", 1042: "string", 19: "string", 114: "json", 3802: "json",
+            1184: "timestamp_tz", 1114: "timestamp", 1082: "date", 2950: "string", 1186: "string"}
+_ARRAYS = {1000: "bool", 1016: "int64", 1005: "int64", 1007: "int64", 1021: "float64", 1022: "float64",
+           1231: "float64", 1009: "string", 1015: "string"}
+
+
+class ExportError(ReflexdbError):
+    """The source or the output path cannot be exported (the message says which and why)."""
+
+    exit_code = 2
+
+
+@dataclass(frozen=True)
+class ExportStats:
+    rows: int
+    batches: int
+    path: Path
+    columns: list[str]
+
+
+def source_query(source: str) -> str:
+    """``source`` as a query: SQL as given, a view or table name as ``SELECT * FROM name``."""
+    if _SQL.match(source):
+        return source.strip().rstrip(";")
+    if _NAME.match(source.strip()):
+        return f"SELECT * FROM {source.strip()}"
+    raise ExportError(f"export: {source!r} is neither a view or table name nor a query (SELECT/WITH ...)")
+
+
+def output_format(path: Path, fmt: str | None = None) -> str:
+    if fmt is not None:
+        if fmt not in FORMATS.values():
+            raise ExportError(f"export: format {fmt!r} is not one of {', '.join(FORMATS.values())}")
+        return fmt
+    if path.suffix.lower() not in FORMATS:
+        raise ExportError(f"export: cannot tell the format of {path} from its suffix; use .parquet or .jsonl "
+                          "(or --format)")
+    return FORMATS[path.suffix.lower()]
+
+
+def _plain(value: Any) -> Any:
+    """A value as JSON/Arrow take it (numpy arrays and scalars as lists and numbers)."""
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    if isinstance(value, Decimal):
+        return float(value)
+    return value
+
+
+def _arrow_type(oid: int):
+    import pyarrow as pa
+
+    base = {"bool": pa.bool_(), "int64": pa.int64(), "float64": pa.float64(), "string": pa.string(),
+            "json": pa.string(), "timestamp_tz": pa.timestamp("us", tz="UTC"), "timestamp": pa.timestamp("us"),
+            "date": pa.date32()}
+    if oid in _SCALARS:
+        return base[_SCALARS[oid]]
+    if oid in _ARRAYS:
+        return pa.list_(base[_ARRAYS[oid]])
+    return pa.string()
+
+
+def _trajectory_columns(chat: bool):
+    import pyarrow as pa
+
+    text = [("messages", pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())])))] if chat else \
+        [("prompt", pa.string()), ("completion", pa.string())]
+    return text + [("prompt_ids", pa.list_(pa.int64())), ("completion_ids", pa.list_(pa.int64())),
+                   ("logprobs", pa.list_(pa.float32()))]
+
+
+def _add_trajectories(conn, rows: list[dict], chat: bool) -> None:
+    """Add each row's trajectory texts and tokens (rows with a NULL trajectory_id get NULLs)."""
+    ids = sorted({int(r["trajectory_id"]) for r in rows if r.get("trajectory_id") is not None})
+    payloads, turns = {}, {}
+    if ids:
+        for tid, p, c, lp in conn.execute(
+                "SELECT trajectory_id, prompt_ids, response_ids, logprobs FROM token_payloads "
+                "WHERE trajectory_id = ANY(%s)", (ids,)).fetchall():
+            payloads[int(tid)] = (_plain(p), _plain(c), _plain(lp))
+        for tid, role, text, start in conn.execute(
+                "SELECT trajectory_id, role, text, token_start FROM turns WHERE trajectory_id = ANY(%s) "
+                "ORDER BY trajectory_id, turn_index", (ids,)).fetchall():
+            turns.setdefault(int(tid), []).append((role, text, start))
+    for r in rows:
+        tid = r.get("trajectory_id")
+        tid = None if tid is None else int(tid)
+        p, c, lp = payloads.get(tid, (None, None, None))
+        ts = turns.get(tid, [])
+        if chat:
+            r["messages"] = [{"role": role, "content": text} for role, text, _ in ts] if tid in turns else None
+        else:
+            r["prompt"] = "\n\n".join(t for _, t, s in ts if s is None) if tid in turns else None
+            r["completion"] = "".join(t for _, t, s in ts if s is not None) if tid in turns else None
+        r["prompt_ids"], r["completion_ids"], r["logprobs"] = p, c, lp
+
+
+class _Writer:
+    def __init__(self, path: Path, fmt: str, schema):
+        self.path, self.fmt, self.schema = path, fmt, schema
+        self.tmp = path.with_name(f".{path.name}.partial")
+        if fmt == "parquet":
+            import pyarrow.parquet as pq
+
+            self.out = pq.ParquetWriter(str(self.tmp), schema)
+        else:
+            self.out = open(self.tmp, "w", encoding="utf-8")
+
+    def write(self, rows: list[dict]) -> None:
+        if self.fmt == "parquet":
+            import pyarrow as pa
+
+            self.out.write_table(pa.Table.from_pylist(rows, schema=self.schema))
+        else:
+            for r in rows:
+                self.out.write(json.dumps(r, ensure_ascii=False, default=_json_default) + "\n")
+
+    def close(self, ok: bool) -> None:
+        self.out.close()
+        if ok:
+            self.tmp.replace(self.path)  # the file appears complete or not at all
+        else:
+            self.tmp.unlink(missing_ok=True)
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, (datetime, date)):
+        return value.isoformat()
+    if isinstance(value, Decimal):
+        return float(value)
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    return str(value)
+
+
+def export(url: str | None, source: str, path: Path, *, fmt: str | None = None, batch_size: int = 1000,
+           chat: bool = False, on_batch: Callable[[int], None] | None = None) -> ExportStats:
+    """Export ``source`` (a view or table name, or a query) to ``path``; see the module docstring.
+
+    Args:
+        on_batch: called with the rows written so far after each batch (a progress display).
+
+    Raises:
+        ExportError: bad source, format or path; a query error (nothing is left at ``path``).
+    """
+    import psycopg
+
+    from .admin import _engine
+
+    path = Path(path)
+    fmt = output_format(path, fmt)
+    query = source_query(source)
+    if batch_size < 1:
+        raise ExportError(f"export: batch size must be at least 1, got {batch_size}")
+    if not path.parent.is_dir():
+        raise ExportError(f"export: directory {path.parent} does not exist")
+    engine = _engine(url)
+    writer, n, batches, ok = None, 0, 0, False
+    try:
+        with engine.connect() as sa_conn:
+            conn = sa_conn.connection.driver_connection
+            try:
+                with conn.transaction():
+                    conn.execute("SET TRANSACTION READ ONLY")
+                    cur = conn.cursor(name="reflexdb_export")
+                    cur.execute(query)
+                    first = cur.fetchmany(batch_size)
+                    if cur.description is None:
+                        raise ExportError("export: the query returns no rows to export (not a SELECT?)")
+                    columns = [d.name for d in cur.description]
+                    with_traj = "trajectory_id" in columns
+                    import pyarrow as pa
+
+                    fields = [(d.name, _arrow_type(d.type_code)) for d in cur.description]
+                    if with_traj:
+                        fields += [f for f in _trajectory_columns(chat) if f[0] not in columns]
+                    schema = pa.schema(fields)
+                    writer = _Writer(path, fmt, schema)
+                    # JSON columns become text in Parquet (their Arrow type); JSONL keeps the objects.
+                    as_text = [d.name for d in cur.description if _SCALARS.get(d.type_code) == "json"] \
+                        if fmt == "parquet" else []
+                    chunk = first
+                    while chunk:
+                        rows = [{c: _plain(v) for c, v in zip(columns, r)} for r in chunk]
+                        for r in rows:
+                            for name in as_text:
+                                if r[name] is not None:
+                                    r[name] = json.dumps(r[name])
+                        if with_traj:
+                            _add_trajectories(conn, rows, chat)
+                        writer.write(rows)
+                        n += len(rows)
+                        batches += 1
+                        if on_batch:
+                            on_batch(n)
+                        chunk = cur.fetchmany(batch_size)
+                    cur.close()
+                    ok = True
+            except psycopg.Error as exc:
+                msg = (exc.diag.message_primary if getattr(exc, "diag", None) else None) or str(exc)
+                raise ExportError(f"export: SQL error: {msg}") from None
+    finally:
+        if writer is not None:
+            writer.close(ok)
+        engine.dispose()
+    return ExportStats(n, batches, path, list(schema.names))
+
+
+__all__ = ["ExportError", "ExportStats", "export", "output_format", "source_query"]
