@@ -13,7 +13,7 @@ import typer
 
 from reflexdb.errors import ReflexdbError
 
-from . import collect, db, evaluate, export, learn, query, run, similar, ui
+from . import collect, db, evaluate, export, importing, learn, query, run, similar, ui
 
 app = typer.Typer(
     name="reflexdb",
@@ -27,6 +27,7 @@ app.command("sql")(query.sql)
 app.command("psql")(query.psql)
 app.command("similar")(similar.similar)
 app.command("export")(export.export)
+app.command("import")(importing.import_command)
 app.command("collect")(collect.collect)
 app.command("learn")(learn.learn)
 app.command("eval")(evaluate.eval_command)

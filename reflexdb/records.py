@@ -50,7 +50,8 @@ class TrajectoryIn:
     Args:
         response_ids: `[T]` int token ids generated (and, in multi-turn trajectories, the
             observation tokens between assistant turns; ``loss_mask`` tells them apart).
-        logprobs: `[T]` float log pi_beh of each response token under the sampling distribution.
+        logprobs: `[T]` float log pi_beh of each response token under the sampling distribution;
+            ``None`` only for origin ``imported`` (unknown, stored as NULL).
         prompt_ids: `[P]` int prompt token ids.
         reward: the scalar reward, or ``None`` if the reward function failed (give ``error``).
         correct: whether the answer was verified correct (``None`` if unknown).

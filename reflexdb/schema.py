@@ -48,10 +48,10 @@ metadata = MetaData(
 )
 
 #: Values allowed in ``groups.kind``.
-GROUP_KINDS = ("fresh", "replay", "hinted", "retry", "eval")
+GROUP_KINDS = ("fresh", "replay", "hinted", "retry", "eval", "imported")
 #: Values allowed in ``trajectories.origin`` (METHODS.md: base, distilled, guided retry, hinted,
 #: purified, replayed; ``raw`` is CLEANER's unpurified parent).
-ORIGINS = ("base", "distilled", "guided_retry", "hinted", "purified", "raw", "replayed")
+ORIGINS = ("base", "distilled", "guided_retry", "hinted", "imported", "purified", "raw", "replayed")
 #: Values allowed in ``turns.role``.
 ROLES = ("system", "user", "assistant", "tool", "observation")
 #: Values allowed in ``trajectories.finish_reason``.
@@ -230,8 +230,9 @@ token_payloads = Table(
     Column("trajectory_id", BigInteger, ForeignKey("trajectories.id", ondelete="CASCADE"), primary_key=True),
     Column("prompt_ids", ARRAY(Integer), nullable=False),
     Column("response_ids", ARRAY(Integer), nullable=False),
-    # log pi_beh(o_t) of each response token, as sampled (see docs/store.md).
-    Column("logprobs", ARRAY(REAL), nullable=False),
+    # log pi_beh(o_t) of each response token, as sampled (see docs/store.md); NULL when unknown
+    # (imported trajectories, origin 'imported').
+    Column("logprobs", ARRAY(REAL)),
     # Policy version that produced each response token (partial rollouts can span versions).
     Column("token_policy_versions", ARRAY(Integer), nullable=False),
     Column("loss_mask", ARRAY(Boolean), nullable=False),

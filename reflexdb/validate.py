@@ -23,7 +23,7 @@ class PreparedTrajectory:
     src: TrajectoryIn
     prompt_ids: np.ndarray  # [P] int32
     response_ids: np.ndarray  # [T] int32
-    logprobs: np.ndarray  # [T] float32
+    logprobs: np.ndarray | None  # [T] float32; None: unknown (imported)
     token_policy_versions: np.ndarray  # [T] int32
     loss_mask: np.ndarray  # [T] bool
     embedding: np.ndarray | None  # [D] float32
@@ -126,11 +126,17 @@ def prepare_trajectory(t: TrajectoryIn, where: str, group_version: int) -> Prepa
     response_ids = _int_array(t.response_ids, f"{where}.response_ids")
     n = response_ids.shape[0]
     prompt_ids = _int_array(t.prompt_ids, f"{where}.prompt_ids")
-    logprobs = _float_array(t.logprobs, f"{where}.logprobs")
-    if logprobs.shape[0] != n:
-        raise InvalidGroup(f"{where}.logprobs", f"length {logprobs.shape[0]} != response_ids length {n}")
-    if n and logprobs.max() > 1e-4:
-        raise InvalidGroup(f"{where}.logprobs", f"log-probabilities must be <= 0, got {logprobs.max()}")
+    if t.logprobs is None:  # unknown behaviour log-probs: only imported trajectories (stored as NULL)
+        if t.origin != "imported":
+            raise InvalidGroup(f"{where}.logprobs", "missing; only imported trajectories (origin 'imported') "
+                                                    "may have unknown behaviour log-probs")
+        logprobs = None
+    else:
+        logprobs = _float_array(t.logprobs, f"{where}.logprobs")
+        if logprobs.shape[0] != n:
+            raise InvalidGroup(f"{where}.logprobs", f"length {logprobs.shape[0]} != response_ids length {n}")
+        if n and logprobs.max() > 1e-4:
+            raise InvalidGroup(f"{where}.logprobs", f"log-probabilities must be <= 0, got {logprobs.max()}")
 
     version = group_version if t.policy_version is None else int(t.policy_version)
     if t.token_policy_versions is None:
@@ -187,7 +193,7 @@ def prepare_trajectory(t: TrajectoryIn, where: str, group_version: int) -> Prepa
 
     reward = _finite(t.reward, f"{where}.reward")
     confidence = _finite(t.confidence, f"{where}.confidence")
-    if confidence is None and n:
+    if confidence is None and n and logprobs is not None:
         if own.all():
             # == np.mean(logprobs, dtype=np.float64) (the same reduction), without np.mean's overhead
             confidence = float(np.exp(np.add.reduce(logprobs, axis=None, dtype=np.float64) / n))

@@ -33,10 +33,10 @@ VIEWS = {
 
 def upgrade() -> None:
     create_functions(FUNCTIONS)
-    # CREATE OR REPLACE: same columns, so dependent views stay. 0009 changed untrained_groups: this
-    # revision's copy.
-    create_views([name for name in VIEWS if name != "untrained_groups"])
-    create_views(["untrained_groups"], version="0006")
+    # CREATE OR REPLACE: same columns, so dependent views stay. Later revisions changed
+    # learner_eligible (0010) and untrained_groups (0009): this revision's copies.
+    create_views([name for name in VIEWS if name not in ("learner_eligible", "untrained_groups")])
+    create_views(["learner_eligible", "untrained_groups"], version="0006")
 
 
 def downgrade() -> None:

@@ -57,7 +57,7 @@ def upgrade() -> None:
     op.create_index(op.f("ix_lte_stages_run_id_status"), "lte_stages", ["run_id", "status"])
     op.create_index(op.f("ix_lte_stages_lte_group_id"), "lte_stages", ["lte_group_id"])
     create_views(VIEWS)
-    create_views(("untrained_groups",))  # same columns: CREATE OR REPLACE
+    create_views(("untrained_groups",), version="0009")  # same columns: CREATE OR REPLACE (0010 changed it)
 
 
 def downgrade() -> None:

@@ -6,11 +6,12 @@
 --     v + max_staleness;
 --   * reuse: a group is consumed at most max_reuse times (the number of learner steps that took
 --     any of its trajectories);
---   * only fresh on-policy groups and replay groups are training data (eval groups never are).
+--   * only fresh on-policy groups and replay groups are training data (eval groups never are,
+--     nor imported ones: reflexdb import, no behaviour log-probs).
 -- One row per group. eligible = both rules hold.
 -- Columns: run_id, group_id, task_id, kind, policy_version, learner_version, staleness
 -- (learner_version - policy_version), times_consumed, eligible, reason ('ok', 'stale',
--- 'consumed', 'eval'), created_at.
+-- 'consumed', 'eval', 'imported'), created_at.
 -- Settings read: learner.max_staleness (default 1), learner.max_reuse (default 1), from run_settings
 -- (through the function run_setting).
 -- Example: SELECT reason, count(*) FROM learner_eligible WHERE run_id = 1 GROUP BY reason;
@@ -31,10 +32,11 @@ SELECT
     s.learner_version,
     s.learner_version - g.policy_version AS staleness,
     c.times_consumed,
-    (g.kind <> 'eval' AND s.learner_version - g.policy_version <= s.max_staleness
+    (g.kind NOT IN ('eval', 'imported') AND s.learner_version - g.policy_version <= s.max_staleness
      AND c.times_consumed < s.max_reuse) AS eligible,
     CASE
         WHEN g.kind = 'eval' THEN 'eval'
+        WHEN g.kind = 'imported' THEN 'imported'
         WHEN c.times_consumed >= s.max_reuse THEN 'consumed'
         WHEN s.learner_version - g.policy_version > s.max_staleness THEN 'stale'
         ELSE 'ok'

@@ -40,7 +40,7 @@ WITH u AS (
     FROM learner_eligible e
     JOIN groups g ON g.id = e.group_id
     LEFT JOIN lte_stages s ON s.group_id = e.group_id
-    WHERE e.kind <> 'eval' AND e.times_consumed = 0
+    WHERE e.kind NOT IN ('eval', 'imported') AND e.times_consumed = 0
 )
 SELECT
     u.run_id,
