@@ -45,7 +45,7 @@ def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, *, temperature: 
 
 def response_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, prompt_lengths: torch.Tensor,
                       response_lengths: torch.Tensor, *, temperature: float = 1.0,
-                      with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+                      with_entropy: bool = False, offset: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs (and entropies) of the response tokens of a right-padded batch, from its logits.
 
     Row ``i`` of ``input_ids`` is prompt ⊕ response ⊕ padding; position ``P_i + t - 1`` of the
@@ -59,6 +59,9 @@ def response_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, prompt_leng
         response_lengths: `[B]` ``T_i``; ``T = max_i T_i``.
         temperature: the sampling temperature (see the module docstring).
         with_entropy: also return each position's entropy (no gradient).
+        offset: the position of ``logits[:, 0]`` when the model computed logits only from there
+            on (``logits_to_keep``: no vocabulary projection for the prompt positions that
+            predict nothing we score).
 
     Returns:
         logprobs `[B, T]` float32, 0 past each response's end, and entropies `[B, T]` (0 there
@@ -67,8 +70,8 @@ def response_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, prompt_leng
     device = logits.device
     B, T = input_ids.shape[0], int(response_lengths.max())
     offs = torch.arange(T, device=device)
-    pos = (prompt_lengths.to(device)[:, None] - 1 + offs[None, :]).clamp(max=logits.shape[1] - 1)  # [B, T]
-    picked = logits.gather(1, pos[:, :, None].expand(B, T, logits.shape[-1]))  # [B, T, V]
+    pos = (prompt_lengths.to(device)[:, None] - 1 + offs[None, :]).clamp(max=offset + logits.shape[1] - 1)  # [B, T]
+    picked = logits.gather(1, (pos - offset)[:, :, None].expand(B, T, logits.shape[-1]))  # [B, T, V]
     input_ids = input_ids.to(device)
     targets = input_ids.gather(1, (pos + 1).clamp(max=input_ids.shape[1] - 1))  # [B, T]
     logprobs, entropy = token_logprobs(picked, targets, temperature=temperature, with_entropy=with_entropy)

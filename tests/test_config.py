@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -134,3 +135,11 @@ def test_gsm8k_example_reads_the_real_gsm8k_file():
     assert skipped == 0 and len(tasks) == 110
     assert {t.split for t in tasks} == {"train", "eval"}
     assert all(t.ground_truth and t.ground_truth.replace(",", "").lstrip("-").replace(".", "").isdigit() for t in tasks)
+
+
+def test_tasks_level_takes_one_level_or_a_list_and_names_a_bad_one():
+    assert parse_config({"run": "r", "tasks": {"level": [1, 2]}}).tasks.level == [1, 2]
+    assert parse_config({"run": "r", "tasks": {"level": 3}}).tasks.level == 3
+    for bad, says in [([1, 9], "[9]"), (0, "[0]"), ([], "none")]:
+        with pytest.raises(ConfigError, match=rf"tasks.level: .*levels lie in 1..6, got {re.escape(says)}"):
+            parse_config({"run": "r", "tasks": {"level": bad}})

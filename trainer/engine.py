@@ -196,11 +196,15 @@ class TrainingEngine:
             logprobs `[B, T]` (T = max response length; 0 on padding) and entropies `[B, T]` or None.
         """
         ctx = torch.enable_grad() if grad else torch.no_grad()
+        # Logits only from the first position that predicts a response token: the vocabulary
+        # projection (49,152-way for SmolLM2) of the prompt positions before it is never used.
+        start = max(int(prompt_lengths.min()) - 1, 0)
         with ctx:
             module = self.ds if grad else self.ds.module
-            logits = module(input_ids=input_ids.to(self.device), attention_mask=attention_mask.to(self.device)).logits
+            logits = module(input_ids=input_ids.to(self.device), attention_mask=attention_mask.to(self.device),
+                            logits_to_keep=input_ids.shape[1] - start).logits
             logprobs, entropy = response_logprobs(logits, input_ids, prompt_lengths, response_lengths,
-                                                  temperature=temperature, with_entropy=with_entropy)
+                                                  temperature=temperature, with_entropy=with_entropy, offset=start)
         return logprobs, entropy
 
     def backward(self, loss: torch.Tensor) -> None:
