@@ -1,6 +1,7 @@
 """LTE against GRPO and GRPO_Extra at the same seed, steps and wall-clock budget (docs/experiments.md).
 
-Runs ``reflexdb run`` on ``examples/arithmetic-lte.yaml`` three ways — ``grpo`` (algorithm grpo),
+Runs ``reflexdb run`` on ``examples/arithmetic-lte.yaml`` three ways — ``grpo`` (algorithm grpo,
+token-mean aggregation like LTE's Eq. 8),
 ``lte`` (hints), ``grpo_extra`` (``lte.mode: extra``: the same extra rollouts with the plain
 prompt) — for each seed, each in its own fresh ``REFLEXDB_HOME`` (embedded PostgreSQL), one after
 the other, all with the same ``--max-steps`` and ``--max-seconds``. Then, in that home, the
@@ -29,7 +30,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 CLI = [sys.executable, "-m", "reflexdb.cli.main"]
 CONFIG = ROOT / "examples" / "arithmetic-lte.yaml"
-ARMS = {"grpo": ["--set", "algorithm=grpo"], "lte": [], "grpo_extra": ["--set", "lte.mode=extra"]}
+# LTE's Eq. 8 normalises by the tokens of the group (1/Z, token-mean), and so does its GRPO (Eq. 2):
+# the GRPO arm uses the same aggregation, so the arms differ only in the hint stage.
+ARMS = {"grpo": ["--set", "algorithm=grpo", "--set", "learner.loss_params.agg=token-mean"], "lte": [],
+        "grpo_extra": ["--set", "lte.mode=extra"]}
 FRESH_NONE_PASS = """
 SELECT g.policy_version, avg((NOT EXISTS (SELECT 1 FROM trajectories t WHERE t.group_id = g.id AND t.correct))::int),
        count(*) FROM groups g WHERE g.kind = 'fresh' GROUP BY 1 ORDER BY 1
