@@ -135,7 +135,8 @@ def plot(res: dict, path: Path) -> None:
     axes[1].set(xlabel="learner step", ylabel="none-pass fraction of the batch", ylim=(0, 1),
                 title="Batches after hinting (LTE groups replace originals)")
     axes[0].legend(fontsize=7)
-    fig.suptitle(f"SmolLM2-135M, arithmetic level 1, G = 8 ({res['date'][:10]}; from the runs' databases)", fontsize=9)
+    fig.suptitle(f"SmolLM2-135M, arithmetic levels 1 and 2, G = 8, {res['max_seconds']:.0f} s of learner time per run "
+                 f"({res['date'][:10]}; from the runs' databases)", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
