@@ -516,7 +516,7 @@ def test_a_collector_killed_mid_hint_leaves_nothing_and_its_stage_is_claimed_aga
 
     data = {"run": "lte-kill", "model": "tiny", "algorithm": "lte", "max_staleness": 100,
             "tasks": {"train_size": 6, "eval_size": 0},
-            "collector": {"group_size": 4, "tasks_per_batch": 1, "claim_ttl_s": 3, "sampling": {"max_new_tokens": 6}},
+            "collector": {"group_size": 8, "tasks_per_batch": 1, "claim_ttl_s": 3, "sampling": {"max_new_tokens": 64}},
             "lte": {"hint_timeout_s": 600}}
     cfg_path = tmp_path / "lte.yaml"
     cfg_path.write_text(yaml.safe_dump(data))
@@ -531,13 +531,20 @@ def test_a_collector_killed_mid_hint_leaves_nothing_and_its_stage_is_claimed_aga
     env = dict(child_env(db_url, tmp_path, model_cache), REFLEXDB_DRILL_DIR=str(drill_dir))
     proc = subprocess.Popen(REFLEXDB + ["collect", "-c", str(cfg_path), "--name", "doomed"], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    f = drill_dir / f"{proc.pid}.phase"
+
+    def phase() -> str:
+        return f.read_bytes().decode().strip() if f.exists() else ""
+
+    # From "hint" until the group's transaction commits ("written") the stage is in flight: the
+    # sampling ("generate") and the write itself ("write": a kill there rolls it back).
+    in_flight = ("hint", "generate", "write")
     try:
-        phase, deadline = "", time.monotonic() + 180
-        while phase != "hint" and time.monotonic() < deadline and proc.poll() is None:
-            time.sleep(0.05)
-            f = drill_dir / f"{proc.pid}.phase"
-            phase = f.read_bytes().decode().strip() if f.exists() else ""
-        assert phase == "hint", (phase, proc.poll())
+        deadline = time.monotonic() + 180
+        while phase() != "hint" and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.002)
+        os.kill(proc.pid, signal.SIGSTOP)  # hold it where it is, then look again
+        assert phase() in in_flight, (phase(), proc.poll())
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
     finally:
