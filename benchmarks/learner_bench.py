@@ -243,19 +243,22 @@ def instrument(learner, timers: Timers) -> None:
 
     eng.step = timers.wrap(eng.step, step_phase)
 
-    real_loss = learner.loss_fn
+    import dataclasses
 
-    @functools.wraps(real_loss)
-    def loss_fn(logprobs, old, adv, mask, *args, **kwargs):
-        w, c = time.perf_counter(), time.process_time()
-        out = real_loss(logprobs, old, adv, mask, *args, **kwargs)
-        timers.add("loss", time.perf_counter() - w, time.process_time() - c)
-        with torch.no_grad():
-            d = ((logprobs.detach() - old).abs() * mask).max()
-        timers.max_abs_ratio_log = max(timers.max_abs_ratio_log, float(d))
-        return out
+    def timed_loss(real_fn):
+        @functools.wraps(real_fn)
+        def loss_fn(logprobs, old, adv, mask, *args, **kwargs):
+            w, c = time.perf_counter(), time.process_time()
+            out = real_fn(logprobs, old, adv, mask, *args, **kwargs)
+            timers.add("loss", time.perf_counter() - w, time.process_time() - c)
+            with torch.no_grad():
+                d = ((logprobs.detach() - old).abs() * mask).max() if mask.any() else torch.tensor(0.0)
+            timers.max_abs_ratio_log = max(timers.max_abs_ratio_log, float(d))
+            return out
+        return loss_fn
 
-    learner.loss_fn = loss_fn
+    # each loss term's family (the learner calls spec.call, which calls spec.fn)
+    learner.specs = [dataclasses.replace(spec, fn=timed_loss(spec.fn)) for spec in learner.specs]
 
 
 PHASES = ("read_groups", "pack", "pi_old_fwd", "train_fwd", "loss", "backward", "micro_step", "optimizer",

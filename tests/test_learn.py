@@ -240,6 +240,47 @@ def test_nan_loss_skips_and_stops(store, tmp_path, monkeypatch, model_cache):
     assert not all(torch.equal(a, b) for a, b in zip(before, lr.engine.ds.module.parameters()))
 
 
+@pytest.mark.parametrize("micro_batch_size", [3, 8])
+def test_pi_old_from_the_training_forward_equals_a_second_forward(store, tmp_path, monkeypatch, model_cache,
+                                                                   micro_batch_size):
+    """``pi_old: recompute`` takes π_old from the training forward (detached): the step's weights
+    and loss equal those of a separate no-grad forward under the step's starting weights, with
+    micro-batches smaller than the batch (3: uneven) and equal to it."""
+    import torch
+
+    def one_step(tag: str, explicit: bool):
+        ids = seed_groups(store, tag, 2, seed=0)  # the same groups in each run
+        monkeypatch.setenv("REFLEXDB_HOME", str(tmp_path / tag))
+        data = {**config_data(micro_batch_size=micro_batch_size), "run": tag, "max_staleness": 100}
+        lr = Learner(parse_config(data), store, echo=lambda m: None)
+        lr.setup()
+        if explicit:  # the former path: a second forward over the batch, no gradient
+            def old_logprobs(batch):
+                lp, _ = lr.engine.token_logprobs(batch.input_ids, batch.attention_mask, batch.prompt_lengths,
+                                                 batch.response_lengths, grad=False)
+                old = batch.behaviour_logprobs.clone()
+                old[:, :lp.shape[1]] = lp.float()
+                return old, torch.zeros(batch.size, dtype=torch.bool)
+            lr.old_logprobs = old_logprobs
+        else:
+            batch = pack(store.read_groups(ids, turns=False), lr.engine.pad_id)
+            _, fresh = lr.old_logprobs(batch)
+            assert fresh.all()  # fresh rollouts: π_old comes from the training forward
+        result = lr.step(ids)
+        return result, [p.detach().clone() for p in lr.engine.ds.module.parameters()]
+
+    from reflexdb.trainer.batch import pack
+    from reflexdb.trainer.learner import Learner
+
+    shared, w_shared = one_step("shared", explicit=False)
+    second, w_second = one_step("second", explicit=True)
+    # ratio 1 on every token either way: loss = -mean(A) over tokens, and the same gradient
+    assert shared.metrics["loss/ratio_max"] == pytest.approx(1.0, abs=1e-6)
+    assert shared.loss == pytest.approx(second.loss, abs=1e-6)
+    assert shared.metrics["policy/grad_norm"] == pytest.approx(second.metrics["policy/grad_norm"], rel=1e-5)
+    assert all(torch.allclose(a, b, atol=1e-7) for a, b in zip(w_shared, w_second))
+
+
 def test_missing_state_on_resume_is_a_clear_error(store, tmp_path, monkeypatch, model_cache):
     import shutil
 

@@ -295,10 +295,10 @@ class Learner:
         rows = [t.rows(batch) for t in self.terms]                                    # each term's rows
         mine = self._shard(batch.size)                                                # this rank's rows
         part = batch.rows(mine)
-        old = self.old_logprobs(part)                                                 # π_old
+        old, fresh = self.old_logprobs(part)                                          # π_old
         ref = self.ref_logprobs(part)
         stats, grad_norm, entropy = self.optimize(part, old, ref, adv[mine], full=batch,  # loss, step
-                                                  rows=rows, mine=mine)
+                                                  rows=rows, mine=mine, fresh=fresh)
         skipped = not math.isfinite(stats["loss"])
         self.bad_in_row = self.bad_in_row + 1 if skipped else 0
         self.step_no += 1
@@ -339,26 +339,22 @@ class Learner:
         return [slice(i * size, min((i + 1) * size, batch.size)) for i in range(self.n_micro)]
 
     @torch.no_grad()
-    def old_logprobs(self, batch: Batch) -> torch.Tensor:
-        """The ratio denominator per token `[B, T]`.
+    def old_logprobs(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """The ratio denominator per token: ``(old [B, T], fresh [B])``.
 
-        π_old (recomputed under the weights at the step's start, or the behaviour log-probs, as
-        configured) for on-policy rows; the stored behaviour log-probs π_beh for replayed stored
-        trajectories (origin ``replayed``: NexGRPO's y+ and b*, NexGRPO.md Eq. 7) and for LTE's
-        hinted rollouts (origin ``hinted``: sampled under the hint, LTE.md Eq. 6).
+        ``old`` holds the stored behaviour log-probs π_beh for replayed stored trajectories (origin
+        ``replayed``: NexGRPO's y+ and b*, NexGRPO.md Eq. 7), for LTE's hinted rollouts (origin
+        ``hinted``: sampled under the hint, LTE.md Eq. 6), and for every row with
+        ``learner.pi_old: behaviour``. ``fresh`` marks the rows whose π_old is the policy at the
+        step's start (``pi_old: recompute``): a step takes exactly one optimizer step, after all
+        its micro-batches, so the weights at the step's start are the weights of the training
+        forward, and :meth:`optimize` takes those rows' π_old from that forward (detached) instead
+        of running a second, no-grad forward over the batch. The values are the same; the
+        forward pass is saved (docs/benchmarks.md, "reflexdb against TRL").
         """
-        if self.L.pi_old == "behaviour":
-            return batch.behaviour_logprobs
-        out = torch.zeros_like(batch.behaviour_logprobs)
-        for sl in self._slices(batch):
-            if sl.start >= sl.stop:
-                continue
-            mb = batch.rows(sl)
-            lp, _ = self.engine.token_logprobs(mb.input_ids, mb.attention_mask, mb.prompt_lengths,
-                                               mb.response_lengths, temperature=self.temperature, grad=False)
-            out[sl, :lp.shape[1]] = lp.float().cpu()
-        # Eq. 7: π_beh for replay; LTE's hinted rows: π_old(o' | H_q, q) is their behaviour (LTE.md Eq. 6)
-        return torch.where((batch.replayed | batch.hinted)[:, None], batch.behaviour_logprobs, out)
+        stored = batch.replayed | batch.hinted  # Eq. 7 (NexGRPO), Eq. 6 (LTE): π_beh
+        fresh = torch.zeros_like(stored) if self.L.pi_old == "behaviour" else ~stored
+        return batch.behaviour_logprobs, fresh
 
     @torch.no_grad()
     def ref_logprobs(self, batch: Batch) -> torch.Tensor | None:
@@ -377,9 +373,12 @@ class Learner:
         return out
 
     def optimize(self, batch: Batch, old: torch.Tensor, ref: torch.Tensor | None, adv: torch.Tensor, *,
-                 full: Batch, rows: list[torch.Tensor], mine: slice):
+                 full: Batch, rows: list[torch.Tensor], mine: slice, fresh: torch.Tensor | None = None):
         """The method's loss terms over this rank's micro-batches with gradient accumulation; one
         optimizer step.
+
+        ``fresh`` (``[B]`` bool, :meth:`old_logprobs`): rows whose π_old is this forward's own
+        log-probs, detached (the weights move only at the step's end); the others use ``old``.
 
         Term ``k`` applies its loss to its rows (``rows[k]``, ``[B_full]`` bool) only. Each
         micro-batch's value of a term is weighted by its share of that term's normaliser over the
@@ -406,13 +405,16 @@ class Learner:
                     mb.input_ids, mb.attention_mask, mb.prompt_lengths, mb.response_lengths,
                     temperature=self.temperature, with_entropy=True)
                 loss = logprobs.sum() * 0.0  # a micro-batch without rows of any term still joins the accumulation
+                mb_old = old[sl][:, :T].to(logprobs.device)
+                if fresh is not None:  # π_old = π_θ at the step's start = this forward, no gradient
+                    mb_old = torch.where(fresh[sl].to(logprobs.device)[:, None], logprobs.detach(), mb_old)
                 for k, (spec, term, total) in enumerate(zip(self.specs, self.terms, totals)):
                     idx = mine_rows[k][sl].nonzero().flatten()
                     if idx.numel() == 0 or total == 0:
                         continue
                     mask, truncated = mb.response_mask[idx], mb.truncated[idx]
                     dev = logprobs.device
-                    out = spec.call(logprobs[idx.to(dev)], old[sl][idx, :T].to(dev), adv[sl][idx].to(dev),
+                    out = spec.call(logprobs[idx.to(dev)], mb_old[idx.to(dev)], adv[sl][idx].to(dev),
                                     mask.to(dev), term.params, truncated=truncated.to(dev),
                                     ref_logprobs=ref[sl][idx, :T].to(dev) if ref is not None else None)
                     share = spec.normaliser(mask, term.params, truncated=truncated) / total
