@@ -17,10 +17,13 @@ which passes one SIGTERM to each running child: the learner finishes its step an
 collectors finish their groups. A second Ctrl-C passes a second SIGTERM (stop now; resume still
 works). If this process dies, the kernel sends the children SIGTERM (Linux).
 
-Threads: on a small machine the collector and the learner compete for cores, and OpenMP threads
-that spin-wait slow both down many times over (docs/benchmarks.md). Unless ``OMP_NUM_THREADS`` is
-set, each training child gets ``max(1, cores // processes)`` threads; evaluations, which run
-alone, get them all.
+Threads: on a small machine the collector and the learner share the cores, and each is idle
+while it waits for the other (the collector for a policy, the learner for groups). Unless
+``OMP_NUM_THREADS`` is set, the learner gets every core and each of ``n`` collectors
+``max(1, cores // n)``, and unless ``OMP_WAIT_POLICY`` is set, OpenMP threads wait ``PASSIVE``
+(asleep, not spinning), so a waiting process leaves its cores to the busy one: the learner trains
+on all cores while the collector waits (docs/benchmarks.md, "reflexdb against TRL").
+Evaluations, which run alone, get every core.
 """
 
 from __future__ import annotations
@@ -69,8 +72,9 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the child between 
         pass
 
 
-def _threads(n_processes: int) -> str:
-    return str(max(1, (os.cpu_count() or 1) // max(1, n_processes)))
+def _threads(share: int = 1) -> str:
+    """OpenMP threads for a child that shares the cores with ``share - 1`` others of its kind."""
+    return str(max(1, (os.cpu_count() or 1) // max(1, share)))
 
 
 def suggested_queries(run: str, run_id: int) -> list[str]:
@@ -103,6 +107,8 @@ class Launcher:
         env = dict(os.environ, REFLEXDB_DATABASE_URL=self.url)  # not on a command line: it may hold a password
         if threads and "OMP_NUM_THREADS" not in os.environ:
             env["OMP_NUM_THREADS"] = threads
+        if threads:
+            env.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # a waiting process sleeps, leaving its cores
         return env
 
     def _start(self, args: list[str], threads: str | None, **kw) -> subprocess.Popen:
@@ -168,9 +174,8 @@ class Launcher:
         return result
 
     def _train(self) -> int:
-        n = self.n_collectors + 1
         for i in range(self.n_collectors):
-            self._start(["collect", "--name", f"{self.cfg.run}-collector-{i}"], _threads(n))
+            self._start(["collect", "--name", f"{self.cfg.run}-collector-{i}"], _threads(self.n_collectors))
         learn = ["learn"]
         if self.max_steps:
             learn += ["--max-steps", str(self.max_steps)]
@@ -178,7 +183,7 @@ class Launcher:
             learn += ["--max-seconds", str(self.max_seconds)]
         self.echo(f"started {self.n_collectors} collector(s) and a learner for run {self.cfg.run!r}; "
                   "Ctrl-C stops them cleanly")
-        learner = self._start(learn, _threads(n))
+        learner = self._start(learn, _threads())
         code = learner.wait()
         collectors = [p for p in self.children if p is not learner and p.poll() is None]
         for p in collectors:

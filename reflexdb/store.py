@@ -509,9 +509,12 @@ class Store:
             return existing
         return PolicyVersion(*row)
 
-    def latest_policy(self, run_id: int) -> PolicyVersion | None:
+    def latest_policy(self, run_id: int, *, with_state: bool = False) -> PolicyVersion | None:
+        """The newest policy version of a run; ``with_state``: the newest with a learner state
+        (``learner.state_every``: where resume starts)."""
         with self._raw() as conn:
-            row = conn.execute(Q["latest_policy"], {"run_id": run_id}).fetchone()
+            row = conn.execute(Q["latest_state_policy" if with_state else "latest_policy"],
+                               {"run_id": run_id}).fetchone()
         return PolicyVersion(*row) if row else None
 
     def get_policy(self, run_id: int, version: int) -> PolicyVersion:

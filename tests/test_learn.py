@@ -281,6 +281,49 @@ def test_pi_old_from_the_training_forward_equals_a_second_forward(store, tmp_pat
     assert all(torch.allclose(a, b, atol=1e-7) for a, b in zip(w_shared, w_second))
 
 
+def test_state_every_publishes_weights_and_resumes_from_the_newest_state(store, tmp_path, monkeypatch,
+                                                                          model_cache):
+    """``learner.state_every: 3``: versions 0 and 3 carry the learner state, 1, 2 and 4 only weights.
+    A learner that dies after v4 resumes from v3's state, rolls back step 4 (its groups trainable
+    again) and publishes v3's weights again as v5; a clean stop writes the state it lacks."""
+    from reflexdb.trainer.learner import Learner
+
+    seed_groups(store, "learn-test", 12)
+    lr, _ = _learner(store, tmp_path, monkeypatch, state_every=3, max_reuse=1)
+    lr.setup()
+    lr.run(max_steps=4)  # no finish(): as if killed after publishing v4
+    versions = rows(store, "SELECT version, step, meta ? 'learner_state', sha256 FROM policy_versions ORDER BY 1")
+    assert [v[:3] for v in versions] == [(0, 0, True), (1, 1, False), (2, 2, False), (3, 3, True), (4, 4, False)]
+    states = tmp_path / "home" / "checkpoints" / "learn-test" / "states"
+    assert sorted(p.name for p in states.iterdir()) == ["v0", "v3"]
+    [(step4_groups,)] = rows(store, "SELECT array_agg(DISTINCT c.group_id ORDER BY c.group_id) FROM consumption c "
+                                    "JOIN learner_steps s ON s.id = c.step_id WHERE s.step = 4")
+    assert len(step4_groups) == 2
+
+    msgs: list[str] = []
+    again = Learner(lr.cfg, store, echo=msgs.append)
+    again.setup()
+    assert again.step_no == 3 and again.version == 5
+    assert any("at step 3 (learner state of policy v3); rolled back 1" in m for m in msgs)
+    assert any("policies v4..v4 have no learner state" in m for m in msgs)
+    assert rows(store, "SELECT step FROM learner_steps ORDER BY 1") == [(1,), (2,), (3,)]
+    assert rows(store, f"SELECT count(*) FROM trajectories WHERE group_id IN ({', '.join(map(str, step4_groups))}) "
+                       "AND times_sampled > 0") == [(0,)]  # nothing of the rolled-back step counts as used
+    v5 = rows(store, "SELECT step, meta ? 'learner_state', sha256 FROM policy_versions WHERE version = 5")
+    assert v5 == [(3, False, versions[3][3])]  # v3's weights, byte for byte
+    again.run(max_steps=4)  # trains step 4 again, on groups the rolled-back step had consumed
+    assert rows(store, "SELECT max(step) FROM learner_steps") == [(4,)]
+    assert again.version == 6 and not again.last_has_state  # v5 and v6: two publishes since v3's state
+    again.finish()  # a clean stop: nothing new to publish, but v6 gets its learner state
+    assert rows(store, "SELECT version, meta ? 'learner_state' FROM policy_versions WHERE version >= 5 "
+                       "ORDER BY 1") == [(5, False), (6, True)]
+    assert sorted(p.name for p in states.iterdir()) == ["v3", "v6"]  # keep_states 2
+    third = Learner(lr.cfg, store, echo=msgs.append)
+    third.setup()
+    assert (third.step_no, third.version) == (4, 6)
+    assert any("at step 4 (learner state of policy v6); rolled back 0" in m for m in msgs)
+
+
 def test_missing_state_on_resume_is_a_clear_error(store, tmp_path, monkeypatch, model_cache):
     import shutil
 

@@ -125,6 +125,9 @@ class Learner:
         self.step_no = 0
         self.version = 0
         self.published_step = 0  # the step of the newest published version (a stop publishes only past it)
+        self.published_any = False  # whether any version exists (the first publish is version 0)
+        self.since_state = 0  # publishes since the last one that wrote the learner state
+        self.last_has_state = True
         self.bad_in_row = 0
         self.stopping = False
         self.hooks = None  # the method's stateful part, built in setup()
@@ -143,9 +146,11 @@ class Learner:
             grad_clip=self.L.grad_clip, dtype=self.L.dtype, fsync=self.L.fsync_publish,
         )
         latest = self.db(lambda: self.store.latest_policy(self.run_id))
-        resume = latest is not None and latest.meta.get("learner_state")
+        stateful = latest if latest is None or latest.meta.get("learner_state") else \
+            self.db(lambda: self.store.latest_policy(self.run_id, with_state=True))
+        resume = stateful is not None
         if resume:
-            self._check_state(latest)
+            self._check_state(stateful)
         self.engine = TrainingEngine(self.base_model, settings, say=lambda msg: self.echo(msg))
         # Data parallel: rank 0 chooses the groups and alone writes to the store and MLflow.
         self.rank, self.world = self.engine.rank, self.engine.world_size
@@ -167,20 +172,29 @@ class Learner:
                 self.echo(f"removed {path}, left by a publish that did not finish")
         if resume:
             try:
-                client = self.engine.load_state(latest.meta["learner_state"], latest.meta["state_tag"])
+                client = self.engine.load_state(stateful.meta["learner_state"], stateful.meta["state_tag"])
             except StateUnreadable as exc:
                 raise ReflexdbError(
-                    f"cannot resume run {self.cfg.run!r}: the learner state of policy v{latest.version} is damaged "
+                    f"cannot resume run {self.cfg.run!r}: the learner state of policy v{stateful.version} is damaged "
                     f"({exc}). Nothing was changed; restore the directory from a backup, or start a new run name."
                 ) from None
             self.step_no = int(client["step"])
             self.version = latest.version
             self.published_step = self.step_no
+            self.published_any = True
             rolled = self.db(lambda: self._roll_back_after(self.step_no)) if self.main else 0
             self.tracker = Tracker(self.cfg, resume_run_id=latest.meta.get("mlflow_run_id")) if self.main \
                 else NullTracker()
-            self.echo(f"resumed run {self.cfg.run!r} at step {self.step_no} (policy v{self.version}); "
-                      f"rolled back {rolled} unpublished step(s)")
+            self.echo(f"resumed run {self.cfg.run!r} at step {self.step_no} (learner state of policy "
+                      f"v{stateful.version}); rolled back {rolled} unpublished step(s)")
+            if latest.version > stateful.version:
+                # Versions after the newest state (learner.state_every) were trained by steps that
+                # are rolled back now: publish the restored weights as a newer version, so that
+                # collectors sample from what the learner trains on again.
+                self.echo(f"policies v{stateful.version + 1}..v{latest.version} have no learner state "
+                          f"(learner.state_every {self.L.state_every}): their steps were rolled back; the "
+                          f"weights of step {self.step_no} are published again")
+                self.publish(state=False)
         else:
             if self.main:
                 self.db(lambda: self._roll_back_after(0))
@@ -188,8 +202,9 @@ class Learner:
             self.tracker.log_config()
             if latest is None:
                 self.publish()  # version 0: the base model, so collectors and resume have a start
-            else:
+            else:  # versions without any learner state (recorded by another writer): start from the base
                 self.version = latest.version
+                self.published_any = True
             self.echo(f"learner for run {self.cfg.run!r}: method {self.method.name} (loss {self.cfg.loss_family}), "
                       f"{self.L.groups_per_step} groups/step, publish every {self.L.publish_every}")
         if self.method.hooks is not None:
@@ -248,9 +263,36 @@ class Learner:
             self.tracker.close()
 
     def finish(self) -> None:
-        """On a clean stop: publish the steps trained since the last publish (none: nothing)."""
+        """On a clean stop: publish the steps trained since the last publish, with the learner
+        state; if none, and the last publish wrote no state (``learner.state_every``), write it for
+        that version, so that a resume loses no step."""
         if self.step_no > self.published_step:
-            self.publish()
+            self.publish(state=True)
+        elif not self.last_has_state:
+            self._attach_state()
+
+    def _attach_state(self) -> None:
+        """Write the learner state of the newest version (published without one) and record it."""
+        states, tag = self.ckpt_dir / "states", f"v{self.version}"
+        try:
+            self.engine.save_state(states, tag, {"step": self.step_no, "version": self.version})
+        except Exception as exc:  # as in publish(): the version stays without a state
+            clean_partial_files(self.ckpt_dir)
+            raise PublishFailed(
+                f"writing the learner state of policy v{self.version} failed: {_write_error(exc)} "
+                f"({_free_space(self.ckpt_dir)}). A resume starts from the newest version with a state."
+            ) from None
+        if self.main:
+            meta = json.dumps({"learner_state": str(states), "state_tag": tag})
+
+            def attach() -> None:
+                with self.store._raw() as conn:
+                    conn.execute(Q["attach_state"], {"meta": meta, "run_id": self.run_id, "version": self.version})
+
+            self.db(attach)
+            self._prune_states(states)
+        self.last_has_state = True
+        self.echo(f"wrote the learner state of policy v{self.version} (step {self.step_no})")
 
     def wait_for_groups(self, deadline: float | None) -> Selection | None:
         """Block until ``groups_per_step`` eligible groups exist; ``None`` if stopped or out of time."""
@@ -509,27 +551,35 @@ class Learner:
 
     # ------------------------------------------------------------------ publishing
 
-    def publish(self) -> None:
-        """Save the learner state and HF weights, then record the policy version (the commit point).
+    def publish(self, *, state: bool | None = None) -> None:
+        """Save the HF weights and (see ``state``) the learner state, then record the policy version
+        (the commit point).
 
         Files first, row last. Each version's state (``states/vK``) and weights (``vK``) are new
         directories, written under temporary names, flushed to disk and renamed into place when
         complete: a published version's files are never rewritten, and a publish that is killed
         or fails leaves no row, only temporary files that the next start removes. Resume then
-        starts from the last version whose row exists.
+        starts from the last version whose row exists and has a state.
+
+        ``state``: write the learner state too; by default at version 0 and every
+        ``learner.state_every``-th publish (weights alone are what collectors need: the state,
+        with the AdamW moments, is about three times their size).
 
         Raises:
             PublishFailed: the files could not be written (disk full, I/O error); no row was written.
             DatabaseUnavailable: the row could not be written within ``learner.db_retry_s``.
         """
-        version = self.version + 1 if self.step_no > 0 else 0
+        version = self.version + 1 if self.published_any else 0
+        if state is None:
+            state = version == 0 or self.since_state + 1 >= self.L.state_every
         tag = f"v{version}"
         states = self.ckpt_dir / "states"
         weights = self.ckpt_dir / f"v{version}"
         t0 = time.monotonic()
         drill.phase("publish")
         try:
-            self.engine.save_state(states, tag, {"step": self.step_no, "version": version})
+            if state:
+                self.engine.save_state(states, tag, {"step": self.step_no, "version": version})
             sha = self.engine.export_hf(weights)
         except Exception as exc:  # torch.save reports a full disk as RuntimeError, not OSError
             clean_partial_files(self.ckpt_dir)
@@ -542,13 +592,19 @@ class Learner:
                 f"same command: the learner resumes from policy v{self.version} (step {self.published_step})."
             ) from None
         if self.main:
-            meta = {"learner_state": str(states), "state_tag": tag, "mlflow_run_id": self.tracker.run_id}
+            meta = {"mlflow_run_id": self.tracker.run_id}
+            if state:
+                meta.update(learner_state=str(states), state_tag=tag)
             self.db(lambda: self.store.publish_policy(self.run_id, version, f"file://{weights}", sha256=sha,
                                                       step=self.step_no, meta=meta))
-            self._prune_states(states)
+            if state:
+                self._prune_states(states)
             self._prune_policies(version)
         self.version = version
         self.published_step = self.step_no
+        self.published_any = True
+        self.since_state = 0 if state else self.since_state + 1
+        self.last_has_state = state
         drill.phase("published")
         self.tracker.log_metrics({"perf/publish_seconds": time.monotonic() - t0, "policy/version": version},
                                  self.step_no)

@@ -27,3 +27,9 @@ WHERE run_id = %(run_id)s AND step = %(step)s;
 -- Whether any surviving step of a run has a metric above a threshold.
 SELECT EXISTS (SELECT 1 FROM learner_steps WHERE run_id = %(run_id)s
                AND (metrics->>%(metric)s)::float8 > %(threshold)s);
+
+-- name: attach_state
+-- Record the learner state written for an already published version (a clean stop after a
+-- publish without one, learner.state_every).
+UPDATE policy_versions SET meta = meta || CAST(%(meta)s AS jsonb)
+WHERE run_id = %(run_id)s AND version = %(version)s;

@@ -100,6 +100,11 @@ SELECT id FROM groups WHERE run_id = %(run_id)s AND id > %(after)s ORDER BY id L
 SELECT run_id, version, checkpoint_uri, sha256, step, meta, created_at
 FROM policy_versions WHERE run_id = %(run_id)s ORDER BY version DESC LIMIT 1;
 
+-- name: latest_state_policy
+-- The newest policy version of a run that has a learner state (where resume starts).
+SELECT run_id, version, checkpoint_uri, sha256, step, meta, created_at
+FROM policy_versions WHERE run_id = %(run_id)s AND meta ? 'learner_state' ORDER BY version DESC LIMIT 1;
+
 -- name: insert_policy
 -- Publish a policy version and wake the collectors (NOTIFY is delivered at commit).
 WITH p AS (
