@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 from reflexdb import migrate
 
@@ -95,3 +96,43 @@ def test_db_url_feeds_libpq_tools(store, db_url, tmp_path):
                           capture_output=True, text=True, timeout=60)
     assert dump.returncode == 0, dump.stderr
     assert "dumped-run" in dump.stdout
+
+
+@pytest.mark.parametrize("collectors", [1, 3])
+def test_run_gives_the_learner_every_core_and_threads_that_sleep(monkeypatch, tmp_path, collectors):
+    """`reflexdb run`: the learner gets every core, each collector cores // n (at least 1), and
+    OpenMP threads wait PASSIVE, so a process that waits leaves its cores to the one that works;
+    what the user set wins."""
+    from pathlib import Path
+
+    from reflexdb.cli import launch
+
+    started: list[tuple[list[str], dict]] = []
+
+    class Proc:
+        def wait(self, timeout=None):
+            return 0
+
+        def poll(self):
+            return 0
+
+    def popen(cmd, env, **kw):
+        started.append((cmd, env))
+        return Proc()
+
+    monkeypatch.setattr(launch.subprocess, "Popen", popen)
+    monkeypatch.setattr(launch.os, "cpu_count", lambda: 8)
+    for var in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY"):
+        monkeypatch.delenv(var, raising=False)
+    config = Path(__file__).parent.parent / "examples" / "arithmetic-grpo.yaml"
+    launcher = launch.Launcher(config, max_steps=1, max_seconds=None, collectors=collectors, overrides=None,
+                               evaluate=False, echo=lambda m: None)
+    launcher.url = "postgresql://unused"
+    assert launcher._train() == 0
+    threads = {cmd[cmd.index("-m") + 2]: (env["OMP_NUM_THREADS"], env["OMP_WAIT_POLICY"]) for cmd, env in started}
+    assert threads == {"collect": (str(max(1, 8 // collectors)), "PASSIVE"), "learn": ("8", "PASSIVE")}
+    started.clear()
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
+    launcher._train()
+    assert {(env["OMP_NUM_THREADS"], env["OMP_WAIT_POLICY"]) for _, env in started} == {("3", "ACTIVE")}
