@@ -23,6 +23,7 @@ each in its own process and `REFLEXDB_HOME`. The ratio compares reflexdb's wall 
 Needs `pip install trl accelerate` (not a reflexdb dependency).
 
     python benchmarks/vs_trl.py --steps 20 --rounds 1 --json-out /tmp/vs_trl.json
+    python benchmarks/vs_trl.py --steps 20 --rounds 1 --first trl --json-out /tmp/vs_trl_2.json
     python benchmarks/vs_trl.py --report /tmp/vs_trl.json
 """
 
@@ -164,6 +165,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--first", choices=("reflexdb", "trl"), default="reflexdb",
+                    help="which arm starts each round (alternate it between invocations)")
     ap.add_argument("--json-out", type=Path)
     ap.add_argument("--report", type=Path)
     ap.add_argument("--trl-worker", action="store_true", help=argparse.SUPPRESS)
@@ -178,7 +181,7 @@ def main() -> None:
         res = {"date": datetime.now(timezone.utc).isoformat(timespec="minutes"), "machine": f"{os.cpu_count()} cores",
                "steps": args.steps, "arms": []}
         for k in range(args.rounds):
-            for arm in ("reflexdb", "trl"):
+            for arm in ("reflexdb", "trl") if args.first == "reflexdb" else ("trl", "reflexdb"):
                 print(f"== {arm} round {k}", flush=True)
                 r = run_reflexdb(args.steps) if arm == "reflexdb" else run_trl(args.steps)
                 r["round"] = k

@@ -281,6 +281,45 @@ def test_pi_old_from_the_training_forward_equals_a_second_forward(store, tmp_pat
     assert all(torch.allclose(a, b, atol=1e-7) for a, b in zip(w_shared, w_second))
 
 
+def test_micro_batches_by_length_change_no_result(store, tmp_path, monkeypatch, model_cache):
+    """The learner orders a step's rows by length before cutting micro-batches (less padding): the
+    rows stay whole (ids, lengths, rewards move together) and the step's loss, gradient norm and
+    weights equal those of the unordered batch."""
+    import torch
+
+    from reflexdb.trainer.batch import Batch, pack
+    from reflexdb.trainer.learner import Learner
+
+    def one_step(tag: str, ordered: bool):
+        ids = seed_groups(store, tag, 2, seed=1)
+        monkeypatch.setenv("REFLEXDB_HOME", str(tmp_path / tag))
+        if not ordered:
+            monkeypatch.setattr(Batch, "by_length", lambda self: self)
+        lr = Learner(parse_config({**config_data(micro_batch_size=3), "run": tag, "max_staleness": 100}), store,
+                     echo=lambda m: None)
+        lr.setup()
+        batch = pack(store.read_groups(ids, turns=False), lr.engine.pad_id)
+        result = lr.step(ids)
+        monkeypatch.undo()
+        return batch, result, [p.detach().clone() for p in lr.engine.ds.module.parameters()]
+
+    batch, ordered, w_ordered = one_step("ordered", True)
+    _, plain, w_plain = one_step("plain", False)
+    by = batch.by_length()
+    lengths = by.prompt_lengths + by.response_lengths
+    assert (lengths[1:] >= lengths[:-1]).all() and sorted(by.trajectory_ids) == sorted(batch.trajectory_ids)
+    assert by.trajectory_ids != batch.trajectory_ids  # these lengths do reorder
+    where = {t: i for i, t in enumerate(batch.trajectory_ids)}
+    for j, t in enumerate(by.trajectory_ids):  # every row moved whole
+        i = where[t]
+        assert by.rewards[j] == batch.rewards[i] and by.group_index[j] == batch.group_index[i]
+        assert torch.equal(by.input_ids[j], batch.input_ids[i])
+    assert ordered.loss == pytest.approx(plain.loss, abs=1e-6)
+    assert ordered.metrics["policy/grad_norm"] == pytest.approx(plain.metrics["policy/grad_norm"], rel=1e-5)
+    # equal up to float summation order (Adam's first step at lr 1e-3 makes that ~5e-7 here)
+    assert all(torch.allclose(a, b, atol=1e-5, rtol=1e-4) for a, b in zip(w_ordered, w_plain))
+
+
 def test_state_every_publishes_weights_and_resumes_from_the_newest_state(store, tmp_path, monkeypatch,
                                                                           model_cache):
     """``learner.state_every: 3``: versions 0 and 3 carry the learner state, 1, 2 and 4 only weights.

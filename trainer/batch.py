@@ -50,6 +50,16 @@ class Batch:
     def size(self) -> int:
         return len(self.trajectory_ids)
 
+    def by_length(self) -> Batch:
+        """The same rows, shortest prompt ⊕ response first, so that each micro-batch (a slice of
+        rows, padding trimmed) holds rows of similar lengths and pads less. Row order changes no
+        result: advantages go by ``group_index``, and micro-batches are weighted by their share of
+        the whole step's normaliser."""
+        order = torch.argsort(self.prompt_lengths + self.response_lengths, stable=True)
+        taken = {k: v[order] for k, v in self.__dict__.items() if isinstance(v, torch.Tensor)}
+        return Batch(group_ids=self.group_ids, trajectory_ids=[self.trajectory_ids[i] for i in order.tolist()],
+                     group_versions=self.group_versions, group_kinds=self.group_kinds, **taken)
+
     def rows(self, idx: slice) -> Batch:
         """A micro-batch: rows ``idx`` (tensors sliced, padding trimmed)."""
         sl = {k: v[idx] for k, v in self.__dict__.items() if isinstance(v, torch.Tensor)}

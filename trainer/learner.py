@@ -328,6 +328,8 @@ class Learner:
         drill.phase("step")
         groups = self.db(lambda: self.store.read_groups(group_ids, turns=False))     # sample
         batch = pack(groups, self.engine.pad_id)
+        if self.world == 1 and self.n_micro > 1:  # (with ranks, each takes a contiguous share: keep them even)
+            batch = batch.by_length()  # micro-batches of similar lengths pad less
         t_batch = time.monotonic() - t0
         adv = group_advantages(batch.rewards, batch.group_index,                      # advantages
                                scale=self.cfg.advantage_scale, valid=batch.valid)
