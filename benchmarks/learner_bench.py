@@ -35,9 +35,10 @@ module imported) with timers that record wall and process CPU seconds per call:
     other        the rest of step() (advantages, metrics, Python)
 
 ``perf/batch_seconds`` and ``perf/step_seconds`` are the learner's own metrics (step_seconds stops
-before record/mlflow). The loss wrapper also records max |log π_θ − π_old| over loss tokens (in
-recompute mode it shows whether the recomputed π_old differs from the training forward's own
-log-probs at all).
+before record/mlflow). The loss wrapper also records max |log π_θ − π_old| over loss tokens.
+Since 2026-11-24 ``pi_old: recompute`` takes π_old from the training forward itself (detached),
+so the ``pi_old fwd`` phase is empty and that difference is 0; the tables in docs/benchmarks.md
+before that date show the second forward it used to cost.
 
 Quick run (one configuration, 1 group × 8, one timed step; about a minute)::
 
