@@ -479,7 +479,7 @@ def test_backup_of_a_live_run_restores_and_resumes_with_nothing_lost(store, db_u
                 _, cerr = collector.communicate(timeout=120)
             assert out.returncode == 0, out.stderr[-3000:]
             assert collector.returncode == 0, cerr[-3000:]
-            assert f"resumed run 'learn-test' at step {step} (policy v{version})" in out.stderr
+            assert f"resumed run 'learn-test' at step {step} (learner state of policy v{version})" in out.stderr
             assert set(dumped_groups) <= set(rows(restored, "SELECT id, size, policy_version FROM groups"))
             assert rows(restored, "SELECT (SELECT max(step) FROM learner_steps), (SELECT max(version) FROM policy_versions)") \
                 == [(step + 2, version + 2)]
