@@ -9,15 +9,20 @@ then checks that nothing committed was lost. For that each process says, while i
   after each commit returns, so the drill can check that every group a collector saw committed
   is in the database.
 
+With ``REFLEXDB_DRILL_HOLD=<phase>`` too, a process stops itself (SIGSTOP) as it enters that
+phase, so a drill can kill it exactly there, whatever the machine's speed.
+
 With the variable unset (always, outside drills) each call is one attribute test.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 
 PHASE_BYTES = 16
 _DIR = os.environ.get("REFLEXDB_DRILL_DIR") or None
+_HOLD = os.environ.get("REFLEXDB_DRILL_HOLD") or None
 _phase_fd: int | None = None
 _journal = None
 
@@ -34,6 +39,8 @@ def phase(name: str) -> None:
     if _phase_fd is None:
         _phase_fd = os.open(os.path.join(_DIR, f"{os.getpid()}.phase"), os.O_CREAT | os.O_WRONLY, 0o600)
     os.pwrite(_phase_fd, name.encode()[:PHASE_BYTES].ljust(PHASE_BYTES), 0)
+    if name == _HOLD:
+        os.kill(os.getpid(), signal.SIGSTOP)  # the drill kills it here (or SIGCONT lets it go on)
 
 
 def journal(line: str) -> None:
