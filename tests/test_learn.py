@@ -48,25 +48,28 @@ def write_config(tmp_path, data) -> Path:
 
 
 def tiny_group(rng, run: int, task: int, *, version: int = 0, G: int = 4, kind: str = "fresh",
-               embedding: bool = False) -> GroupIn:
+               embedding: bool = False, rewards: list | None = None) -> GroupIn:
     """A group the tiny model can train on: mixed rewards (so GRPO has signal), token ids inside its vocab."""
     trajs = []
     for j in range(G):
         T = int(rng.integers(4, 10))
         trajs.append(TrajectoryIn(
             prompt_ids=rng.integers(0, 1000, 6), response_ids=rng.integers(0, 1000, T),
-            logprobs=-rng.random(T).astype(np.float32) * 5, reward=float(j % 2), correct=bool(j % 2),
+            logprobs=-rng.random(T).astype(np.float32) * 5,
+            reward=float(j % 2) if rewards is None else rewards[j], correct=bool(j % 2),
             turns=[TurnIn("user", "q"), TurnIn("assistant", "a", 0, T)],
             embedding=rng.standard_normal(64).astype(np.float32) if embedding else None))
     return GroupIn(run_id=run, task_id=task, policy_version=version, trajectories=trajs, kind=kind)
 
 
-def seed_groups(store, run_name: str, n_groups: int, G: int = 4, seed: int = 0) -> list[int]:
-    """``n_groups`` groups of version 0, one task each (with embeddings)."""
+def seed_groups(store, run_name: str, n_groups: int, G: int = 4, seed: int = 0, rewards: list | None = None) -> list[int]:
+    """``n_groups`` groups of version 0, one task each (with embeddings); ``rewards``: each group's
+    G rewards (None: NULL), instead of 0/1."""
     rng = np.random.default_rng(seed)
     run = store.create_run(run_name)
     tasks = store.add_tasks(run, [TaskIn(f"What is {i} + 1?", str(i + 1)) for i in range(n_groups)])
-    return [store.write_group(tiny_group(rng, run, task, G=G, embedding=True)).group_id for task in tasks]
+    return [store.write_group(tiny_group(rng, run, task, G=G, embedding=True, rewards=rewards)).group_id
+            for task in tasks]
 
 
 def test_collect_and_learn_as_two_processes(store, db_url, tmp_path, model_cache):
@@ -245,11 +248,11 @@ def test_pi_old_from_the_training_forward_equals_a_second_forward(store, tmp_pat
                                                                    micro_batch_size):
     """``pi_old: recompute`` takes π_old from the training forward (detached): the step's weights
     and loss equal those of a separate no-grad forward under the step's starting weights, with
-    micro-batches smaller than the batch (3: uneven) and equal to it."""
+    micro-batches smaller than the batch (3: uneven) and equal to it, non-binary and NULL rewards."""
     import torch
 
     def one_step(tag: str, explicit: bool):
-        ids = seed_groups(store, tag, 2, seed=0)  # the same groups in each run
+        ids = seed_groups(store, tag, 2, seed=0, rewards=[0.25, None, 1.0, 0.6])  # the same groups in each run
         monkeypatch.setenv("REFLEXDB_HOME", str(tmp_path / tag))
         data = {**config_data(micro_batch_size=micro_batch_size), "run": tag, "max_staleness": 100}
         lr = Learner(parse_config(data), store, echo=lambda m: None)
@@ -275,6 +278,7 @@ def test_pi_old_from_the_training_forward_equals_a_second_forward(store, tmp_pat
     shared, w_shared = one_step("shared", explicit=False)
     second, w_second = one_step("second", explicit=True)
     # ratio 1 on every token either way: loss = -mean(A) over tokens, and the same gradient
+    assert shared.metrics["reward/missing"] == 2.0  # one NULL reward per group: no loss on those rows
     assert shared.metrics["loss/ratio_max"] == pytest.approx(1.0, abs=1e-6)
     assert shared.loss == pytest.approx(second.loss, abs=1e-6)
     assert shared.metrics["policy/grad_norm"] == pytest.approx(second.metrics["policy/grad_norm"], rel=1e-5)

@@ -382,7 +382,6 @@ class Learner:
         size = math.ceil(batch.size / self.n_micro)
         return [slice(i * size, min((i + 1) * size, batch.size)) for i in range(self.n_micro)]
 
-    @torch.no_grad()
     def old_logprobs(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         """The ratio denominator per token: ``(old [B, T], fresh [B])``.
 
