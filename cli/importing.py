@@ -17,8 +17,9 @@ def import_command(
     url: str = typer.Option(None, "--url", envvar="REFLEXDB_DATABASE_URL", help="PostgreSQL URL (default: config, then embedded)."),
     overrides: list[str] = typer.Option(None, "--set", help="Override a config key (repeatable; the value is YAML)."),
 ) -> None:
-    """Import rows as trajectories of origin 'imported' (never trained; queryable and exportable).
-    Bad rows are reported as FILE:LINE and skipped; exit code 1 when there were any."""
+    """Import rows as trajectories of origin 'imported' (queryable and exportable; trained only with
+    learner.imported_per_step > 0). Bad rows are reported as FILE:LINE and skipped; exit code 1 when
+    there were any."""
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
     from reflexdb import Store

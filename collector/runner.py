@@ -226,6 +226,7 @@ class Collector:
             self.store, self.run_id, self.name, policy_version=self.version, eta=self.cfg.max_staleness,
             groups_per_step=int(settings.get("learner.groups_per_step", self.cfg.learner.groups_per_step)),
             publish_every=int(settings.get("learner.publish_every", self.cfg.learner.publish_every)),
+            imported_per_step=int(settings.get("learner.imported_per_step", self.cfg.learner.imported_per_step)),
             claim_ttl_s=self.c.claim_ttl_s,
         ))
         if a.allowed:

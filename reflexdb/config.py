@@ -116,6 +116,7 @@ class LearnerConfig(_Section):
     dtype: Literal["float32", "bfloat16"] = Field("float32", description="Training precision.")
     device: str = Field("cpu", description="cpu or cuda (DeepSpeed uses gloo on CPU, nccl on GPU).")
     max_reuse: int = Field(1, ge=1, le=1000, description="A group is consumed by at most this many steps (samples-per-insert limit per group).")
+    imported_per_step: int = Field(0, ge=0, le=100_000, description="Groups of origin imported (`reflexdb import`: offline data, another framework's rollouts) mixed into each step, oldest first, while any are eligible: at most this many of the step's groups_per_step, each at most max_reuse times, with no staleness rule; their pi_old is the learner's own weights (no behaviour log-probs). 0: never trained.")
     max_steps: int | None = Field(None, ge=1, description="Stop after this many learner steps in total (None = run until stopped).")
     max_seconds: float | None = Field(None, gt=0, description="Time budget: start no new step once this many seconds have passed since the learner was ready (model loaded, DeepSpeed up), even with groups waiting (None = no limit).")
     max_bad_steps: int = Field(3, ge=1, le=1000, description="Stop after this many consecutive steps with a non-finite loss.")
@@ -129,6 +130,13 @@ class LearnerConfig(_Section):
     poll_interval_s: float = Field(2.0, gt=0, description="Polling period while waiting for groups (NOTIFY wakes it earlier).")
     db_retry_s: float = Field(300.0, ge=0, description="How long one database call is retried (with backoff) while the database is unreachable before the learner stops; a step whose consumption could not be recorded is never published.")
     eval_samples: int = Field(8, ge=1, le=1024, description="k of pass@k in `reflexdb eval` (samples per eval task).")
+
+    @model_validator(mode="after")
+    def _imported_share(self) -> LearnerConfig:
+        if self.imported_per_step > self.groups_per_step:
+            raise ValueError(f"learner.imported_per_step ({self.imported_per_step}) is more than learner.groups_per_step "
+                             f"({self.groups_per_step}): a step takes at most groups_per_step groups in all")
+        return self
 
 
 class Config(_Section):

@@ -14,11 +14,17 @@ Each row is one trajectory:
                  by the end-of-turn token)
 
 Rows with the same prompt share a task (dataset ``--dataset``, split ``train``), and within a
-batch one group of kind ``imported``. Behaviour log-probs are unknown: stored as NULL and marked
-by the origin. The learner never trains imported groups (view ``learner_eligible``, reason
-``imported``). A bad row is reported as ``FILE:LINE: problem`` and skipped; the rest of its
-batch is written in one transaction. Re-running an import with the same batch size writes nothing
-twice: each group's write key is derived from its rows.
+batch one group of kind ``imported``: GRPO's group, whose rewards give each other's advantages.
+The rows of the prompt a batch ends with are carried into the next batch, so that a file with a
+prompt's completions on consecutive lines (as rollouts are written) keeps each prompt's
+completions in one group whatever the batch size (a prompt with more rows than a batch may be
+split, into groups of fewer than two batches).
+Behaviour log-probs are unknown: stored as NULL and marked by the origin. The learner trains
+imported groups only when asked (``learner.imported_per_step`` > 0; view ``learner_eligible``,
+reason ``imported`` otherwise), with π_old its own weights. A bad row is reported as
+``FILE:LINE: problem`` and skipped; the rest of its batch is written in one transaction.
+Re-running an import with the same batch size writes nothing twice: each group's write key is
+derived from its rows.
 """
 
 from __future__ import annotations
@@ -199,29 +205,51 @@ def import_file(store, run_id: int, path: Path, tokenizer: Tokenizer, *, dataset
     path = Path(path)
     dataset = dataset or path.stem
     stats = ImportStats()
+    carried: list[tuple[int, Parsed]] = []  # the rows of the last prompt of the batch before
+
+    def write(rows: list[tuple[int, Parsed]]) -> None:
+        groups = _groups(store, run_id, rows, tokenizer, dataset, path.name)
+        store.write_groups(groups)
+        stats.imported += sum(len(g.trajectories) for g in groups)
+        stats.groups += len(groups)
+
     for batch in read_rows(path, batch_size):
-        good: list[tuple[int, Parsed]] = []
+        good = carried
         for line, row in batch:
             stats.rows += 1
             try:
                 good.append((line, parse_row(row, vocab=tokenizer.vocab)))
             except BadRow as exc:
                 stats.bad.append(f"{path}:{line}: {exc}")
+        tail = len(good)  # where the run of rows of the last prompt starts
+        while tail > 0 and _key(good[tail - 1][1]) == _key(good[-1][1]):
+            tail -= 1
+        if tail > 0:  # carry the last prompt's rows into the next batch
+            good, carried = good[:tail], good[tail:]
+        elif len(good) <= batch_size:  # one prompt only, at most a batch of rows: keep collecting
+            good, carried = [], good
+        else:  # one prompt with more rows than a batch: its group is split here
+            carried = []
         if good:
-            groups = _groups(store, run_id, good, tokenizer, dataset, path.name)
-            store.write_groups(groups)
-            stats.imported += sum(len(g.trajectories) for g in groups)
-            stats.groups += len(groups)
+            write(good)
+        if on_batch:
+            on_batch(stats)
+    if carried:
+        write(carried)
         if on_batch:
             on_batch(stats)
     return stats
+
+
+def _key(p: Parsed) -> tuple:
+    return (p.task_key, p.prompt_text)
 
 
 def _groups(store, run_id: int, rows: list[tuple[int, Parsed]], tok: Tokenizer, dataset: str,
             source: str) -> list[GroupIn]:
     by_prompt: dict[tuple, list[tuple[int, Parsed]]] = {}
     for line, p in rows:
-        by_prompt.setdefault((p.task_key, p.prompt_text), []).append((line, p))
+        by_prompt.setdefault(_key(p), []).append((line, p))
     keys = list(by_prompt)
     task_ids = store.add_tasks(run_id, [TaskIn(prompt=text, ground_truth=by_prompt[(k, text)][0][1].ground_truth,
                                                dataset=dataset, task_key=k) for k, text in keys])

@@ -14,7 +14,11 @@
   ``(n // groups_per_step) // publish_every`` (one version every ``publish_every`` steps). A
   collector holding version ``v`` starts group ``n`` only if that consumption version minus ``v``
   is at most ``eta``; otherwise it waits for a newer policy. Staleness is bounded by construction
-  instead of by dropping data afterwards.
+  instead of by dropping data afterwards. With ``learner.imported_per_step`` k > 0, steps take
+  only G − k fresh groups while imported ones last, and the count goes from the learner's
+  position instead: group ``n`` waits behind the ``n − c`` fresh groups not yet consumed (``c``
+  consumed by the ``S`` steps so far), at G − k a step for as long as the eligible imported
+  groups fill k a step, then at G; it is consumed by step ``S + m`` of that count.
 """
 
 from __future__ import annotations
@@ -146,14 +150,40 @@ class Admission:
 
 def admission(
     store: Store, run_id: int, collector: str, *, policy_version: int, eta: int, groups_per_step: int,
-    publish_every: int, claim_ttl_s: float = 600.0,
+    publish_every: int, claim_ttl_s: float = 600.0, imported_per_step: int = 0,
 ) -> Admission:
     """May ``collector`` (holding ``policy_version``) start another on-policy group now?"""
     with store._raw() as conn:
         written, in_flight = conn.execute(
             W["produced_groups"], {"run_id": run_id, "collector": collector, "ttl": claim_ttl_s}
         ).fetchone()
-    n = written + in_flight
-    consume_version = (n // max(1, groups_per_step)) // max(1, publish_every)
+        n = written + in_flight
+        G = max(1, groups_per_step)
+        if imported_per_step > 0:
+            steps, consumed, imported_left = conn.execute(W["imported_share"], {"run_id": run_id}).fetchone()
+            step = steps + steps_until_consumed(n - consumed, G, min(imported_per_step, G), int(imported_left))
+        else:
+            step = n // G
+    consume_version = step // max(1, publish_every)
     stale = consume_version - policy_version
     return Admission(stale <= eta, n, consume_version, stale)
+
+
+def steps_until_consumed(ahead: int, groups_per_step: int, imported_per_step: int, imported_left: int) -> int:
+    """Learner steps that pass before a fresh group with ``ahead`` unconsumed fresh groups before it
+    is taken (0: the next step), when each step takes ``imported_per_step`` of the
+    ``imported_left`` remaining imported group uses while they last and fresh groups for the rest.
+
+    Example: G = 4, k = 3, 5 imported uses left: 2 steps take imports (3, then 2; counted as G − k
+    = 1 fresh each, a bound: the last one may take more), so with 6 fresh groups ahead the group
+    waits 2 steps for the 2 fresh groups those take, then (6 − 2) // 4 = 1 more: 3.
+    """
+    G, k = groups_per_step, imported_per_step
+    ahead = max(0, ahead)
+    if k <= 0 or imported_left <= 0:
+        return ahead // G
+    with_imports = -(-imported_left // k)  # ceil: steps that still take imported groups
+    fresh_then = with_imports * (G - k)
+    if ahead < fresh_then:
+        return ahead // (G - k)
+    return with_imports + (ahead - fresh_then) // G

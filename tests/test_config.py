@@ -24,6 +24,9 @@ def test_defaults_are_valid():
     ({"run": "r", "max_staleness": "many"}, "max_staleness: Input should be a valid integer"),
     ({"run": "r", "tasks": {"source": "web"}}, "tasks.source: Input should be 'arithmetic' or 'file'"),
     ({"run": "r", "tasks": {"source": "file", "path": "/no/such.jsonl"}}, "dataset file /no/such.jsonl does not exist"),
+    ({"run": "r", "learner": {"groups_per_step": 2, "imported_per_step": 3}},
+     "learner.imported_per_step (3) is more than learner.groups_per_step (2)"),
+    ({"run": "r", "learner": {"imported_per_step": -1}}, "learner.imported_per_step: Input should be greater than or equal to 0"),
 ])
 def test_invalid_values_name_the_key(data, expected):
     with pytest.raises(ConfigError) as err:

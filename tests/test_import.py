@@ -101,6 +101,27 @@ def test_text_rows_are_tokenised_and_bad_rows_are_reported_with_file_and_line(st
     assert rows(store, "SELECT count(*) FROM tasks WHERE run_id = :r", r=run) == [(2,)]
 
 
+def test_a_prompts_consecutive_rows_stay_one_group_across_batches(store, tmp_path, tok):
+    """Rollout files hold a prompt's G completions on consecutive lines: each prompt is one group
+    (its rewards are each other's baseline when trained), whatever the batch size; only a prompt
+    with more rows than a batch is split. A second import of the file writes nothing."""
+    lines = [{"prompt": p, "completion": str(j), "reward": j / 4} for p, n in (("A", 4), ("B", 4), ("C", 2))
+             for j in range(n)]
+    lines += [{"prompt": "D", "completion": str(j), "reward": 0.0} for j in range(7)]
+    path = tmp_path / "rollouts.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in lines))
+    run = store.create_run("imported-groups")
+    for _ in range(2):
+        stats = import_file(store, run, path, tok, batch_size=3)
+        assert (stats.rows, stats.imported, stats.bad) == (17, 17, [])
+        sizes = rows(store, "SELECT k.prompt, g.size FROM groups g JOIN tasks k ON k.id = g.task_id "
+                            "WHERE g.run_id = :r ORDER BY g.id", r=run)
+        # Batches of 3: A A A (one prompt, one batch: carried) | A B B (A A A A written, B B carried)
+        # | B B C | C D D | D D D: D D + D D D = 5 rows of one prompt, more than a batch: written
+        # (D is split), | D D: the rest at the end.
+        assert sizes == [("A", 4), ("B", 4), ("C", 2), ("D", 5), ("D", 2)]
+
+
 def test_unreadable_files_are_refused(store, tmp_path, tok):
     run = store.create_run("imported")
     with pytest.raises(ImportFailed, match="does not exist"):

@@ -298,7 +298,7 @@ def test_micro_batches_by_length_change_no_result(store, tmp_path, monkeypatch, 
         ids = seed_groups(store, tag, 2, seed=1)
         monkeypatch.setenv("REFLEXDB_HOME", str(tmp_path / tag))
         if not ordered:
-            monkeypatch.setattr(Batch, "by_length", lambda self: self)
+            monkeypatch.setattr(Batch, "by_length", lambda self, ranks=1: self)
         lr = Learner(parse_config({**config_data(micro_batch_size=3), "run": tag, "max_staleness": 100}), store,
                      echo=lambda m: None)
         lr.setup()
@@ -407,6 +407,27 @@ def _learn_once(tmp_path, name, db_url, model_cache, launcher):
                  n=name)
     store.close()
     return load_file(str(Path(uri.removeprefix("file://")) / "model.safetensors")), steps
+
+
+def test_rows_ordered_by_length_are_dealt_evenly_to_the_ranks():
+    """With ranks, the rows shortest first are dealt to the ranks' contiguous shares in turn:
+    lengths 1..7 (B = 7, 2 ranks: shares of 4 and 3) -> rank 0 gets 1, 3, 5, 7; rank 1 gets
+    2, 4, 6; 3 ranks (shares of 3, 3, 1) -> 1, 4, 6 | 2, 5, 7 | 3."""
+    import torch
+
+    from reflexdb.trainer.batch import Batch
+
+    lengths = torch.tensor([5, 1, 7, 3, 2, 6, 4])
+    z = torch.zeros(7, dtype=torch.int64)
+    b = Batch(group_ids=[], trajectory_ids=[int(x) for x in lengths], group_index=z, rewards=z.float(),
+              correct=z.bool(), valid=~z.bool(), truncated=z.bool(), input_ids=z[:, None], attention_mask=z[:, None],
+              prompt_lengths=z, response_lengths=lengths, response_mask=torch.ones(7, 1, dtype=torch.bool),
+              behaviour_logprobs=torch.zeros(7, 1), policy_versions=z, replayed=z.bool(), hinted=z.bool(),
+              imported=z.bool(), confidence=z.float(), group_versions=[], group_kinds=[])
+    assert b.by_length().trajectory_ids == [1, 2, 3, 4, 5, 6, 7]
+    assert b.by_length(2).trajectory_ids == [1, 3, 5, 7, 2, 4, 6]
+    assert b.by_length(3).trajectory_ids == [1, 4, 6, 2, 5, 7, 3]
+    assert b.by_length(2).response_lengths.tolist() == [1, 3, 5, 7, 2, 4, 6]  # tensors move with the ids
 
 
 def test_world_size_2_matches_one_process(db_url, tmp_path, model_cache):

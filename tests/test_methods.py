@@ -22,6 +22,7 @@ def batch_of(rewards, groups) -> Batch:
                  attention_mask=z[:, None], prompt_lengths=z, response_lengths=z,
                  response_mask=torch.ones(B, 1, dtype=torch.bool), behaviour_logprobs=torch.zeros(B, 1),
                  policy_versions=z, replayed=torch.zeros(B, dtype=torch.bool), hinted=torch.zeros(B, dtype=torch.bool),
+                 imported=torch.zeros(B, dtype=torch.bool),
                  confidence=torch.zeros(B),
                  group_versions=[], group_kinds=[])
 

@@ -42,6 +42,7 @@ class Batch:
     policy_versions: torch.Tensor  # [B] int64: producing version of each trajectory
     replayed: torch.Tensor  # [B] bool: a stored trajectory replayed (origin 'replayed'): ratio denominator π_beh
     hinted: torch.Tensor  # [B] bool: sampled under an LTE hint (origin 'hinted'): prompt ids plain, π_beh under the hint
+    imported: torch.Tensor  # [B] bool: origin 'imported' (reflexdb import): no behaviour log-probs (0 here), no version
     confidence: torch.Tensor  # [B] float32: stored confidence exp(mean behaviour log-prob) (NaN if unknown)
     group_versions: list[int]
     group_kinds: list[str]
@@ -50,14 +51,31 @@ class Batch:
     def size(self) -> int:
         return len(self.trajectory_ids)
 
-    def by_length(self) -> Batch:
+    def by_length(self, ranks: int = 1) -> Batch:
         """The same rows, shortest prompt ⊕ response first, so that each micro-batch (a slice of
         rows, padding trimmed) holds rows of similar lengths and pads less. Row order changes no
         result: advantages go by ``group_index``, and micro-batches are weighted by their share of
-        the whole step's normaliser."""
-        order = torch.argsort(self.prompt_lengths + self.response_lengths, stable=True)
-        taken = {k: v[order] for k, v in self.__dict__.items() if isinstance(v, torch.Tensor)}
-        return Batch(group_ids=self.group_ids, trajectory_ids=[self.trajectory_ids[i] for i in order.tolist()],
+        the whole step's normaliser.
+
+        With ``ranks`` > 1 each rank takes a contiguous share (``ceil(B / ranks)`` rows): the rows,
+        shortest first, are dealt to the shares in turn, so every share holds short and long rows
+        alike (the ranks stay even) and is itself ordered by length.
+        """
+        order = torch.argsort(self.prompt_lengths + self.response_lengths, stable=True).tolist()
+        if ranks > 1:
+            per = -(-self.size // ranks)
+            room = [max(0, min(per, self.size - r * per)) for r in range(ranks)]
+            shares: list[list[int]] = [[] for _ in range(ranks)]
+            r = 0
+            for i in order:
+                while len(shares[r]) >= room[r]:
+                    r = (r + 1) % ranks
+                shares[r].append(i)
+                r = (r + 1) % ranks
+            order = [i for share in shares for i in share]
+        idx = torch.tensor(order, dtype=torch.long)
+        taken = {k: v[idx] for k, v in self.__dict__.items() if isinstance(v, torch.Tensor)}
+        return Batch(group_ids=self.group_ids, trajectory_ids=[self.trajectory_ids[i] for i in order],
                      group_versions=self.group_versions, group_kinds=self.group_kinds, **taken)
 
     def rows(self, idx: slice) -> Batch:
@@ -116,6 +134,22 @@ def eligible_group_ids(store: Store, run_id: int, n: int, *, min_version: int | 
     return Selection(compose_batch(rows, n, max_replay), snapshot)
 
 
+def eligible_imported_ids(store: Store, run_id: int, n: int) -> list[int]:
+    """The ``n`` oldest eligible imported groups of the run (view ``learner_eligible``: only while
+    ``learner.imported_per_step`` > 0, no staleness rule, at most ``max_reuse`` steps each)."""
+    if n <= 0:
+        return []
+    with store._raw() as conn:
+        (ids,) = conn.execute(Q["eligible_imported_groups"], {"run_id": run_id, "n": n}).fetchone()
+    return [int(g) for g in ids]
+
+
+def mix_imported(chosen: Selection, imported: list[int]) -> Selection:
+    """A step's selection with imported groups added (ids in increasing order, the snapshot of the
+    query that chose the others)."""
+    return Selection(sorted(chosen.group_ids + imported), chosen.snapshot) if imported else chosen
+
+
 def compose_batch(rows: list[tuple[int, str]], n: int, max_replay: int) -> list[int]:
     """Up to ``n`` group ids from ``(group_id, kind)`` rows in FIFO order: at most ``max_replay``
     replay groups, fresh groups for the rest (fewer than ``n`` when fresh ones are short).
@@ -155,7 +189,8 @@ def pack(groups: list[Group], pad_id: int) -> Batch:
     blp = np.zeros((B, Tm), dtype=np.float32)
     for i, (_, t) in enumerate(trajs):
         rmask[i, :len(t.response_ids)] = t.loss_mask
-        blp[i, :len(t.response_ids)] = t.logprobs
+        if t.logprobs is not None:  # None: imported, behaviour unknown (π_old is then always recomputed)
+            blp[i, :len(t.response_ids)] = t.logprobs
     rewards = np.array([t.reward if t.reward is not None else 0.0 for _, t in trajs], dtype=np.float32)
     valid = np.array([t.reward is not None for _, t in trajs])
     rmask &= valid[:, None]  # a trajectory whose reward failed carries no loss
@@ -176,6 +211,7 @@ def pack(groups: list[Group], pad_id: int) -> Batch:
         policy_versions=torch.tensor([t.policy_version for _, t in trajs], dtype=torch.int64),
         replayed=torch.tensor([t.origin == "replayed" for _, t in trajs]),
         hinted=torch.tensor([t.origin == "hinted" for _, t in trajs]),
+        imported=torch.tensor([t.origin == "imported" for _, t in trajs]),
         confidence=torch.tensor([t.confidence if t.confidence is not None else float("nan") for _, t in trajs],
                                 dtype=torch.float32),
         group_versions=[g.policy_version for g in groups],

@@ -48,7 +48,7 @@ from reflexdb.settings import home, make_dirs
 from reflexdb.sqlfile import load_queries
 
 from .advantages import apply_advantage_transforms, group_advantages
-from .batch import Batch, Selection, eligible_group_ids, pack, pack_sequences
+from .batch import Batch, Selection, eligible_group_ids, eligible_imported_ids, mix_imported, pack, pack_sequences
 from .engine import EngineSettings, StateUnreadable, TrainingEngine, clean_partial_files
 from .losses.registry import get_loss_spec
 from reflexdb.tracking import Tracker
@@ -163,6 +163,7 @@ class Learner:
             settings = {
                 "learner.groups_per_step": self.L.groups_per_step, "learner.publish_every": self.L.publish_every,
                 "learner.max_staleness": self.cfg.max_staleness, "learner.max_reuse": self.L.max_reuse,
+                "learner.imported_per_step": self.L.imported_per_step,
                 **self.method.settings(self.cfg),
             }
             self.db(lambda: self.store.set_settings(self.run_id, settings))
@@ -295,17 +296,22 @@ class Learner:
         self.echo(f"wrote the learner state of policy v{self.version} (step {self.step_no})")
 
     def wait_for_groups(self, deadline: float | None) -> Selection | None:
-        """Block until ``groups_per_step`` eligible groups exist; ``None`` if stopped or out of time."""
+        """Block until ``groups_per_step`` eligible groups exist; ``None`` if stopped or out of time.
+
+        With ``learner.imported_per_step`` k > 0, up to k of them are the oldest eligible imported
+        groups, and the method's rule chooses the rest.
+        """
         n = self.L.groups_per_step
         select = getattr(self.hooks, "select", None) or (
             lambda n, min_version: eligible_group_ids(self.store, self.run_id, n, min_version=min_version))
         last_said = time.monotonic()
         drill.phase("wait")
         while not self.stopping:
-            chosen = self.db(lambda: select(n, self.version - self.cfg.max_staleness))
-            ids = chosen.group_ids
+            imported = self.db(lambda: eligible_imported_ids(self.store, self.run_id, self.L.imported_per_step))
+            chosen = self.db(lambda: select(n - len(imported), self.version - self.cfg.max_staleness))
+            ids = chosen.group_ids + imported
             if len(ids) >= n:
-                return chosen
+                return mix_imported(chosen, imported)
             if deadline is not None and time.monotonic() >= deadline:
                 return None
             if time.monotonic() - last_said >= self.L.wait_log_every_s:
@@ -328,8 +334,8 @@ class Learner:
         drill.phase("step")
         groups = self.db(lambda: self.store.read_groups(group_ids, turns=False))     # sample
         batch = pack(groups, self.engine.pad_id)
-        if self.world == 1 and self.n_micro > 1:  # (with ranks, each takes a contiguous share: keep them even)
-            batch = batch.by_length()  # micro-batches of similar lengths pad less
+        if self.n_micro > 1:  # micro-batches of similar lengths pad less; the ranks' shares stay even
+            batch = batch.by_length(self.world)
         t_batch = time.monotonic() - t0
         adv = group_advantages(batch.rewards, batch.group_index,                      # advantages
                                scale=self.cfg.advantage_scale, valid=batch.valid)
@@ -394,9 +400,12 @@ class Learner:
         forward, and :meth:`optimize` takes those rows' π_old from that forward (detached) instead
         of running a second, no-grad forward over the batch. The values are the same; the
         forward pass is saved (docs/benchmarks.md, "reflexdb against TRL").
+
+        Imported rows (``reflexdb import``) have no behaviour log-probs: their π_old is always the
+        policy at the step's start.
         """
         stored = batch.replayed | batch.hinted  # Eq. 7 (NexGRPO), Eq. 6 (LTE): π_beh
-        fresh = torch.zeros_like(stored) if self.L.pi_old == "behaviour" else ~stored
+        fresh = batch.imported.clone() if self.L.pi_old == "behaviour" else ~stored
         return batch.behaviour_logprobs, fresh
 
     @torch.no_grad()
@@ -643,7 +652,7 @@ class Learner:
         m: dict[str, float] = {f"loss/{k}": v for k, v in stats.items()}
         valid = batch.valid
         m["reward/mean"] = float(batch.rewards[valid].mean()) if valid.any() else float("nan")
-        fresh = ~batch.replayed & ~batch.hinted  # pass@1 of what the policy sampled on the plain prompt
+        fresh = ~batch.replayed & ~batch.hinted & ~batch.imported  # pass@1 of what the policy sampled on the plain prompt
         m["reward/pass_at_1"] = float(batch.correct[fresh].float().mean()) if fresh.any() else float("nan")
         m["reward/missing"] = float((~valid).sum())
         classes = {"none": 0, "some": 0, "all": 0}
@@ -654,9 +663,14 @@ class Learner:
             m[f"groups/{k}_pass"] = float(v)
         if hasattr(self.hooks, "metrics"):
             m.update(self.hooks.metrics(batch, groups))
-        stale = [self.version - v for v in batch.group_versions]
-        m["staleness/mean"] = sum(stale) / len(stale)
-        m["staleness/max"] = float(max(stale))
+        stale = [self.version - v for v, k in zip(batch.group_versions, batch.group_kinds) if k != "imported"]
+        m["staleness/mean"] = sum(stale) / len(stale) if stale else 0.0  # imported groups have no version
+        m["staleness/max"] = float(max(stale, default=0))
+        if self.L.imported_per_step:
+            n_imported = sum(k == "imported" for k in batch.group_kinds)
+            m["imported/groups"] = float(n_imported)
+            imp = batch.imported & valid
+            m["imported/reward_mean"] = float(batch.rewards[imp].mean()) if imp.any() else float("nan")
         m["policy/entropy"] = entropy
         if grad_norm is not None:
             m["policy/grad_norm"] = grad_norm

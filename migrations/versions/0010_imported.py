@@ -37,7 +37,9 @@ def upgrade() -> None:
     _checks("'base', 'distilled', 'guided_retry', 'hinted', 'imported', 'purified', 'raw', 'replayed'",
             "'fresh', 'replay', 'hinted', 'retry', 'eval', 'imported'")
     op.alter_column("token_payloads", "logprobs", nullable=True)
-    create_views(VIEWS)  # same columns: CREATE OR REPLACE
+    # same columns: CREATE OR REPLACE. 0011 changed learner_eligible again: this revision's copy.
+    create_views(("learner_eligible",), version="0010")
+    create_views(("untrained_groups",))
 
 
 def downgrade() -> None:

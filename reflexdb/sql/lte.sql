@@ -84,7 +84,7 @@ FROM (
             ELSE 'waiting'
         END AS stage
     ) st
-    WHERE e.run_id = %(run_id)s AND e.eligible AND e.policy_version >= %(min_version)s
+    WHERE e.run_id = %(run_id)s AND e.eligible AND e.policy_version >= %(min_version)s AND e.kind <> 'imported'
       AND (st.stage IN ('train', 'timed_out') OR (st.stage = 'unsolved' AND %(train_unsolved)s))
     ORDER BY e.group_id
     LIMIT %(n)s

@@ -75,10 +75,19 @@ ORDER BY trajectory_id, turn_index;
 -- name: eligible_groups
 -- The learner's batch: the n oldest eligible groups of a run (view learner_eligible), and the
 -- snapshot this statement saw (recorded with the step; view untrained_groups). min_version (the
--- learner's version minus max_staleness) only narrows the scan to the staleness window.
+-- learner's version minus max_staleness) only narrows the scan to the staleness window. Imported
+-- groups come only through eligible_imported_groups (at most learner.imported_per_step a step).
 SELECT array_agg(group_id ORDER BY group_id), pg_current_snapshot()::text
 FROM (SELECT group_id FROM learner_eligible
-      WHERE run_id = %(run_id)s AND eligible AND policy_version >= %(min_version)s
+      WHERE run_id = %(run_id)s AND eligible AND policy_version >= %(min_version)s AND kind <> 'imported'
+      ORDER BY group_id LIMIT %(n)s) x;
+
+-- name: eligible_imported_groups
+-- The n oldest eligible imported groups of a run (reflexdb import; view learner_eligible: no
+-- staleness rule, at most max_reuse steps each, only while learner.imported_per_step > 0).
+SELECT coalesce(array_agg(group_id ORDER BY group_id), '{}')
+FROM (SELECT group_id FROM learner_eligible
+      WHERE run_id = %(run_id)s AND kind = 'imported' AND eligible
       ORDER BY group_id LIMIT %(n)s) x;
 
 -- name: eligible_groups_with_replay
@@ -88,7 +97,8 @@ FROM (SELECT group_id FROM learner_eligible
 SELECT array_agg(group_id ORDER BY group_id), array_agg(kind ORDER BY group_id), pg_current_snapshot()::text
 FROM (SELECT group_id, kind, row_number() OVER (PARTITION BY kind = 'replay' ORDER BY group_id) AS rank
       FROM learner_eligible
-      WHERE run_id = %(run_id)s AND eligible AND policy_version >= %(min_version)s) ranked
+      WHERE run_id = %(run_id)s AND eligible AND policy_version >= %(min_version)s
+        AND kind <> 'imported') ranked
 WHERE rank <= CASE WHEN kind = 'replay' THEN %(max_replay)s ELSE %(n)s END;
 
 -- name: groups_after

@@ -68,6 +68,17 @@ SELECT
     + (SELECT count(*) FROM replay_requests WHERE run_id = %(run_id)s AND status = 'claimed'
        AND claimed_by <> %(collector)s AND claimed_at >= now() - make_interval(secs => %(ttl)s));
 
+-- name: imported_share
+-- Admission with learner.imported_per_step > 0: the learner's steps so far, the fresh and replay
+-- groups they consumed, and how many more uses the eligible imported groups have left (each up to
+-- learner.max_reuse steps; view learner_eligible).
+SELECT
+    (SELECT coalesce(max(step), 0) FROM learner_steps WHERE run_id = %(run_id)s),
+    (SELECT count(DISTINCT c.group_id) FROM consumption c JOIN groups g ON g.id = c.group_id
+      WHERE g.run_id = %(run_id)s AND g.kind IN ('fresh', 'replay')),
+    (SELECT coalesce(sum(greatest(0, run_setting(run_id, 'learner.max_reuse', '1')::int - times_consumed)), 0)
+       FROM learner_eligible WHERE run_id = %(run_id)s AND kind = 'imported' AND eligible);
+
 -- name: tasks_left
 -- Train tasks of a run collected fewer than max_collections times.
 SELECT count(*) FROM tasks WHERE run_id = %(run_id)s AND split = 'train' AND times_collected < %(max_collections)s;

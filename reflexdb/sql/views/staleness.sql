@@ -6,6 +6,7 @@
 -- staleness = the learner's policy version at that step minus the version that produced the
 -- group (groups.policy_version); oldest_token_version is the oldest version among the consumed
 -- trajectories' tokens (partial rollouts can span versions), token_staleness its distance.
+-- Imported groups (reflexdb import) have no producing policy: both staleness columns are NULL.
 -- Columns: run_id, group_id, step_id, step, learner_version, producing_version, staleness,
 -- oldest_token_version, token_staleness, n_consumed (trajectories of the group in that step),
 -- kind, consumed_at.
@@ -19,9 +20,9 @@ SELECT
     s.step,
     s.policy_version AS learner_version,
     g.policy_version AS producing_version,
-    s.policy_version - g.policy_version AS staleness,
+    CASE WHEN g.kind <> 'imported' THEN s.policy_version - g.policy_version END AS staleness,
     min(t.policy_version) AS oldest_token_version,
-    s.policy_version - min(t.policy_version) AS token_staleness,
+    CASE WHEN g.kind <> 'imported' THEN s.policy_version - min(t.policy_version) END AS token_staleness,
     count(*)::int AS n_consumed,
     g.kind,
     s.created_at AS consumed_at
