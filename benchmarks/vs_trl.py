@@ -24,7 +24,14 @@ Needs `pip install trl accelerate` (not a reflexdb dependency).
 
     python benchmarks/vs_trl.py --steps 20 --rounds 1 --json-out /tmp/vs_trl.json
     python benchmarks/vs_trl.py --steps 20 --rounds 1 --first trl --json-out /tmp/vs_trl_2.json
-    python benchmarks/vs_trl.py --report /tmp/vs_trl.json
+    python benchmarks/vs_trl.py --report /tmp/vs_trl.json /tmp/vs_trl_2.json --plot docs/vs_trl.png
+
+`--trl-seed N` changes only TRL's training seed (its prompt order and sampling); the tasks and the
+held-out set stay those of the config's seed. reflexdb's collector draws from its own seed and
+process id, so each reflexdb run is already another draw. Rounds at several TRL seeds give the
+run-to-run spread of both arms ("within noise"):
+
+    for s in 1 2 3; do python benchmarks/vs_trl.py --trl-seed $s --json-out /tmp/vs_trl_s$s.json; done
 """
 
 from __future__ import annotations
@@ -79,28 +86,46 @@ def run_reflexdb(steps: int) -> dict:
     train_s, n = [c.strip() for c in sql.strip().splitlines()[2].split("|")]
     return {"arm": "reflexdb", "steps": int(n), "train_s": float(train_s), "wall_s": round(wall, 1),
             "pass_at_1": {"base": float(m.group(4)), "after": float(m.group(6))}, "load_before": load,
-            "home": str(home)}
+            "home": str(home), "reward_by_step": reflexdb_rewards(env)}
 
 
-def run_trl(steps: int) -> dict:
+def reflexdb_rewards(env: dict) -> list[float]:
+    """The mean reward of each learner step's batch, from the run's database (learner_steps)."""
+    out = subprocess.run(CLI + ["sql", "--max-width", "0", "SELECT round((metrics->>'reward/mean')::numeric, 4) "
+                                "FROM learner_steps ORDER BY step"], env=env, capture_output=True, text=True,
+                         check=True).stdout
+    return [float(line.strip()) for line in out.strip().splitlines()[2:] if re.fullmatch(r"-?[\d.]+", line.strip())]
+
+
+def trl_rewards(stdout: str) -> list[float]:
+    """The mean reward of each step's batch, from TRL's per-step log lines (logging_steps=1)."""
+    import ast
+
+    return [float(ast.literal_eval(d)["reward"]) for d in re.findall(r"\{'loss'.*?\}", stdout)]
+
+
+def run_trl(steps: int, seed: int | None = None) -> dict:
     home = Path(tempfile.mkdtemp(prefix="vs-trl-trl-"))
     env = _env(home)
     load = os.getloadavg()[0]
     t0 = time.monotonic()
     out = home / "model"
     with open(home / "train.log", "w") as log:
-        proc = subprocess.run([sys.executable, __file__, "--trl-worker", "--steps", str(steps), "--out", str(out)],
+        proc = subprocess.run([sys.executable, __file__, "--trl-worker", "--steps", str(steps), "--out", str(out)]
+                              + (["--trl-seed", str(seed)] if seed is not None else []),
                               env=env, stdout=subprocess.PIPE, stderr=log, text=True, cwd=ROOT)
     wall = time.monotonic() - t0
+    (home / "train.stdout").write_text(proc.stdout)  # TRL's per-step logs (reward, lengths)
     if proc.returncode != 0:
         raise SystemExit(f"TRL: exit {proc.returncode}; see {home / 'train.log'}")
     worker = json.loads(proc.stdout.strip().splitlines()[-1])
     after = _eval(env, "--set", f"model={out}")
     return {"arm": "trl", "steps": worker["steps"], "train_s": worker["train_s"], "wall_s": round(wall, 1),
-            "pass_at_1": {"after": after["pass_at_1"]}, "load_before": load, "home": str(home)}
+            "pass_at_1": {"after": after["pass_at_1"]}, "load_before": load, "home": str(home),
+            "trl_seed": worker["seed"], "reward_by_step": trl_rewards(proc.stdout)}
 
 
-def trl_worker(steps: int, out: Path) -> None:
+def trl_worker(steps: int, out: Path, seed: int | None = None) -> None:
     """One TRL training run (a child process: its own threads and memory)."""
     import torch
 
@@ -133,7 +158,7 @@ def trl_worker(steps: int, out: Path) -> None:
         gradient_checkpointing=False, use_cpu=True, num_generations=cfg.collector.group_size,
         per_device_train_batch_size=L.groups_per_step * cfg.collector.group_size, gradient_accumulation_steps=1,
         max_completion_length=S.max_new_tokens, temperature=S.temperature or 1.0, top_p=S.top_p, top_k=0,
-        num_iterations=1, seed=cfg.seed, logging_steps=1, save_strategy="no", report_to="none",
+        num_iterations=1, seed=cfg.seed if seed is None else seed, logging_steps=1, save_strategy="no", report_to="none",
         dataloader_num_workers=0,
     )
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
@@ -145,14 +170,15 @@ def trl_worker(steps: int, out: Path) -> None:
     train_s = time.monotonic() - t0
     trainer.save_model(str(out))
     tok.save_pretrained(str(out))
-    print(json.dumps({"steps": int(result.global_step), "train_s": round(train_s, 1)}))
+    print(json.dumps({"steps": int(result.global_step), "train_s": round(train_s, 1), "seed": args.seed}))
 
 
 def report(res: dict) -> str:
     out = ["| arm | round | steps | training s (to the last step) | s/step | whole command | held-out pass@1 after |",
            "|---|---:|---:|---:|---:|---:|---:|"]
     for r in res["arms"]:
-        out.append(f"| {r['arm']} | {r['round']} | {r['steps']} | {r['train_s']:.0f} | {r['train_s'] / r['steps']:.1f} | "
+        arm = r["arm"] + (f" (seed {r['trl_seed']})" if r.get("trl_seed") is not None else "")
+        out.append(f"| {arm} | {r['round']} | {r['steps']} | {r['train_s']:.0f} | {r['train_s'] / r['steps']:.1f} | "
                    f"{r['wall_s'] / 60:.1f} min | {r['pass_at_1']['after']:.3f} |")
     for k in sorted({r["round"] for r in res["arms"]}):
         a = {r["arm"]: r for r in res["arms"] if r["round"] == k}
@@ -161,33 +187,76 @@ def report(res: dict) -> str:
     return "\n".join(out)
 
 
+def plot(results: list[dict], path: Path) -> None:
+    """Held-out pass@1 of every run (left) and each step's batch reward (right), both arms."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    colors = {"reflexdb": "tab:blue", "trl": "tab:orange"}
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8), gridspec_kw={"width_ratios": [1, 2.2]})
+    arms, seen = [], set()
+    for r in (r for res in results for r in res["arms"]):
+        if r["arm"] == "trl" and r.get("trl_seed") in seen:
+            continue  # TRL at a seed is deterministic: a repeat is the same point
+        seen.add(r.get("trl_seed")) if r["arm"] == "trl" else None
+        arms.append(r)
+    for i, arm in enumerate(("reflexdb", "trl")):
+        ys = [r["pass_at_1"]["after"] for r in arms if r["arm"] == arm]
+        axes[0].plot([i] * len(ys), ys, "o", color=colors[arm], alpha=0.8)
+        axes[0].plot([i - 0.2, i + 0.2], [sum(ys) / len(ys)] * 2, "-", color=colors[arm])
+    axes[0].set(xticks=[0, 1], xticklabels=["reflexdb", "TRL"], xlim=(-0.6, 1.6), ylim=(0, 1),
+                ylabel="held-out pass@1 after 20 steps", title="Each run (line: mean)")
+    n_reflexdb = 0
+    for r in arms:
+        if r.get("reward_by_step"):
+            n_reflexdb += r["arm"] == "reflexdb"
+            label = f"TRL seed {r['trl_seed']}" if r["arm"] == "trl" else f"reflexdb run {n_reflexdb}"
+            axes[1].plot(range(1, len(r["reward_by_step"]) + 1), r["reward_by_step"], "-o", ms=3,
+                         color=colors[r["arm"]], alpha=0.75, label=label)
+    axes[1].set(xlabel="learner step", ylabel="mean reward of the step's batch", ylim=(0, 1.02),
+                xticks=range(0, 21, 2), title="Training batches")
+    axes[1].legend(fontsize=7)
+    fig.suptitle(f"SmolLM2-135M, quickstart task, 4 x 8 a step ({results[0]['date'][:10]}; reflexdb from its "
+                 f"databases, TRL from its logs)", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--first", choices=("reflexdb", "trl"), default="reflexdb",
                     help="which arm starts each round (alternate it between invocations)")
+    ap.add_argument("--trl-seed", type=int, help="TRL's training seed (default: the config's seed)")
     ap.add_argument("--json-out", type=Path)
-    ap.add_argument("--report", type=Path)
+    ap.add_argument("--report", type=Path, nargs="+", help="result files to print (and --plot)")
+    ap.add_argument("--plot", type=Path, help="with --report: draw pass@1 and batch rewards of all the files")
     ap.add_argument("--trl-worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--out", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.trl_worker:
-        trl_worker(args.steps, args.out)
+        trl_worker(args.steps, args.out, args.trl_seed)
         return
     if args.report:
-        res = json.loads(args.report.read_text())
-    else:
-        res = {"date": datetime.now(timezone.utc).isoformat(timespec="minutes"), "machine": f"{os.cpu_count()} cores",
-               "steps": args.steps, "arms": []}
-        for k in range(args.rounds):
-            for arm in ("reflexdb", "trl") if args.first == "reflexdb" else ("trl", "reflexdb"):
-                print(f"== {arm} round {k}", flush=True)
-                r = run_reflexdb(args.steps) if arm == "reflexdb" else run_trl(args.steps)
-                r["round"] = k
-                res["arms"].append(r)
-                if args.json_out:
-                    args.json_out.write_text(json.dumps(res, indent=2))
+        results = [json.loads(p.read_text()) for p in args.report]
+        for res in results:
+            print(report(res))
+        if args.plot:
+            plot(results, args.plot)
+        return
+    res = {"date": datetime.now(timezone.utc).isoformat(timespec="minutes"), "machine": f"{os.cpu_count()} cores",
+           "steps": args.steps, "arms": []}
+    for k in range(args.rounds):
+        for arm in ("reflexdb", "trl") if args.first == "reflexdb" else ("trl", "reflexdb"):
+            print(f"== {arm} round {k}", flush=True)
+            r = run_reflexdb(args.steps) if arm == "reflexdb" else run_trl(args.steps, args.trl_seed)
+            r["round"] = k
+            res["arms"].append(r)
+            if args.json_out:
+                args.json_out.write_text(json.dumps(res, indent=2))
     print(report(res))
 
 
