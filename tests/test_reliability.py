@@ -377,6 +377,38 @@ def test_a_publish_that_cannot_write_leaves_no_version_and_resume_starts_from_th
 
 
 @pytest.mark.slow
+def test_a_state_write_that_fails_at_a_clean_stop_leaves_the_version_as_it_was(store, tmp_path, monkeypatch,
+                                                                                 model_cache):
+    """``learner.state_every: 3``: v1 is published without a state; at the clean stop its state
+    cannot be written (disk full). The stop says so, removes the half-written state, and v1 stays
+    a weights-only version: a resume starts from v0's state."""
+    import errno
+
+    from reflexdb.trainer.learner import PublishFailed
+
+    seed_groups(store, "learn-test", 4)
+    lr, _ = _learner(store, tmp_path, monkeypatch, state_every=3)
+    lr.setup()
+    lr.run(max_steps=1)  # v0 (with a state), v1 (weights only)
+    ckpt = lr.ckpt_dir
+
+    def disk_full(*args, **kwargs):
+        target = Path(str(args[0] if args else kwargs.get("save_dir")))
+        target.mkdir(parents=True, exist_ok=True)
+        (target / "half-written.bin").write_bytes(b"\0" * 1000)
+        raise OSError(errno.ENOSPC, "No space left on device", str(target / "half-written.bin"))
+
+    monkeypatch.setattr(lr.engine.ds, "save_checkpoint", disk_full)
+    with pytest.raises(PublishFailed, match=r"writing the learner state of policy v1 failed: No space left on device "
+                                            r".*MiB free in .*A resume starts from the newest version with a state"):
+        lr.finish()
+    assert rows(store, "SELECT version, meta ? 'learner_state' FROM policy_versions ORDER BY 1") == [(0, True),
+                                                                                                    (1, False)]
+    assert _leftovers(ckpt) == [] and not (ckpt / "states" / "v1").exists()
+    assert not lr.last_has_state
+
+
+@pytest.mark.slow
 def test_a_full_file_system_fails_the_publish_cleanly(store, tmp_path, monkeypatch, model_cache):
     """The same on a real size-limited file system (a tmpfs; skipped where mounting is not allowed)."""
     from reflexdb.trainer.learner import PublishFailed

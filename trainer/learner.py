@@ -31,9 +31,9 @@ import logging
 import math
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import torch
@@ -41,17 +41,24 @@ import torch
 from reflexdb import Store, drill
 from reflexdb.config import Config
 from reflexdb.errors import ReflexdbError
-from reflexdb.retry import DbRetry
 from reflexdb.logprobs import response_logprobs
+from reflexdb.retry import DbRetry
 from reflexdb.settings import home, make_dirs
-
 from reflexdb.sqlfile import load_queries
+from reflexdb.tracking import Tracker
 
 from .advantages import apply_advantage_transforms, group_advantages
-from .batch import Batch, Selection, eligible_group_ids, eligible_imported_ids, mix_imported, pack, pack_sequences
+from .batch import (
+    Batch,
+    Selection,
+    eligible_group_ids,
+    eligible_imported_ids,
+    mix_imported,
+    pack,
+    pack_sequences,
+)
 from .engine import EngineSettings, StateUnreadable, TrainingEngine, clean_partial_files
 from .losses.registry import get_loss_spec
-from reflexdb.tracking import Tracker
 
 Q = load_queries("learner.sql")
 
@@ -275,14 +282,9 @@ class Learner:
     def _attach_state(self) -> None:
         """Write the learner state of the newest version (published without one) and record it."""
         states, tag = self.ckpt_dir / "states", f"v{self.version}"
-        try:
+        with self._writing(f"writing the learner state of policy v{self.version}",
+                           "A resume starts from the newest version with a state.", states / tag):
             self.engine.save_state(states, tag, {"step": self.step_no, "version": self.version})
-        except Exception as exc:  # as in publish(): the version stays without a state
-            clean_partial_files(self.ckpt_dir)
-            raise PublishFailed(
-                f"writing the learner state of policy v{self.version} failed: {_write_error(exc)} "
-                f"({_free_space(self.ckpt_dir)}). A resume starts from the newest version with a state."
-            ) from None
         if self.main:
             meta = json.dumps({"learner_state": str(states), "state_tag": tag})
 
@@ -587,20 +589,13 @@ class Learner:
         weights = self.ckpt_dir / f"v{version}"
         t0 = time.monotonic()
         drill.phase("publish")
-        try:
+        with self._writing(f"publishing policy v{version} at step {self.step_no}",
+                           f"Nothing was recorded for v{version}. Free space, then run the same command: the "
+                           f"learner resumes from policy v{self.version} (step {self.published_step}).",
+                           *([states / tag] if state else []), weights):
             if state:
                 self.engine.save_state(states, tag, {"step": self.step_no, "version": version})
             sha = self.engine.export_hf(weights)
-        except Exception as exc:  # torch.save reports a full disk as RuntimeError, not OSError
-            clean_partial_files(self.ckpt_dir)
-            if self.main:  # no row names them: this version's files never were published
-                shutil.rmtree(states / tag, ignore_errors=True)
-                shutil.rmtree(weights, ignore_errors=True)
-            raise PublishFailed(
-                f"publishing policy v{version} at step {self.step_no} failed: {_write_error(exc)} "
-                f"({_free_space(self.ckpt_dir)}). Nothing was recorded for v{version}. Free space, then run the "
-                f"same command: the learner resumes from policy v{self.version} (step {self.published_step})."
-            ) from None
         if self.main:
             meta = {"mlflow_run_id": self.tracker.run_id}
             if state:
@@ -619,6 +614,21 @@ class Learner:
         self.tracker.log_metrics({"perf/publish_seconds": time.monotonic() - t0, "policy/version": version},
                                  self.step_no)
         self.echo(f"published policy v{version} at step {self.step_no} ({weights})")
+
+    @contextlib.contextmanager
+    def _writing(self, what: str, then: str, *partial: Path):
+        """Run a checkpoint write; on failure remove what it left (``partial``: no row names those
+        files) and raise :class:`PublishFailed` saying ``what`` failed, why, the free space, and
+        ``then``. torch.save reports a full disk as RuntimeError, not OSError, so any error counts."""
+        try:
+            yield
+        except Exception as exc:  # noqa: BLE001 - any write error (see above) becomes PublishFailed
+            clean_partial_files(self.ckpt_dir)
+            if self.main:
+                for path in partial:
+                    shutil.rmtree(path, ignore_errors=True)
+            raise PublishFailed(
+                f"{what} failed: {_write_error(exc)} ({_free_space(self.ckpt_dir)}). {then}") from None
 
     def _prune_states(self, states: Path) -> None:
         """Delete learner states except those of the newest ``keep_states`` versions (resume reads
