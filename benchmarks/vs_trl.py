@@ -32,6 +32,10 @@ process id, so each reflexdb run is already another draw. Rounds at several TRL 
 run-to-run spread of both arms ("within noise"):
 
     for s in 1 2 3; do python benchmarks/vs_trl.py --trl-seed $s --json-out /tmp/vs_trl_s$s.json; done
+
+Each TRL arm also leaves the completions it trained on, with their rewards, as
+`<its home>/rollouts.jsonl` (the result's `rollouts`), in `reflexdb import`'s format:
+benchmarks/replay_trl.sh replays them in reflexdb.
 """
 
 from __future__ import annotations
@@ -122,7 +126,8 @@ def run_trl(steps: int, seed: int | None = None) -> dict:
     after = _eval(env, "--set", f"model={out}")
     return {"arm": "trl", "steps": worker["steps"], "train_s": worker["train_s"], "wall_s": round(wall, 1),
             "pass_at_1": {"after": after["pass_at_1"]}, "load_before": load, "home": str(home),
-            "trl_seed": worker["seed"], "reward_by_step": trl_rewards(proc.stdout)}
+            "trl_seed": worker["seed"], "reward_by_step": trl_rewards(proc.stdout),
+            "rollouts": str(home / "rollouts.jsonl")}
 
 
 def trl_worker(steps: int, out: Path, seed: int | None = None) -> None:
@@ -146,9 +151,17 @@ def trl_worker(steps: int, out: Path, seed: int | None = None) -> None:
                               for t in train])
     reward = get_reward(cfg.collector.reward)
 
-    def math_reward(prompts, completions, ground_truth, **_):
-        return [float(reward(c[0]["content"] if isinstance(c, list) else c, gt).reward)
-                for c, gt in zip(completions, ground_truth)]
+    rollouts = out.parent / "rollouts.jsonl"  # TRL's rollouts, in `reflexdb import`'s format
+    rollouts.write_text("")
+
+    def math_reward(prompts, completions, ground_truth, trainer_state=None, **_):
+        texts = [c[0]["content"] if isinstance(c, list) else c for c in completions]
+        rewards = [float(reward(t, gt).reward) for t, gt in zip(texts, ground_truth)]
+        step = trainer_state.global_step + 1 if trainer_state is not None else None
+        with rollouts.open("a") as f:
+            f.writelines(json.dumps({"prompt": p, "completion": t, "reward": r, "ground_truth": gt, "trl_step": step})
+                         + "\n" for p, t, r, gt in zip(prompts, texts, rewards, ground_truth))
+        return rewards
 
     model_dir = str(resolve_model(cfg.model))
     S, L = cfg.collector.sampling, cfg.learner

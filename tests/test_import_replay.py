@@ -7,6 +7,8 @@ control counts the fresh share of a step while imported groups last.
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -210,6 +212,8 @@ def test_offline_training_on_an_imported_file_with_the_commands(store, db_url, t
     learned = subprocess.run(REFLEXDB + ["learn", "-c", str(cfg)], env=env, capture_output=True, text=True,
                              timeout=600)
     assert learned.returncode == 0, learned.stderr[-3000:]
+    # no row the policy sampled, so no pass@1; the progress line says how many imported groups
+    assert re.search(r"step 1 \| .* pass@1 - \| .* \| imported 2$", learned.stderr, re.M), learned.stderr
     (run,) = rows(store, "SELECT id FROM runs WHERE name = 'offline'")[0]
     assert [s for s, _ in _consumed(store, run)] == [1]
     (metrics,) = rows(store, "SELECT metrics FROM learner_steps WHERE run_id = :r", r=run)[0]

@@ -694,8 +694,11 @@ class Learner:
     def _progress(self, r: StepResult) -> str:
         m = r.metrics
         of = f"/{self._max_steps}" if self._max_steps else ""
-        return (f"step {r.step}{of} | loss {r.loss:.4f} | reward {m['reward/mean']:.3f} | pass@1 {m['reward/pass_at_1']:.3f} "
+        p1 = m["reward/pass_at_1"]  # NaN: no row the policy sampled (e.g. imported groups only)
+        return (f"step {r.step}{of} | loss {r.loss:.4f} | reward {m['reward/mean']:.3f} | pass@1 "
+                f"{'-' if math.isnan(p1) else f'{p1:.3f}'} "
                 f"| groups none/some/all {int(m['groups/none_pass'])}/{int(m['groups/some_pass'])}/"
                 f"{int(m['groups/all_pass'])} | staleness {m['staleness/mean']:.2f} (max {int(m['staleness/max'])}) "
                 f"| v{self.version} | {m['perf/trajectories_per_s']:.2f} traj/s, {m['perf/tokens_per_s']:.0f} tok/s"
-                + (f" | replay {m['replay/share']:.2f}" if "replay/share" in m else ""))
+                + (f" | replay {m['replay/share']:.2f}" if "replay/share" in m else "")
+                + (f" | imported {int(m['imported/groups'])}" if m.get("imported/groups") else ""))
