@@ -209,12 +209,13 @@ def plot(results: list[dict], path: Path) -> None:
 
     colors = {"reflexdb": "tab:blue", "trl": "tab:orange"}
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.8), gridspec_kw={"width_ratios": [1, 2.2]})
-    arms, seen = [], set()
+    arms, trl = [], {}
     for r in (r for res in results for r in res["arms"]):
-        if r["arm"] == "trl" and r.get("trl_seed") in seen:
-            continue  # TRL at a seed is deterministic: a repeat is the same point
-        seen.add(r.get("trl_seed")) if r["arm"] == "trl" else None
-        arms.append(r)
+        if r["arm"] != "trl":
+            arms.append(r)
+        elif r.get("trl_seed") not in trl or r.get("reward_by_step") and not trl[r.get("trl_seed")].get("reward_by_step"):
+            trl[r.get("trl_seed")] = r  # TRL at a seed is deterministic: one point a seed, the run with its curve
+    arms += trl.values()
     for i, arm in enumerate(("reflexdb", "trl")):
         ys = [r["pass_at_1"]["after"] for r in arms if r["arm"] == arm]
         axes[0].plot([i] * len(ys), ys, "o", color=colors[arm], alpha=0.8)
