@@ -592,7 +592,7 @@ class Learner:
         with self._writing(f"publishing policy v{version} at step {self.step_no}",
                            f"Nothing was recorded for v{version}. Free space, then run the same command: the "
                            f"learner resumes from policy v{self.version} (step {self.published_step}).",
-                           *([states / tag] if state else []), weights):
+                           states / tag, weights):
             if state:
                 self.engine.save_state(states, tag, {"step": self.step_no, "version": version})
             sha = self.engine.export_hf(weights)
