@@ -24,6 +24,7 @@ R="python -m reflexdb.cli.main"
 C=examples/arithmetic-grpo.yaml
 export HF_HUB_OFFLINE=1
 if [ -n "${TRL_STEPS:-}" ]; then
+  [[ $TRL_STEPS =~ ^[0-9]+-[0-9]+$ ]] || { echo "TRL_STEPS must be FIRST-LAST, e.g. 11-20 (got '$TRL_STEPS')" >&2; exit 2; }
   python -c "
 import json, sys
 lo, hi = map(int, sys.argv[1].split('-'))
