@@ -339,7 +339,7 @@ def run_collector(engine: HFEngine, cfg: Config, url: str, n_groups: int, pgdata
 
 def stored_sequence(store: Store, run_id: int) -> list[tuple[str, list[np.ndarray]]]:
     """(prompt, response token ids of each trajectory) of every group, in write order."""
-    with store._raw() as conn:
+    with store.transaction() as conn:
         rows = conn.execute("SELECT g.id, t.prompt FROM groups g JOIN tasks t ON t.id = g.task_id "
                             "WHERE g.run_id = %s ORDER BY g.id", (run_id,)).fetchall()
     groups = store.read_groups([r[0] for r in rows], payloads=True, turns=False)

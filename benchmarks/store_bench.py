@@ -568,7 +568,7 @@ def time_sampling(store: Store, run: int, args) -> dict:
     rng = np.random.default_rng(7)
     k = args.batch_groups
     lo_hi = "SELECT min(id), max(id) FROM groups WHERE run_id = %s"
-    with store._raw() as conn:  # sanity: ids are contiguous (raw COPY allocated them in order)
+    with store.transaction() as conn:  # sanity: ids are contiguous (raw COPY allocated them in order)
         lo, hi = conn.execute(lo_hi, (run,)).fetchone()
         count = conn.execute("SELECT count(*) FROM groups WHERE run_id = %s", (run,)).fetchone()[0]
     assert count == hi - lo + 1, "group ids of the sampled run are not contiguous"
@@ -699,7 +699,7 @@ def bench_faiss(store: Store, run: int, args, results: dict) -> None:
         log(f"faiss: skipped ({exc})")
         return
     rng = np.random.default_rng(11)
-    with store._raw() as conn:
+    with store.transaction() as conn:
         n_vec = conn.execute("SELECT count(*) FROM embeddings e JOIN trajectories t ON t.id = e.trajectory_id "
                              "WHERE t.run_id = %s", (run,)).fetchone()[0]
         lo, hi = conn.execute("SELECT min(id), max(id) FROM trajectories WHERE run_id = %s", (run,)).fetchone()
@@ -717,7 +717,7 @@ def bench_faiss(store: Store, run: int, args, results: dict) -> None:
     t_build = time.perf_counter() - t0
     log(f"faiss: open {t_open:.1f} s, catch_up {t_build:.1f} s")
     # queries: stored vectors plus noise (a new trajectory near existing ones)
-    with store._raw() as conn:
+    with store.transaction() as conn:
         cur = conn.cursor(binary=True)
         qids = (lo + rng.choice(hi - lo + 1, 64, replace=False)).tolist()
         qv = [r[0] for r in cur.execute("SELECT vector FROM embeddings WHERE trajectory_id = ANY(%s)", (qids,))]

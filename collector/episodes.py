@@ -88,10 +88,29 @@ class RolloutStats:
 
 
 @dataclass
-class _Episode:
+class Start:
+    """An episode to run from a given point (:meth:`Rollout.resume`).
+
+    Attributes:
+        env: its environment, reset or restored (``env.restore(k)``) to where the episode starts.
+        messages: the conversation the next assistant turn answers (the episode's prompt: stored
+            as prompt turns, rendered with the chat template).
+        attempt: the index of the next assistant turn (``k`` after ``restore(k)``; 0 when reset).
+    """
+
+    env: Environment
+    messages: list[dict]
+    attempt: int = 0
+
+
+@dataclass
+class Episode:
+    """A finished (or running) episode: its environment and what was sampled; :meth:`trajectory`."""
+
     env: Environment
     messages: list[dict]  # the conversation so far, as chat messages
     prompt_turns: list[dict]
+    attempt: int = 0  # the index of the next assistant turn
     prompt_ids: np.ndarray | None = None
     ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
@@ -103,12 +122,12 @@ class _Episode:
     last: Step | None = None
     error: str | None = None
 
-    def take(self, s: Sample, step: Step, version: int, attempt: int) -> None:
+    def take(self, s: Sample, step: Step, version: int) -> None:
         start = len(self.ids)
         self.ids += s.token_ids.tolist()
         self.logprobs += s.logprobs.tolist()
         self.versions += [version] * len(s.token_ids)
-        self.turns.append(TurnIn("assistant", s.text, start, len(self.ids), True, attempt=attempt,
+        self.turns.append(TurnIn("assistant", s.text, start, len(self.ids), True, attempt=self.attempt,
                                  answer=step.answer, correct=step.correct, reward=step.reward))
         w = len(s.token_ids)
         self.emb_sum = s.embedding * w if self.emb_sum is None else self.emb_sum + s.embedding * w
@@ -117,7 +136,7 @@ class _Episode:
         self.error = self.error or step.error
         self.messages.append({"role": "assistant", "content": s.text})
 
-    def feed(self, tokenizer: Any, s: Sample, step: Step, version: int, attempt: int) -> None:
+    def feed(self, tokenizer: Any, s: Sample, step: Step, version: int) -> None:
         env_ids = environment_ids(tokenizer, self.messages[:-1], step.feedback, s.token_ids.tolist(), s.finish_reason)
         start = len(self.ids)
         self.ids += env_ids
@@ -126,12 +145,12 @@ class _Episode:
         text = "\n\n".join(m["content"] for m in step.feedback)
         role = step.feedback[0]["role"] if len(step.feedback) == 1 else "observation"
         self.turns.append(TurnIn(role if role in ("user", "tool", "observation") else "observation", text, start,
-                                 len(self.ids), False, attempt=attempt))
+                                 len(self.ids), False, attempt=self.attempt))
         self.messages += step.feedback
 
     def trajectory(self) -> TrajectoryIn:
         step = self.last
-        turns = [TurnIn(m["role"], m["content"]) for m in self.prompt_turns] + self.turns
+        turns = [TurnIn(m["role"], m["content"], trainable=False) for m in self.prompt_turns] + self.turns
         emb = None if self.emb_sum is None else (self.emb_sum / max(self.emb_tokens, 1)).astype(np.float32)
         return TrajectoryIn(
             prompt_ids=self.prompt_ids, response_ids=np.asarray(self.ids, dtype=np.int32),
@@ -158,52 +177,68 @@ class Rollout:
 
     def run(self, tasks: Sequence[EnvTask], n: int) -> list[list[TrajectoryIn]]:
         """``n`` episodes of each task, as trajectories: ``result[i][j]`` is episode ``j`` of task ``i``."""
-        t0 = time.monotonic()
-        tok = self.engine.tokenizer
-        episodes: list[list[_Episode]] = []
+        return [[ep.trajectory() for ep in row] for row in self.episodes(tasks, n)]
+
+    def episodes(self, tasks: Sequence[EnvTask], n: int) -> list[list[Episode]]:
+        """``n`` episodes of each task, finished, with their environments (``result[i][j]``: episode
+        ``j`` of task ``i``): a workflow may restore one (``env.restore(k)``) and :meth:`resume` it."""
+        rows = []
         for task in tasks:
             row = []
             for _ in range(n):
                 env = self.make_env(task)
                 messages = env.reset()
-                row.append(_Episode(env, list(messages), list(messages)))
-            episodes.append(row)
+                row.append(Episode(env, list(messages), list(messages)))
+            rows.append(row)
+        self._play(rows, n)
+        return rows
+
+    def resume(self, starts: Sequence[Start]) -> list[Episode]:
+        """One episode from each start (a restored environment and its conversation, e.g. with a
+        guidance message added), all of them batched as :meth:`episodes` does: ``result[i]`` is the
+        episode of ``starts[i]``; its prompt is ``starts[i].messages`` and its turns are numbered
+        from ``starts[i].attempt``."""
+        rows = [[Episode(s.env, list(s.messages), list(s.messages), attempt=s.attempt)] for s in starts]
+        if rows:
+            self._play(rows, 1)
+        return [row[0] for row in rows]
+
+    def _play(self, rows: list[list[Episode]], n: int) -> None:
+        t0 = time.monotonic()
         # An engine that can keep each row's cache (hf) keeps it while episodes may continue: turn
         # k + 1 then prefills only the environment's tokens.
         keep = hasattr(self.engine, "keep_kv") and any(getattr(ep.env, "multi_turn", True)
-                                                      for row in episodes for ep in row)
+                                                      for row in rows for ep in row)
         if keep:
             self.engine.keep_kv = True
         try:
-            self._turns(episodes, n, tok)
+            self._turns(rows, n, self.engine.tokenizer)
         finally:
             if keep:
                 self.engine.keep_kv = False
                 self.engine.forget_kv()
-        self.stats.episodes += sum(len(row) for row in episodes)
+        self.stats.episodes += sum(len(row) for row in rows)
         self.stats.seconds += time.monotonic() - t0
-        return [[ep.trajectory() for ep in row] for row in episodes]
 
-    def _turns(self, episodes: list[list[_Episode]], n: int, tok: Any) -> None:
-        # turn 0: n samples of each task's first messages, in one call
+    def _turns(self, episodes: list[list[Episode]], n: int, tok: Any) -> None:
+        # turn 0: n samples of each row's first messages, in one call
         samples = self._generate([row[0].messages for row in episodes], n)
-        active: list[tuple[_Episode, Sample]] = []
+        active: list[tuple[Episode, Sample]] = []
         for row, batch in zip(episodes, samples):
             for ep, s in zip(row, batch):
                 ep.prompt_ids = s.prompt_ids
                 active.append((ep, s))
-        attempt = 0
         while active:
             going = []
             for ep, s in active:
                 step = ep.env.step(s.text, s.finish_reason)
-                ep.take(s, step, self.version, attempt)
+                ep.take(s, step, self.version)
                 if not step.done:
                     before = len(ep.ids)
-                    ep.feed(tok, s, step, self.version, attempt)
+                    ep.feed(tok, s, step, self.version)
                     self.stats.environment_tokens += len(ep.ids) - before
                     going.append(ep)
-            attempt += 1
+                ep.attempt += 1
             if not going:
                 break
             # turn k > 0: every unfinished episode continues, in one call

@@ -7,8 +7,8 @@ Reads top to bottom as the loop it is::
            admission control (staleness bound eta) -> wait for a policy if too far ahead
            ask the run's workflows for work in priority order (the method's list,
              collector/workflows/): the first that claims something turns it into groups
-           write each group in one transaction (retried while the database is away),
-           completing its claim in the same transaction
+           write each group in one transaction (retried while the database is away; groups a
+           workflow returns as a list share one), completing its claim in the same transaction
     stop:  SIGINT/SIGTERM once -> finish the in-flight group, then exit 0;
            twice -> abandon it (claims released, nothing written), exit 0
 
@@ -22,19 +22,21 @@ import os
 import signal
 import socket
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from reflexdb import GroupIn, Store, TrajectoryIn, drill, work
 from reflexdb.config import Config
-from reflexdb.errors import LteStageLost, ReplayRequestLost
+from reflexdb.errors import ClaimLost
+from reflexdb.origins import ORIGINS
 from reflexdb.retry import TRANSIENT, DbRetry
 
 from .engines import Engine, Sample, SamplingParams, make_engine
 from .engines.base import checkpoint_path
 from .environments import EnvTask
-from .episodes import Rollout, RolloutStats, environment_factory
+from .episodes import Episode, Rollout, RolloutStats, Start, environment_factory
 from .models import model_display_name, resolve_model
 from .rewards import get_reward
 from .sources import build_tasks, prompt_messages
@@ -63,15 +65,21 @@ class Stats:
     correct: int = 0
     reward_errors: int = 0
     skipped_rows: int = 0
-    replay_groups: int = 0
-    fresh_samples: int = 0  # trajectories sampled by this collector (replayed copies excluded)
+    kinds: Counter = field(default_factory=Counter)  # groups of each kind other than 'fresh'
+    fresh_samples: int = 0  # trajectories of the policy on the plain prompt (origins counted in pass@1)
     started: float = field(default_factory=time.monotonic)
+
+    @property
+    def replay_groups(self) -> int:
+        """Groups of kind ``replay`` written (the counter's name before ``kinds``)."""
+        return self.kinds["replay"]
 
     def line(self, version: int, since: Stats | None = None) -> str:
         """A progress line; ``since``: the last report's counts, for the pass@1 of the groups since."""
         dt = max(time.monotonic() - self.started, 1e-9)
         pass1 = self.correct / self.fresh_samples if self.fresh_samples else float("nan")
-        replays = f" ({self.replay_groups} replay)" if self.replay_groups else ""
+        kinds = ", ".join(f"{n} {k}" for k, n in sorted(self.kinds.items()))
+        replays = f" ({kinds})" if kinds else ""
         recent = ""
         if since is not None and self.fresh_samples > since.fresh_samples:
             recent = (f"{(self.correct - since.correct) / (self.fresh_samples - since.fresh_samples):.3f} "
@@ -162,7 +170,7 @@ class Collector:
                 want = self.c.tasks_per_batch
                 if max_groups is not None:
                     want = min(want, max_groups - self.stats.groups)
-                # Work that only replaces groups already admitted (LTE's hint stages) never waits for
+                # Work that only replaces groups already admitted (a workflow's admission_free) never waits for
                 # admission: the learner may be waiting for exactly that work.
                 free = [w for w in self.workflows if getattr(w, "admission_free", False)]
                 if free and self._claim_and_collect(free, want):
@@ -246,9 +254,10 @@ class Collector:
         """The chat messages of a task prompt under the run's template."""
         return prompt_messages(self.cfg.tasks.template, text)
 
-    def sample(self, prompts: list[list[dict]], n: int) -> list[list[Sample]]:
-        """``n`` samples of each prompt in one engine call, with a seed drawn for the call."""
-        params = SamplingParams(**{**self.params.__dict__, "seed": int(self.rng.integers(2**31))})
+    def sample(self, prompts: list, n: int, **overrides) -> list[list[Sample]]:
+        """``n`` samples of each prompt in one engine call, with a seed drawn for the call;
+        ``overrides``: sampling parameters other than the run's (``temperature=0.7``, ``json_schema=...``)."""
+        params = SamplingParams(**{**self.params.__dict__, **overrides, "seed": int(self.rng.integers(2**31))})
         drill.phase("generate")
         return self.engine.generate(prompts, n=n, params=params)
 
@@ -256,15 +265,30 @@ class Collector:
         """``n`` episodes of each task in the run's environment (collector/episodes.py), scored:
         ``result[i][j]`` is episode ``j`` of task ``i``. With ``environment: single`` this is one
         engine call, ``sample`` + ``score``."""
+        return [[ep.trajectory() for ep in row] for row in self.episodes(tasks, n)]
+
+    def episodes(self, tasks: list[EnvTask], n: int) -> list[list[Episode]]:
+        """As :meth:`rollout`, the episodes themselves: each with its environment, to restore and
+        :meth:`resume` (``Episode.trajectory()`` is the trajectory)."""
+        drill.phase("generate")
+        out = self._driver().episodes(tasks, n)
+        self.stats.reward_errors += sum(ep.error is not None for row in out for ep in row)
+        return out
+
+    def resume(self, starts: list[Start]) -> list[Episode]:
+        """One episode from each start (a restored environment and its conversation), batched."""
+        drill.phase("generate")
+        out = self._driver().resume(starts)
+        self.stats.reward_errors += sum(ep.error is not None for ep in out)
+        return out
+
+    def _driver(self) -> Rollout:
         def params() -> SamplingParams:  # one seed per engine call
             return SamplingParams(**{**self.params.__dict__, "seed": int(self.rng.integers(2**31))})
 
-        drill.phase("generate")
         r = Rollout(self.engine, self.make_env, params, self.version)
         r.stats = self.rollout_stats
-        out = r.run(tasks, n)
-        self.stats.reward_errors += sum(t.error is not None for row in out for t in row)
-        return out
+        return r
 
     def score(self, ground_truth: str | None, prompt: list[dict], samples: list[Sample]) -> list[TrajectoryIn]:
         """Samples as trajectories with their rewards (a reward function that raises gives a NULL
@@ -273,22 +297,30 @@ class Collector:
         self.stats.reward_errors += sum(t.error is not None for t in trajectories)
         return trajectories
 
-    def _write(self, groups: list[GroupIn]) -> None:
-        for g in groups:
+    def _write(self, units: list[GroupIn | list[GroupIn]]) -> None:
+        """Write what a workflow returned: each group in its own transaction, or each list of groups
+        (a method's groups that belong together) in one."""
+        for unit in units:
+            together = unit if isinstance(unit, list) else [unit]
             try:
-                w = self.db(lambda g=g: self.store.write_group(g, complete_claim=self.name))
-            except (ReplayRequestLost, LteStageLost) as exc:  # another collector (or the learner) has it: drop ours
+                written = self.db(lambda together=together: self.store.write_groups(together, complete_claim=self.name))
+            except ClaimLost as exc:  # another collector (or the learner) has its work item: drop ours
                 self.echo(str(exc))
                 continue
-            drill.journal(f"group {w.group_id} {len(w.trajectory_ids)}")
+            for g, w in zip(together, written):
+                drill.journal(f"group {w.group_id} {len(w.trajectory_ids)}")
+                self._count(g)
             drill.phase("written")
-            fresh = [t for t in g.trajectories if t.origin != "replayed"]
-            self.stats.groups += 1
-            self.stats.replay_groups += g.kind == "replay"
-            self.stats.trajectories += len(g.trajectories)
-            self.stats.fresh_samples += len(fresh)
-            self.stats.tokens += sum(_sampled_tokens(t) for t in fresh)
-            self.stats.correct += sum(bool(t.correct) for t in fresh)
+
+    def _count(self, g: GroupIn) -> None:
+        own = [t for t in g.trajectories if ORIGINS[t.origin].pass_at_1]  # reflexdb/origins.py
+        self.stats.groups += 1
+        if g.kind != "fresh":
+            self.stats.kinds[g.kind] += 1
+        self.stats.trajectories += len(g.trajectories)
+        self.stats.fresh_samples += len(own)
+        self.stats.tokens += sum(_sampled_tokens(t) for t in g.trajectories if ORIGINS[t.origin].sampled)
+        self.stats.correct += sum(bool(t.correct) for t in own)
 
     def _report(self, reported: Stats) -> None:
         s = self.stats

@@ -5,11 +5,20 @@ The public Python API of the store::
     from reflexdb import Store, GroupIn, TrajectoryIn, TurnIn, TaskIn
 """
 
-from .errors import DatabaseUnavailable, InvalidGroup, NotFound, ReflexdbError, ReplayRequestLost, SchemaOutdated
+from .errors import (
+    ClaimLost,
+    DatabaseUnavailable,
+    InvalidGroup,
+    NotFound,
+    ReflexdbError,
+    ReplayRequestLost,
+    SchemaOutdated,
+)
 from .records import (
     Group,
     GroupIn,
     PolicyVersion,
+    Sibling,
     TaskIn,
     Trajectory,
     TrajectoryIn,
@@ -22,6 +31,6 @@ from .store import Store
 __version__ = "0.1.0"
 
 __all__ = [
-    "DatabaseUnavailable", "Group", "GroupIn", "InvalidGroup", "NotFound", "PolicyVersion", "ReflexdbError",
-    "ReplayRequestLost", "SchemaOutdated", "Store", "TaskIn", "Trajectory", "TrajectoryIn", "Turn", "TurnIn", "WrittenGroup",
+    "ClaimLost", "DatabaseUnavailable", "Group", "GroupIn", "InvalidGroup", "NotFound", "PolicyVersion", "ReflexdbError",
+    "ReplayRequestLost", "SchemaOutdated", "Sibling", "Store", "TaskIn", "Trajectory", "TrajectoryIn", "Turn", "TurnIn", "WrittenGroup",
 ]

@@ -42,15 +42,15 @@ class NotFound(ReflexdbError, LookupError):
     exit_code = 6
 
 
-class ReplayRequestLost(ReflexdbError):
-    """A replay group's request is no longer the writer's (its claim expired and another collector
-    took it, or it was cancelled); the group was not written."""
+class ClaimLost(ReflexdbError):
+    """The work item a group's transaction completes (a task claim, a replay request, a hint stage,
+    ...) is no longer the writer's: its claim expired and another collector took it, or it was
+    cancelled or released. Nothing of the group was written (reflexdb/attachments.py)."""
 
     exit_code = 7
 
 
-class LteStageLost(ReflexdbError):
-    """An LTE hint stage is no longer the writer's (its claim expired and another collector took
-    it, or the learner took the original group after the stage timed out); nothing was written."""
-
-    exit_code = 7
+#: The names this error had when NexGRPO and LTE each had their own (one error since the store's
+#: generic work-item protocol): kept so that ``except ReplayRequestLost`` still catches it.
+ReplayRequestLost = ClaimLost
+LteStageLost = ClaimLost

@@ -5,11 +5,11 @@ A none-pass fresh group (view ``lte_hint_pool``) gets one **hint stage** (table 
     pending   opened from the pool by a collector looking for work (:func:`claim_stages`)
     claimed   a collector holds it (``FOR UPDATE SKIP LOCKED``; after ``claim_ttl_s`` another may take it)
     done      the collector wrote, in one transaction, the ``hints`` row and — if any extra rollout
-              was correct — the LTE group that trains instead of the original (:class:`LteStageIn`
-              on the group, or :func:`finish_unsolved` when none was)
+              was correct — the LTE group that trains instead of the original (:class:`LteStageIn`,
+              the group's attachment, or :func:`finish_unsolved` when none was)
     released  the stage timed out and the learner took the original group as it is
 
-``complete_stage`` only succeeds on a stage the writer still holds, and the learner's release
+Completing a stage (``LteStageIn.after``) only succeeds on a stage the writer still holds, and the learner's release
 only on one not done: whichever commits first wins, so a group and its LTE group are never both
 trained. The collector side is ``collector/workflows/lte_hint.py``, the learner side
 ``trainer/methods/lte.py``.
@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .errors import LteStageLost
+from .errors import ClaimLost
 from .sqlfile import load_queries
 
 if TYPE_CHECKING:
@@ -42,7 +42,8 @@ class HintIn:
 
 @dataclass(frozen=True)
 class LteStageIn:
-    """The stage an LTE group finishes (``GroupIn.lte_stage``): completed in the group's transaction.
+    """The stage an LTE group finishes: the group's attachment (``reflexdb/attachments.py``), so the
+    hints row comes before the group and the stage is completed in the group's transaction.
 
     Attributes:
         group_id: the original none-pass group.
@@ -59,6 +60,30 @@ class LteStageIn:
     hint: HintIn | None
     n_sampled: int
     n_correct: int
+    claim: bool = True  # the LTE group completes this stage, not a task claim
+
+    def before(self, cur) -> None:
+        """The stage's hints row (hint mode; nothing otherwise): the hinted trajectories refer to it."""
+        if self.hint is not None:
+            h = self.hint
+            cur.execute(Q["insert_hint"], {"id": h.id, "group_id": self.group_id, "task_id": self.task_id,
+                                           "kind": h.kind, "wrong_answers": list(h.wrong_answers),
+                                           "hinted_prompt": h.hinted_prompt})
+
+    def after(self, cur, written, collector: str | None) -> None:
+        """Mark the stage done (``written``: the LTE group, or None when no extra rollout was correct).
+
+        Raises:
+            ClaimLost: ``collector`` no longer holds the stage; the transaction rolls back.
+        """
+        done = cur.execute(Q["complete_stage"], {
+            "group_id": self.group_id, "collector": collector, "mode": self.mode,
+            "hint_id": self.hint.id if self.hint else None, "lte_group_id": written.group_id if written else None,
+            "n_sampled": self.n_sampled, "n_correct": self.n_correct}).fetchone()
+        if done is None:
+            raise ClaimLost(f"the hint stage of group {self.group_id} is no longer collector {collector!r}'s "
+                            "(claim expired and taken by another collector, or released to the learner after "
+                            "its timeout); nothing of it was written")
 
 
 @dataclass(frozen=True)
@@ -85,9 +110,9 @@ def claim_stages(store: Store, run_id: int, collector: str, n: int, *, min_versi
             version minus ``max_staleness``): older groups are not worth hinting.
         timeout_s: a group older than this is left to the learner (``lte.hint_timeout_s``).
     """
-    with store._raw() as conn:
+    with store.transaction() as conn:
         conn.execute(Q["open_stages"], {"run_id": run_id, "min_version": min_version, "timeout": timeout_s})
-    with store._raw() as conn:
+    with store.transaction() as conn:
         ids = [r[0] for r in conn.execute(Q["claim_stages"], {
             "run_id": run_id, "collector": collector, "n": n, "ttl": claim_ttl_s, "timeout": timeout_s}).fetchall()]
         if not ids:
@@ -102,51 +127,28 @@ def claim_stages(store: Store, run_id: int, collector: str, n: int, *, min_versi
 
 def release_stages(store: Store, run_id: int, collector: str) -> None:
     """Give back every stage ``collector`` holds (they become pending again)."""
-    with store._raw() as conn:
+    with store.transaction() as conn:
         conn.execute(Q["release_stages"], {"run_id": run_id, "collector": collector})
 
 
 def release_groups(store: Store, run_id: int, collector: str, group_ids: Sequence[int]) -> None:
     """Give back some of ``collector``'s stages."""
-    with store._raw() as conn:
+    with store.transaction() as conn:
         conn.execute(Q["release_some_stages"], {"run_id": run_id, "collector": collector, "ids": list(group_ids)})
 
 
 def reserve_hint_id(store: Store) -> int:
-    with store._raw() as conn:
+    with store.transaction() as conn:
         return int(conn.execute(Q["reserve_hint_id"]).fetchone()[0])
 
 
-def insert_hint(conn, stage: LteStageIn) -> None:
-    """Inside the caller's transaction: the stage's hints row (hint mode; nothing otherwise)."""
-    if stage.hint is not None:
-        h = stage.hint
-        conn.execute(Q["insert_hint"], {"id": h.id, "group_id": stage.group_id, "task_id": stage.task_id,
-                                        "kind": h.kind, "wrong_answers": list(h.wrong_answers),
-                                        "hinted_prompt": h.hinted_prompt})
-
-
-def complete_stage(conn, stage: LteStageIn, *, collector: str | None, lte_group_id: int | None) -> None:
-    """Inside the caller's transaction: mark the stage done (after its hints row and LTE group).
+def finish_unsolved(store: Store, stage: LteStageIn, collector: str) -> None:
+    """A stage none of whose extra rollouts was correct: the hints row and 'done', no group.
 
     Raises:
-        LteStageLost: ``collector`` no longer holds the stage; the caller's transaction must roll back.
+        ClaimLost: ``collector`` no longer holds the stage; nothing is written.
     """
-    done = conn.execute(Q["complete_stage"], {
-        "group_id": stage.group_id, "collector": collector, "mode": stage.mode,
-        "hint_id": stage.hint.id if stage.hint else None, "lte_group_id": lte_group_id,
-        "n_sampled": stage.n_sampled, "n_correct": stage.n_correct}).fetchone()
-    if done is None:
-        raise LteStageLost(f"the hint stage of group {stage.group_id} is no longer collector {collector!r}'s "
-                           "(claim expired and taken by another collector, or released to the learner after "
-                           "its timeout); nothing of it was written")
-
-
-def finish_unsolved(store: Store, stage: LteStageIn, collector: str) -> None:
-    """A stage none of whose extra rollouts was correct: the hints row and 'done', no group."""
-    with store._raw() as conn:
-        insert_hint(conn, stage)
-        complete_stage(conn, stage, collector=collector, lte_group_id=None)
+    store.complete([stage], collector=collector)
 
 
 @dataclass(frozen=True)
@@ -165,7 +167,7 @@ class StageInfo:
 
 def stages_of(store: Store, group_ids: Sequence[int]) -> list[StageInfo]:
     """The stages of these groups, as originals or as LTE groups."""
-    with store._raw() as conn:
+    with store.transaction() as conn:
         rows = conn.execute(Q["stages_of_groups"], {"ids": list(group_ids)}).fetchall()
     return [StageInfo(int(g), None if lg is None else int(lg), st, m, ns, nc, k, float(lat))
             for g, lg, st, m, ns, nc, k, lat in rows]
@@ -179,7 +181,7 @@ def eligible_group_ids(store: Store, run_id: int, n: int, *, min_version: int, t
     is released to the learner first (a stage that finished meanwhile wins, and the group is
     dropped from this choice). Returns ``(ids, snapshot, released)``.
     """
-    with store._raw() as conn:
+    with store.transaction() as conn:
         ids, stages, snapshot = conn.execute(Q["eligible_groups"], {
             "run_id": run_id, "n": n, "min_version": min_version, "timeout": timeout_s,
             "train_unsolved": train_unsolved}).fetchone()
@@ -187,13 +189,12 @@ def eligible_group_ids(store: Store, run_id: int, n: int, *, min_version: int, t
     timed_out = [int(g) for g, s in rows if s == "timed_out"]
     released: set[int] = set()
     if timed_out:
-        with store._raw() as conn:
+        with store.transaction() as conn:
             released = {int(r[0]) for r in conn.execute(Q["release_to_learner"],
                                                          {"ids": timed_out, "run_id": run_id}).fetchall()}
     keep = [int(g) for g, s in rows if s != "timed_out" or int(g) in released]
     return keep, snapshot, len(released)
 
 
-__all__ = ["ClaimedStage", "HintIn", "LteStageIn", "LteStageLost", "StageInfo", "claim_stages",
-           "complete_stage", "eligible_group_ids", "finish_unsolved", "insert_hint", "release_groups", "release_stages",
-           "reserve_hint_id", "stages_of"]
+__all__ = ["ClaimedStage", "HintIn", "LteStageIn", "StageInfo", "claim_stages", "eligible_group_ids",
+           "finish_unsolved", "release_groups", "release_stages", "reserve_hint_id", "stages_of"]

@@ -43,6 +43,16 @@ class TurnIn:
     reward: float | None = None
 
 
+@dataclass(frozen=True)
+class Sibling:
+    """Lineage to a trajectory of the same write whose id is not known yet: the ``index``-th
+    trajectory of the ``group``-th group given to ``Store.write_groups`` (groups a workflow writes
+    together, e.g. a retry that refers to the base episode of the same transaction)."""
+
+    group: int
+    index: int
+
+
 @dataclass
 class TrajectoryIn:
     """One sampled trajectory, as a collector hands it to :meth:`Store.write_group`.
@@ -62,9 +72,11 @@ class TrajectoryIn:
             or every token when no turn has a span.
         embedding: `[D]` float mean-pooled last-layer hidden state over the response tokens.
         confidence: defaults to ``exp(mean(logprobs))`` (NexGRPO's l(o)).
-        origin: ``base`` | ``distilled`` | ``guided_retry`` | ``hinted`` | ``purified`` | ``raw`` |
-            ``replayed``.
-        parent_trajectory_id, reflection_id, hint_id: lineage.
+        origin: where the trajectory comes from: a name of ``reflexdb.origins.ORIGINS`` (``base``:
+            sampled by the policy for the task's plain prompt; the table says what each other
+            origin means for the learner).
+        parent_trajectory_id, reflection_id, hint_id: lineage. ``parent_trajectory_id`` may be a
+            :class:`Sibling` (a trajectory written in the same transaction).
     """
 
     response_ids: Any
@@ -78,7 +90,7 @@ class TrajectoryIn:
     extracted_answer: str | None = None
     confidence: float | None = None
     origin: str = "base"
-    parent_trajectory_id: int | None = None
+    parent_trajectory_id: int | Sibling | None = None
     reflection_id: int | None = None
     hint_id: int | None = None
     policy_version: int | None = None
@@ -97,14 +109,12 @@ class GroupIn:
         run_id, task_id: where it belongs.
         policy_version: the version that generated the group's on-policy samples.
         trajectories: the members, in order (``index_in_group`` is their position).
-        workflow: the workflow that produced it (``group``, ``r3l``, ``lte``, ``cleaner``, ...).
-        kind: ``fresh`` | ``replay`` | ``hinted`` | ``retry`` | ``eval``.
+        workflow: the workflow that produced it (``group``, or a method's workflow).
+        kind: one of ``reflexdb.schema.GROUP_KINDS`` (``fresh``, ``eval``, ...).
         embedding_model, embedding_layer: where the trajectories' embeddings come from.
-        replay_request_id: the NexGRPO replay request this group fulfils (kind ``replay``); the
-            store marks it done in the transaction that writes the group.
-        lte_stage: the LTE hint stage this group finishes (``reflexdb.lte.LteStageIn``; kind
-            ``hinted``): the store writes its hints row before the group and marks the stage done
-            in the same transaction.
+        attachments: what the group's transaction writes besides it (``reflexdb/attachments.py``):
+            the claimed work item it completes, if not its task's claim, and rows that refer to
+            (or are referred to by) its trajectories. Each method's module implements its own.
         write_key: chosen once per group (a fresh UUID by default). Writing the same ``GroupIn``
             again after an attempt whose commit was not acknowledged (the connection dropped)
             returns the group the first attempt wrote instead of writing it twice.
@@ -120,8 +130,7 @@ class GroupIn:
     embedding_model: str = "unknown"
     embedding_layer: int = -1
     meta: dict[str, Any] = field(default_factory=dict)
-    replay_request_id: int | None = None
-    lte_stage: Any = None
+    attachments: list[Any] = field(default_factory=list)
     write_key: uuid.UUID = field(default_factory=uuid.uuid4)
 
 

@@ -6,8 +6,8 @@ Collectors claim requests before fresh tasks (``FOR UPDATE SKIP LOCKED``, with a
 claims), sample G − 2 fresh rollouts of the task with their current policy and write one group of
 kind ``replay``: replayed copies of y+ and b* (origin ``replayed``, lineage to the originals,
 their stored behaviour log-probs) followed by the fresh rollouts. The request is completed in the
-transaction that writes the group (:attr:`GroupIn.replay_request_id`), so a request is done exactly
-when its group exists.
+transaction that writes the group (its attachment :class:`RequestClaim`), so a request is done
+exactly when its group exists.
 
 The pools and the candidate tasks are SQL views (``nexgrpo_*``); this module only reads them.
 """
@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 
+from .errors import ClaimLost
 from .sqlfile import load_queries
 from .store import Store
 
@@ -69,6 +70,30 @@ class ReplayRequest:
 
 
 @dataclass(frozen=True)
+class RequestClaim:
+    """The replay request a replay group fulfils: its attachment (``reflexdb/attachments.py``),
+    marked done in the transaction that writes the group.
+
+    Raises (from ``after``):
+        ClaimLost: the request is done, cancelled or claimed by another collector than the writer.
+    """
+
+    request_id: int
+    claim: bool = True
+
+    def before(self, cur) -> None:
+        return None
+
+    def after(self, cur, written, collector: str | None) -> None:
+        done = cur.execute(R["complete_request"], {"id": self.request_id, "collector": collector,
+                                                   "group_id": written.group_id if written else None}).fetchone()
+        if done is None:
+            raise ClaimLost(f"replay request {self.request_id} is no longer "
+                            f"{'collector ' + repr(collector) if collector else 'open'}'s "
+                            "(claim expired and taken by another collector, or cancelled); group not written")
+
+
+@dataclass(frozen=True)
 class Outstanding:
     """Replay work the learner has asked for but not trained on yet."""
 
@@ -97,7 +122,7 @@ def post_requests(store: Store, run_id: int, requests: Sequence[ReplayRequestIn]
                   learner_version: int) -> list[int]:
     """Post replay requests in one transaction; return their ids."""
     ids = []
-    with store._raw() as conn:
+    with store.transaction() as conn:
         for r in requests:
             ids.append(conn.execute(R["insert_request"], {
                 "run_id": run_id, "task_id": r.task_id, "positive_id": r.positive_id, "negative_id": r.negative_id,
@@ -111,7 +136,7 @@ def post_requests(store: Store, run_id: int, requests: Sequence[ReplayRequestIn]
 def claim_requests(store: Store, run_id: int, collector: str, n: int = 1, *,
                    claim_ttl_s: float = 600.0) -> list[ReplayRequest]:
     """Claim up to ``n`` pending replay requests of a run (oldest first) for ``collector``."""
-    with store._raw() as conn:
+    with store.transaction() as conn:
         rows = conn.execute(R["claim_requests"], {"run_id": run_id, "collector": collector, "n": n,
                                                   "ttl": claim_ttl_s}).fetchall()
     return sorted((ReplayRequest(*r) for r in rows), key=lambda r: r.id)
@@ -119,44 +144,44 @@ def claim_requests(store: Store, run_id: int, collector: str, n: int = 1, *,
 
 def release_requests(store: Store, run_id: int, collector: str) -> None:
     """Give back every request ``collector`` holds (they become pending again)."""
-    with store._raw() as conn:
+    with store.transaction() as conn:
         conn.execute(R["release_requests"], {"run_id": run_id, "collector": collector})
 
 
 def cancel_request(store: Store, request_id: int) -> None:
-    with store._raw() as conn:
+    with store.transaction() as conn:
         conn.execute(R["cancel_request"], {"id": request_id})
 
 
 def cancel_stale_requests(store: Store, run_id: int, min_version: int) -> int:
     """Cancel pending requests planned under a policy older than ``min_version``; return how many."""
-    with store._raw() as conn:
+    with store.transaction() as conn:
         return conn.execute(R["cancel_stale_requests"], {"run_id": run_id, "min_version": min_version}).rowcount
 
 
 def outstanding(store: Store, run_id: int) -> Outstanding:
-    with store._raw() as conn:
+    with store.transaction() as conn:
         n_req, n_ready, tasks = conn.execute(R["outstanding"], {"run_id": run_id}).fetchone()
     return Outstanding(int(n_req), int(n_ready), frozenset(int(t) for t in tasks))
 
 
 def candidates(store: Store, run_id: int, split: str = "train") -> list[Candidate]:
     """The run's replayable tasks (view ``nexgrpo_replay_candidates``), by task id."""
-    with store._raw() as conn:
+    with store.transaction() as conn:
         rows = conn.execute(R["candidates"], {"run_id": run_id, "split": split}).fetchall()
     return [Candidate(int(t), int(k), int(n), float(w), int(p), int(q)) for t, k, n, w, p, q in rows]
 
 
 def pool_ids(store: Store, task_id: int) -> tuple[list[int], list[int]]:
     """A task's positive and negative pool members that have an embedding, by id."""
-    with store._raw() as conn:
+    with store.transaction() as conn:
         pos = [r[0] for r in conn.execute(R["positive_ids"], {"task_id": task_id}).fetchall()]
         neg = [r[0] for r in conn.execute(R["negative_ids"], {"task_id": task_id}).fetchall()]
     return pos, neg
 
 
 def retired_count(store: Store, run_id: int, split: str = "train") -> int:
-    with store._raw() as conn:
+    with store.transaction() as conn:
         return int(conn.execute(R["retired_count"], {"run_id": run_id, "split": split}).fetchone()[0])
 
 
@@ -166,7 +191,7 @@ def in_gate(conf: float, low: float, high: float) -> bool:
 
 
 __all__ = [
-    "Candidate", "Outstanding", "ReplayRequest", "ReplayRequestIn", "cancel_request", "cancel_stale_requests",
+    "Candidate", "Outstanding", "ReplayRequest", "ReplayRequestIn", "RequestClaim", "cancel_request", "cancel_stale_requests",
     "candidates", "claim_requests", "in_gate", "outstanding", "pool_ids", "post_requests",
     "release_requests", "retired_count",
 ]

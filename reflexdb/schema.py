@@ -37,6 +37,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB, REAL, UUID
 
+from .origins import NAMES
+
 metadata = MetaData(
     naming_convention={
         "ix": "ix_%(table_name)s_%(column_0_N_name)s",
@@ -49,9 +51,9 @@ metadata = MetaData(
 
 #: Values allowed in ``groups.kind``.
 GROUP_KINDS = ("fresh", "replay", "hinted", "retry", "eval", "imported")
-#: Values allowed in ``trajectories.origin`` (METHODS.md: base, distilled, guided retry, hinted,
-#: purified, replayed; ``raw`` is CLEANER's unpurified parent).
-ORIGINS = ("base", "distilled", "guided_retry", "hinted", "imported", "purified", "raw", "replayed")
+#: Values allowed in ``trajectories.origin``: the table of origins (reflexdb/origins.py says what
+#: each means for the collector and the learner).
+ORIGINS = NAMES
 #: Values allowed in ``turns.role``.
 ROLES = ("system", "user", "assistant", "tool", "observation")
 #: Values allowed in ``trajectories.finish_reason``.

@@ -32,20 +32,22 @@ from sqlalchemy import func, select, text
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import Engine
 
-from . import drill, lte, migrate, schema
+from . import drill, migrate, schema
+from .attachments import work_items
 from .db import connect_raw, make_engine
-from .errors import InvalidGroup, NotFound, ReflexdbError, ReplayRequestLost
+from .errors import InvalidGroup, NotFound, ReflexdbError
 from .records import (
     Group,
     GroupIn,
     PolicyVersion,
+    Sibling,
     TaskIn,
     Trajectory,
     Turn,
     WrittenGroup,
 )
 from .sqlfile import load_queries
-from .validate import PreparedGroup, prepare_group
+from .validate import PreparedGroup, check_siblings, prepare_group
 
 log = logging.getLogger(__name__)
 Q = load_queries()
@@ -156,8 +158,14 @@ class Store:
         self.close()
 
     @contextmanager
-    def _raw(self):
-        """A pooled psycopg connection inside one transaction (commit on success)."""
+    def transaction(self):
+        """A pooled psycopg connection inside one transaction: committed when the block ends,
+        rolled back if it raises. The door for modules with SQL of their own (``reflexdb/sql/*.sql``:
+        work claims, replay requests, hint stages, reflections, the learner's bookkeeping)::
+
+            with store.transaction() as conn:
+                conn.execute(Q["claim_tasks"], {...}).fetchall()
+        """
         with self.engine.begin() as conn:
             yield conn.connection.driver_connection
 
@@ -233,26 +241,33 @@ class Store:
         """Validate and write one group atomically (binary COPY, one transaction).
 
         Args:
-            group: the group.
-            complete_claim: a collector name; in the same transaction, release that collector's
-                claim on the group's task and count the collection (``tasks.times_collected``).
+            group: the group, with its attachments (``reflexdb/attachments.py``).
+            complete_claim: the writer's name (a collector's): in the same transaction the group
+                completes the work item held under it (its attachment that is a claim, else its
+                task's claim: released, ``tasks.times_collected`` counted). ``None``: no claim.
 
         Raises:
             InvalidGroup: naming the offending field; nothing of the group is written.
+            ClaimLost: the group's work item is no longer the writer's; nothing is written.
         """
         return self.write_groups([group], complete_claim=complete_claim)[0]
 
     def write_groups(self, groups: Sequence[GroupIn], *, complete_claim: str | None = None) -> list[WrittenGroup]:
         """Write several groups in one transaction: all become visible together, or none.
 
+        In the transaction: every group's attachments' ``before`` step, the groups and their
+        trajectories (one COPY per table), then every group's work items' ``after`` step
+        (``reflexdb/attachments.py``; a task's claim is completed once, however many of its groups
+        the write holds). A trajectory's parent may be a :class:`~reflexdb.records.Sibling`, a
+        trajectory of the same write whose id is not known yet.
+
         Raises:
             InvalidGroup: naming the offending field; nothing is written.
-            ReplayRequestLost: a group's ``replay_request_id`` is done, cancelled or claimed by
-                another collector than ``complete_claim``; nothing is written.
-            LteStageLost: a group's ``lte_stage`` is no longer ``complete_claim``'s (claim taken
-                after its TTL, or released to the learner); nothing is written.
+            ClaimLost: a group's work item (a replay request, a hint stage, ...) is no longer
+                ``complete_claim``'s; nothing is written.
         """
         prepared = [prepare_group(g) for g in groups]
+        check_siblings(prepared)
         self._claimed_dims = {}
         try:
             written = self._write_all(prepared, groups, complete_claim)
@@ -262,44 +277,45 @@ class Store:
         self._embedding_dims.update(self._claimed_dims)  # committed: safe to remember
         return written
 
+    def complete(self, attachments: Sequence, *, collector: str | None) -> None:
+        """A work item that ends without a group (e.g. a hint stage none of whose extra rollouts was
+        correct): its attachments' ``before`` and ``after`` steps (``written`` None), one transaction.
+
+        Raises:
+            ClaimLost: the work item is no longer ``collector``'s; nothing is written.
+        """
+        with self.transaction() as conn:
+            cur = conn.cursor()
+            for a in attachments:
+                a.before(cur)
+            for a in attachments:
+                a.after(cur, None, collector)
+
     def _write_all(self, prepared: list[PreparedGroup], groups: Sequence[GroupIn],
                    complete_claim: str | None) -> list[WrittenGroup]:
         try:
-            with self._raw() as conn:
+            with self.transaction() as conn:
                 cur = conn.cursor()
-                # BEGIN, SET LOCAL and the first group's INSERT travel in one round trip (errors
-                # surface when the pipeline syncs, in statement order, as without it).
+                # BEGIN, SET LOCAL, the attachments' first rows and the first group's INSERT travel
+                # in one round trip (errors surface when the pipeline syncs, in statement order).
                 with conn.pipeline():
                     if not self.synchronous_commit:
                         conn.execute("SET LOCAL synchronous_commit = off")
-                    for g in groups:  # LTE: the hints row first (hinted trajectories refer to it)
-                        if g.lte_stage is not None and g.lte_stage.hint is not None:
-                            lte.insert_hint(conn, g.lte_stage)
+                    pre = conn.cursor()  # its own cursor: `cur` must hold the INSERT's ids below
+                    for g in groups:  # rows the trajectories refer to come first
+                        for a in g.attachments:
+                            a.before(pre)
                     if prepared:
                         self._insert_group(cur, prepared[0])
                 drill.phase("write")  # inside the transaction: a kill here must leave nothing
                 # One INSERT per group for its ids; then one COPY per table for all the groups.
-                written, rows = [], _Rows()
-                for k, p in enumerate(prepared):
-                    ids = (cur if k == 0 else self._insert_group(cur, p)).fetchall()
-                    written.append(self._group_rows(p, ids, rows))
+                inserted = [(cur if k == 0 else self._insert_group(cur, p)).fetchall() for k, p in enumerate(prepared)]
+                ids = [[r[1] for r in rows] for rows in inserted]  # lineage to a Sibling resolves here
+                rows = _Rows()
+                written = [self._group_rows(p, got, rows, ids) for p, got in zip(prepared, inserted)]
                 rows.copy(cur)
-                if complete_claim is not None:
-                    claimed = [g.task_id for g in groups if g.replay_request_id is None and g.lte_stage is None]
-                    if claimed:
-                        cur.execute(Q["complete_claims"], {"ids": claimed, "collector": complete_claim})
-                for g, w in zip(groups, written):
-                    if g.replay_request_id is not None:
-                        done = cur.execute(Q["complete_request"], {"id": g.replay_request_id, "group_id": w.group_id,
-                                                                   "collector": complete_claim}).fetchone()
-                        if done is None:
-                            raise ReplayRequestLost(
-                                f"replay request {g.replay_request_id} is no longer "
-                                f"{'collector ' + repr(complete_claim) if complete_claim else 'open'}'s "
-                                "(claim expired and taken by another collector, or cancelled); group not written")
-                for g, w in zip(groups, written):
-                    if g.lte_stage is not None:
-                        lte.complete_stage(cur, g.lte_stage, collector=complete_claim, lte_group_id=w.group_id)
+                for k, a in work_items(groups):  # work items completed, rows that refer to the groups
+                    a.after(cur, written[k], complete_claim)
                 return written
         except psycopg.errors.UniqueViolation as exc:
             if exc.diag.constraint_name != "uq_groups_write_key":
@@ -317,7 +333,7 @@ class Store:
         match means two different writes shared a key, which is refused.
         """
         keys = [g.write_key for g in groups]
-        with self._raw() as conn:
+        with self.transaction() as conn:
             found = {k: WrittenGroup(gid, tuple(tids))
                      for k, gid, tids in conn.execute(Q["groups_by_write_key"], {"keys": keys}).fetchall()}
         if len(found) != len(keys):
@@ -346,12 +362,6 @@ class Store:
                 f"trajectories[{i}].embedding", f"dimension {p.embedding_dim} != the run's embedding dimension {dim}"
             )
 
-    def _write_prepared(self, cur: psycopg.Cursor, p: PreparedGroup) -> WrittenGroup:
-        rows = _Rows()
-        written = self._group_rows(p, self._insert_group(cur, p).fetchall(), rows)
-        rows.copy(cur)
-        return written
-
     def _insert_group(self, cur: psycopg.Cursor, p: PreparedGroup) -> psycopg.Cursor:
         """Check the embedding dimension and execute ``insert_group`` (rows: group id, trajectory ids)."""
         g = p.src
@@ -364,15 +374,20 @@ class Store:
         )
 
     @staticmethod
-    def _group_rows(p: PreparedGroup, inserted: list[tuple], out: _Rows) -> WrittenGroup:
-        """Add the COPY rows of a group (``insert_group`` returned ``inserted``) to ``out``."""
+    def _group_rows(p: PreparedGroup, inserted: list[tuple], out: _Rows,
+                    write_ids: Sequence[Sequence[int]] = ()) -> WrittenGroup:
+        """Add the COPY rows of a group (``insert_group`` returned ``inserted``) to ``out``;
+        ``write_ids``: the trajectory ids of every group of the write, for a :class:`Sibling` parent."""
         g = p.src
         group_id = inserted[0][0]
         ids = [r[1] for r in inserted]
         for i, (tid, t) in enumerate(zip(ids, p.trajectories)):
             s = t.src
+            parent = s.parent_trajectory_id
+            if isinstance(parent, Sibling):
+                parent = write_ids[parent.group][parent.index]
             out.trajectories.append((
-                tid, group_id, g.run_id, g.task_id, i, s.origin, s.parent_trajectory_id, s.reflection_id,
+                tid, group_id, g.run_id, g.task_id, i, s.origin, parent, s.reflection_id,
                 s.hint_id, t.policy_version, t.reward, s.correct, t.truncated, s.finish_reason,
                 s.extracted_answer, t.confidence, max(1, len(t.turns)), t.response_ids.shape[0], s.error,
                 Jsonb(s.meta),
@@ -398,7 +413,7 @@ class Store:
         ids = [int(i) for i in group_ids]
         if not ids:
             return []
-        with self._raw() as conn:
+        with self.transaction() as conn:
             cur = conn.cursor(binary=True)
             grows = {r[0]: r for r in cur.execute(Q["select_groups"], {"ids": ids}).fetchall()}
             missing = [i for i in ids if i not in grows]
@@ -422,7 +437,7 @@ class Store:
         ids = [int(i) for i in trajectory_ids]
         if not ids:
             return []
-        with self._raw() as conn:
+        with self.transaction() as conn:
             cur = conn.cursor(binary=True)
             trows = cur.execute(Q["select_trajectories"], {"ids": ids}).fetchall()
             found = {r[0] for r in trows}
@@ -471,7 +486,7 @@ class Store:
 
     def _payload_rows(self, ids: list[int]) -> list[tuple]:
         """``select_payloads`` for ``ids`` on a connection of its own (see :meth:`_assemble`)."""
-        with self._raw() as conn:
+        with self.transaction() as conn:
             return conn.cursor(binary=True).execute(Q["select_payloads"], {"ids": ids}).fetchall()
 
     def _spare_connection(self) -> bool:
@@ -490,7 +505,7 @@ class Store:
     ) -> PolicyVersion:
         """Record a new policy version and NOTIFY collectors (delivered when the row commits)."""
         try:
-            with self._raw() as conn:
+            with self.transaction() as conn:
                 row = conn.execute(
                     Q["insert_policy"],
                     {"run_id": run_id, "version": version, "checkpoint_uri": checkpoint_uri, "sha256": sha256,
@@ -512,7 +527,7 @@ class Store:
     def latest_policy(self, run_id: int, *, with_state: bool = False) -> PolicyVersion | None:
         """The newest policy version of a run; ``with_state``: the newest with a learner state
         (``learner.state_every``: where resume starts)."""
-        with self._raw() as conn:
+        with self.transaction() as conn:
             row = conn.execute(Q["latest_state_policy" if with_state else "latest_policy"],
                                {"run_id": run_id}).fetchone()
         return PolicyVersion(*row) if row else None
@@ -598,7 +613,7 @@ class Store:
         """
         ids = sorted({int(i) for i in trajectory_ids})
         try:
-            with self._raw() as conn:
+            with self.transaction() as conn:
                 step_id, n = conn.execute(
                     Q["record_step"],
                     {"run_id": run_id, "step": step, "policy_version": policy_version, "loss": loss,
@@ -607,7 +622,7 @@ class Store:
                 if n != len(ids):
                     raise NotFound(f"{len(ids) - n} of the {len(ids)} consumed trajectory ids do not exist")
         except psycopg.errors.UniqueViolation:
-            with self._raw() as conn:
+            with self.transaction() as conn:
                 row = conn.execute(Q["step_consumption"], {"run_id": run_id, "step": step}).fetchone()
             if row is not None and [int(i) for i in row[1]] == ids:
                 return row[0]

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .errors import InvalidGroup
-from .records import GroupIn, TrajectoryIn, TurnIn
+from .records import GroupIn, Sibling, TrajectoryIn, TurnIn
 from .schema import FINISH_REASONS, GROUP_KINDS, ORIGINS, ROLES
 
 _INT32 = np.iinfo(np.int32)
@@ -236,3 +236,15 @@ def prepare_group(group: GroupIn) -> PreparedGroup:
                     f"dimension {p.embedding.shape[0]} differs from the group's other vectors ({first})",
                 )
     return PreparedGroup(group, prepared, dims.pop() if dims else None)
+
+
+def check_siblings(prepared: list[PreparedGroup]) -> None:
+    """Every :class:`Sibling` parent names a trajectory of the same write (``InvalidGroup`` otherwise)."""
+    for k, p in enumerate(prepared):
+        for i, t in enumerate(p.trajectories):
+            ref = t.src.parent_trajectory_id
+            if isinstance(ref, Sibling) and not (0 <= ref.group < len(prepared)
+                                                 and 0 <= ref.index < len(prepared[ref.group].trajectories)):
+                where = f"trajectories[{i}].parent_trajectory_id" if len(prepared) == 1 else \
+                    f"groups[{k}].trajectories[{i}].parent_trajectory_id"
+                raise InvalidGroup(where, f"{ref} names no trajectory of this write of {len(prepared)} group(s)")

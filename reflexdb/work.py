@@ -79,7 +79,7 @@ def claim_tasks(
     soft = retire_prob is not None
     rng = rng if rng is not None else np.random.default_rng()
     kept: list[ClaimedTask] = []
-    with store._raw() as conn:  # one transaction: passed-over tasks are released with the claim
+    with store.transaction() as conn:  # one transaction: passed-over tasks are released with the claim
         for _ in range(MAX_CLAIM_ROUNDS if soft else 1):
             rows = conn.execute(
                 W["claim_tasks"],
@@ -105,19 +105,19 @@ def claim_tasks(
 
 def tasks_left(store: Store, run_id: int, max_collections: int) -> int:
     """Train tasks collected fewer than ``max_collections`` times."""
-    with store._raw() as conn:
+    with store.transaction() as conn:
         return int(conn.execute(W["tasks_left"], {"run_id": run_id, "max_collections": max_collections}).fetchone()[0])
 
 
 def release_claims(store: Store, run_id: int, collector: str) -> None:
     """Release every claim ``collector`` holds, without counting a collection."""
-    with store._raw() as conn:
+    with store.transaction() as conn:
         conn.execute(W["release_claims"], {"run_id": run_id, "collector": collector})
 
 
 def register_collector(store: Store, run_id: int, name: str, *, engine: str, model: str,
                        policy_version: int | None) -> int:
-    with store._raw() as conn:
+    with store.transaction() as conn:
         return conn.execute(
             W["register_collector"],
             {"run_id": run_id, "name": name, "host": socket.gethostname(), "pid": os.getpid(), "engine": engine,
@@ -127,7 +127,7 @@ def register_collector(store: Store, run_id: int, name: str, *, engine: str, mod
 
 def report_progress(store: Store, collector_id: int, *, policy_version: int | None, groups: int = 0,
                     trajectories: int = 0, tokens: int = 0, reward_errors: int = 0, skipped_rows: int = 0) -> None:
-    with store._raw() as conn:
+    with store.transaction() as conn:
         conn.execute(
             W["collector_progress"],
             {"id": collector_id, "policy_version": policy_version, "groups": groups, "trajectories": trajectories,
@@ -136,7 +136,7 @@ def report_progress(store: Store, collector_id: int, *, policy_version: int | No
 
 
 def mark_stopped(store: Store, collector_id: int, status: str = "stopped") -> None:
-    with store._raw() as conn:
+    with store.transaction() as conn:
         conn.execute(W["collector_stopped"], {"id": collector_id, "status": status})
 
 
@@ -153,7 +153,7 @@ def admission(
     publish_every: int, claim_ttl_s: float = 600.0, imported_per_step: int = 0,
 ) -> Admission:
     """May ``collector`` (holding ``policy_version``) start another on-policy group now?"""
-    with store._raw() as conn:
+    with store.transaction() as conn:
         written, in_flight = conn.execute(
             W["produced_groups"], {"run_id": run_id, "collector": collector, "ttl": claim_ttl_s}
         ).fetchone()

@@ -276,7 +276,7 @@ def test_episode_round_trips_through_the_store(tiny, store):
     for i, t in enumerate(group.trajectories):
         assert batch.response_mask[i, :len(t.response_ids)].numpy().tolist() == t.loss_mask.tolist()
     # one row per turn in the view, in order, readable in psql
-    with store._raw() as conn:
+    with store.transaction() as conn:
         view = conn.execute("SELECT turn_index, role, attempt, n_tokens, trainable, answer, correct, feedback, attempts "
                             "FROM episode_turns WHERE trajectory_id = %s ORDER BY turn_index",
                             (w.trajectory_ids[0],)).fetchall()
@@ -298,7 +298,7 @@ def test_loss_mask_on_an_environment_token_is_refused(tiny, store):
     with pytest.raises(InvalidGroup, match=rf"trajectories\[0\].loss_mask: marks token {env_start}, which lies in no "
                                            "trainable turn's span"):
         store.write_group(GroupIn(run_id=run_id, task_id=task_id, policy_version=0, trajectories=[t]))
-    with store._raw() as conn:
+    with store.transaction() as conn:
         assert conn.execute("SELECT count(*) FROM groups WHERE run_id = %s", (run_id,)).fetchone() == (0,)
 
 

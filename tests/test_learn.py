@@ -422,8 +422,8 @@ def test_rows_ordered_by_length_are_dealt_evenly_to_the_ranks():
     b = Batch(group_ids=[], trajectory_ids=[int(x) for x in lengths], group_index=z, rewards=z.float(),
               correct=z.bool(), valid=~z.bool(), truncated=z.bool(), input_ids=z[:, None], attention_mask=z[:, None],
               prompt_lengths=z, response_lengths=lengths, response_mask=torch.ones(7, 1, dtype=torch.bool),
-              behaviour_logprobs=torch.zeros(7, 1), policy_versions=z, replayed=z.bool(), hinted=z.bool(),
-              imported=z.bool(), confidence=z.float(), group_versions=[], group_kinds=[])
+              behaviour_logprobs=torch.zeros(7, 1), policy_versions=z, origin=z, confidence=z.float(),
+              group_versions=[], group_kinds=[])
     assert b.by_length().trajectory_ids == [1, 2, 3, 4, 5, 6, 7]
     assert b.by_length(2).trajectory_ids == [1, 3, 5, 7, 2, 4, 6]
     assert b.by_length(3).trajectory_ids == [1, 4, 6, 2, 5, 7, 3]

@@ -139,7 +139,7 @@ def test_hint_pool_view_on_hand_made_groups(store):
     _group(store, run, tasks[0], [wrong("7"), (True, False, "3", 1.0)])  # some-pass: not in the pool
     _group(store, run, tasks[0], [wrong("7"), (False, False, "x", None)])  # a reward missing: not judged
     _group(store, run, tasks[0], [wrong("7")], kind="eval")  # eval groups are never hinted
-    with store._raw() as conn:
+    with store.transaction() as conn:
         rows = conn.execute("SELECT group_id, hint_kind, wrong_answers, answer_counts, n_truncated, size "
                             "FROM lte_hint_pool WHERE run_id = %s ORDER BY group_id", (run,)).fetchall()
         assert rows == [

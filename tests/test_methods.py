@@ -21,9 +21,7 @@ def batch_of(rewards, groups) -> Batch:
                  correct=r > 0.5, valid=valid, truncated=torch.zeros(B, dtype=torch.bool), input_ids=z[:, None],
                  attention_mask=z[:, None], prompt_lengths=z, response_lengths=z,
                  response_mask=torch.ones(B, 1, dtype=torch.bool), behaviour_logprobs=torch.zeros(B, 1),
-                 policy_versions=z, replayed=torch.zeros(B, dtype=torch.bool), hinted=torch.zeros(B, dtype=torch.bool),
-                 imported=torch.zeros(B, dtype=torch.bool),
-                 confidence=torch.zeros(B),
+                 policy_versions=z, origin=z, confidence=torch.zeros(B),
                  group_versions=[], group_kinds=[])
 
 

@@ -306,7 +306,7 @@ def test_retired_tasks_are_drawn_at_the_configured_rate(store):
     for _ in range(epochs * n_active):
         [task] = work.claim_tasks(store, run, "c1", 1, retire_prob=eps, rng=draw_rng, draws=draws)
         collected[task.id] += 1
-        with store._raw() as conn:
+        with store.transaction() as conn:
             conn.execute("UPDATE tasks SET claimed_by = NULL, times_collected = times_collected + 1 WHERE id = %s",
                          (task.id,))
     kept, passed = draws.drawn, draws.passed
@@ -388,7 +388,7 @@ def test_replay_requests_are_claimed_once_and_completed_with_their_group(store):
     replay.release_requests(store, run, "c2")
     assert rows(store, "SELECT status, claimed_by FROM replay_requests WHERE id = :i", i=r2) == [("pending", None)]
     [again] = replay.claim_requests(store, run, "c3", 1)
-    with store._raw() as conn:
+    with store.transaction() as conn:
         conn.execute("UPDATE replay_requests SET claimed_at = now() - interval '1 hour' WHERE id = %s", (again.id,))
     [taken] = replay.claim_requests(store, run, "c4", 1, claim_ttl_s=60)
     assert taken.id == r2

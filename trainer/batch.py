@@ -11,12 +11,14 @@ with ``B`` trajectories (groups × G), ``L = max(P_i + T_i)`` and ``T = max(T_i)
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
-from reflexdb import Group, Store
+from reflexdb import Group, Store, Trajectory
+from reflexdb.origins import CODE, codes_where
 from reflexdb.sqlfile import load_queries
 
 Q = load_queries()
@@ -40,16 +42,39 @@ class Batch:
     response_mask: torch.Tensor  # [B, T] bool: loss mask (response tokens that carry loss)
     behaviour_logprobs: torch.Tensor  # [B, T] float32
     policy_versions: torch.Tensor  # [B] int64: producing version of each trajectory
-    replayed: torch.Tensor  # [B] bool: a stored trajectory replayed (origin 'replayed'): ratio denominator π_beh
-    hinted: torch.Tensor  # [B] bool: sampled under an LTE hint (origin 'hinted'): prompt ids plain, π_beh under the hint
-    imported: torch.Tensor  # [B] bool: origin 'imported' (reflexdb import): no behaviour log-probs (0 here), no version
+    origin: torch.Tensor  # [B] int64: each row's origin, a code of reflexdb.origins.NAMES
     confidence: torch.Tensor  # [B] float32: stored confidence exp(mean behaviour log-prob) (NaN if unknown)
     group_versions: list[int]
     group_kinds: list[str]
+    meta: list[dict] = field(default_factory=list)  # [B] each trajectory's meta (a method's per-row facts)
 
     @property
     def size(self) -> int:
         return len(self.trajectory_ids)
+
+    def of_origin(self, *names: str) -> torch.Tensor:
+        """``[B]`` bool: rows whose origin is one of ``names`` (reflexdb/origins.py)."""
+        return torch.isin(self.origin, torch.tensor([CODE[n] for n in names], dtype=self.origin.dtype))
+
+    def where_origin(self, **wanted: object) -> torch.Tensor:
+        """``[B]`` bool: rows whose origin has these attributes in the table of origins, e.g.
+        ``where_origin(pi_old="stored")`` or ``where_origin(pass_at_1=True)``."""
+        return torch.isin(self.origin, torch.tensor(codes_where(**wanted), dtype=self.origin.dtype))
+
+    @property
+    def replayed(self) -> torch.Tensor:
+        """``[B]`` bool: stored trajectories replayed in this group (origin ``replayed``)."""
+        return self.of_origin("replayed")
+
+    @property
+    def hinted(self) -> torch.Tensor:
+        """``[B]`` bool: rollouts sampled under a hint (origin ``hinted``)."""
+        return self.of_origin("hinted")
+
+    @property
+    def imported(self) -> torch.Tensor:
+        """``[B]`` bool: imported rows (origin ``imported``): no behaviour log-probs (0 here), no version."""
+        return self.of_origin("imported")
 
     def by_length(self, ranks: int = 1) -> Batch:
         """The same rows, shortest prompt ⊕ response first, so that each micro-batch (a slice of
@@ -76,7 +101,8 @@ class Batch:
         idx = torch.tensor(order, dtype=torch.long)
         taken = {k: v[idx] for k, v in self.__dict__.items() if isinstance(v, torch.Tensor)}
         return Batch(group_ids=self.group_ids, trajectory_ids=[self.trajectory_ids[i] for i in order],
-                     group_versions=self.group_versions, group_kinds=self.group_kinds, **taken)
+                     group_versions=self.group_versions, group_kinds=self.group_kinds,
+                     meta=[self.meta[i] for i in order] if self.meta else [], **taken)
 
     def rows(self, idx: slice) -> Batch:
         """A micro-batch: rows ``idx`` (tensors sliced, padding trimmed)."""
@@ -86,7 +112,7 @@ class Batch:
         sl["input_ids"], sl["attention_mask"] = sl["input_ids"][:, :L], sl["attention_mask"][:, :L]
         sl["response_mask"], sl["behaviour_logprobs"] = sl["response_mask"][:, :T], sl["behaviour_logprobs"][:, :T]
         return Batch(group_ids=self.group_ids, trajectory_ids=self.trajectory_ids[idx], group_versions=self.group_versions,
-                     group_kinds=self.group_kinds, **sl)
+                     group_kinds=self.group_kinds, meta=self.meta[idx] if self.meta else [], **sl)
 
 
 @dataclass(frozen=True)
@@ -96,10 +122,15 @@ class Selection:
     ``snapshot`` is ``pg_current_snapshot()`` of that query (PostgreSQL's text form): recorded
     with the step, it tells which groups were committed when the learner chose (view
     ``untrained_groups``).
+
+    ``extra`` are trajectory ids a method adds to the step beside its groups (auxiliary rows, e.g.
+    R3L's SFT pairs from its views): packed after the groups' rows, each as a group of its own, and
+    recorded as consumed by the step like the others.
     """
 
     group_ids: list[int]
     snapshot: str | None = None
+    extra: list[int] = field(default_factory=list)
 
 
 def eligible_group_ids(store: Store, run_id: int, n: int, *, min_version: int | None = None,
@@ -125,7 +156,7 @@ def eligible_group_ids(store: Store, run_id: int, n: int, *, min_version: int | 
     """
     params = {"run_id": run_id, "n": n, "max_replay": max_replay if max_replay is not None else n,
               "min_version": min_version if min_version is not None else -2**31}
-    with store._raw() as conn:
+    with store.transaction() as conn:
         if max_replay is None:
             ids, snapshot = conn.execute(Q["eligible_groups"], params).fetchone()
             return Selection([int(g) for g in ids or ()], snapshot)
@@ -139,7 +170,7 @@ def eligible_imported_ids(store: Store, run_id: int, n: int) -> list[int]:
     ``learner.imported_per_step`` > 0, no staleness rule, at most ``max_reuse`` steps each)."""
     if n <= 0:
         return []
-    with store._raw() as conn:
+    with store.transaction() as conn:
         (ids,) = conn.execute(Q["eligible_imported_groups"], {"run_id": run_id, "n": n}).fetchone()
     return [int(g) for g in ids]
 
@@ -147,7 +178,7 @@ def eligible_imported_ids(store: Store, run_id: int, n: int) -> list[int]:
 def mix_imported(chosen: Selection, imported: list[int]) -> Selection:
     """A step's selection with imported groups added (ids in increasing order, the snapshot of the
     query that chose the others)."""
-    return Selection(sorted(chosen.group_ids + imported), chosen.snapshot) if imported else chosen
+    return Selection(sorted(chosen.group_ids + imported), chosen.snapshot, chosen.extra) if imported else chosen
 
 
 def compose_batch(rows: list[tuple[int, str]], n: int, max_replay: int) -> list[int]:
@@ -179,9 +210,18 @@ def pack_sequences(pairs: list[tuple], pad_id: int) -> tuple[torch.Tensor, torch
             torch.from_numpy(T.astype(np.int64)))
 
 
-def pack(groups: list[Group], pad_id: int) -> Batch:
-    """Pack groups (read with payloads) into a right-padded :class:`Batch`."""
+#: ``Batch.group_kinds`` of a method's auxiliary rows (``Selection.extra``): each is a group of its own.
+AUXILIARY = "auxiliary"
+
+
+def pack(groups: list[Group], pad_id: int, extra: Sequence[Trajectory] = ()) -> Batch:
+    """Pack groups (read with payloads) into a right-padded :class:`Batch`.
+
+    ``extra``: a method's auxiliary rows (:attr:`Selection.extra`, read with payloads), packed after
+    the groups' rows, each a group of its own of kind :data:`AUXILIARY` (a group of one: advantage 0).
+    """
     trajs = [(gi, t) for gi, g in enumerate(groups) for t in g.trajectories]
+    trajs += [(len(groups) + k, t) for k, t in enumerate(extra)]
     B = len(trajs)
     input_ids, attn, P, T = pack_sequences([(t.prompt_ids, t.response_ids) for _, t in trajs], pad_id)
     Tm = int(T.max())
@@ -209,11 +249,10 @@ def pack(groups: list[Group], pad_id: int) -> Batch:
         response_mask=torch.from_numpy(rmask),
         behaviour_logprobs=torch.from_numpy(blp),
         policy_versions=torch.tensor([t.policy_version for _, t in trajs], dtype=torch.int64),
-        replayed=torch.tensor([t.origin == "replayed" for _, t in trajs]),
-        hinted=torch.tensor([t.origin == "hinted" for _, t in trajs]),
-        imported=torch.tensor([t.origin == "imported" for _, t in trajs]),
+        origin=torch.tensor([CODE[t.origin] for _, t in trajs], dtype=torch.int64),
         confidence=torch.tensor([t.confidence if t.confidence is not None else float("nan") for _, t in trajs],
                                 dtype=torch.float32),
-        group_versions=[g.policy_version for g in groups],
-        group_kinds=[g.kind for g in groups],
+        group_versions=[g.policy_version for g in groups] + [t.policy_version for t in extra],
+        group_kinds=[g.kind for g in groups] + [AUXILIARY] * len(extra),
+        meta=[t.meta for _, t in trajs],
     )

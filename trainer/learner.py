@@ -6,7 +6,8 @@ One step reads top to bottom (:meth:`Learner.step`)::
               staleness and reuse rules)
     batch   = padded tensors (prompt ⊕ response, loss mask, behaviour log-probs)
     old     = π_old log-probs: recomputed under the weights at the step's start, or behaviour;
-              replayed stored trajectories always use their behaviour log-probs (π_beh)
+              rows sampled in another context always use their behaviour log-probs (π_beh;
+              the table of origins, reflexdb/origins.py)
     adv     = group-normalised advantages (float64; NULL rewards left out), then the method's transforms
     loss    = the method's loss terms over micro-batches (gradient accumulation), each micro-batch
               weighted by its share of each term's normaliser; backward, optimizer step
@@ -49,6 +50,7 @@ from reflexdb.tracking import Tracker
 
 from .advantages import apply_advantage_transforms, group_advantages
 from .batch import (
+    AUXILIARY,
     Batch,
     Selection,
     eligible_group_ids,
@@ -238,7 +240,7 @@ class Learner:
 
     def _roll_back_after(self, step: int) -> int:
         """Delete this run's steps after ``step`` and restore the consumed trajectories' counts."""
-        with self.store._raw() as conn:
+        with self.store.transaction() as conn:
             conn.execute(Q["roll_back_consumption"], {"run_id": self.run_id, "step": step})
             return conn.execute(Q["delete_steps_after"], {"run_id": self.run_id, "step": step}).rowcount
 
@@ -261,7 +263,7 @@ class Learner:
                     chosen = box[0]
                 if chosen is None:
                     break
-                result = self.step(chosen.group_ids, snapshot=chosen.snapshot)
+                result = self.step(chosen.group_ids, snapshot=chosen.snapshot, extra=chosen.extra)
                 self.echo(self._progress(result))
                 if self.step_no % self.L.publish_every == 0 and not result.skipped:
                     self.publish()
@@ -289,7 +291,7 @@ class Learner:
             meta = json.dumps({"learner_state": str(states), "state_tag": tag})
 
             def attach() -> None:
-                with self.store._raw() as conn:
+                with self.store.transaction() as conn:
                     conn.execute(Q["attach_state"], {"meta": meta, "run_id": self.run_id, "version": self.version})
 
             self.db(attach)
@@ -329,13 +331,15 @@ class Learner:
                                                        timeout=timeout, poll_interval=self.L.poll_interval_s))
         return None
 
-    def step(self, group_ids: list[int], *, snapshot: str | None = None) -> StepResult:
+    def step(self, group_ids: list[int], *, snapshot: str | None = None, extra: list[int] = ()) -> StepResult:
         """One learner step on the given groups (see the module docstring); ``snapshot``: what the
-        query that chose them could see (recorded with the step)."""
+        query that chose them could see (recorded with the step); ``extra``: a method's auxiliary
+        rows (``Selection.extra``)."""
         t0 = time.monotonic()
         drill.phase("step")
         groups = self.db(lambda: self.store.read_groups(group_ids, turns=False))     # sample
-        batch = pack(groups, self.engine.pad_id)
+        aux = self.db(lambda: self.store.read_trajectories(extra, turns=False)) if extra else []
+        batch = pack(groups, self.engine.pad_id, aux)
         if self.n_micro > 1:  # micro-batches of similar lengths pad less; the ranks' shares stay even
             batch = batch.by_length(self.world)
         t_batch = time.monotonic() - t0
@@ -345,12 +349,13 @@ class Learner:
             adv = apply_advantage_transforms(batch.rewards, adv, batch.group_index, self.transforms,
                                              valid=batch.valid)
         rows = [t.rows(batch) for t in self.terms]                                    # each term's rows
+        masks = [t.mask(batch) if t.mask is not None else None for t in self.terms]   # ... and tokens
         mine = self._shard(batch.size)                                                # this rank's rows
         part = batch.rows(mine)
         old, fresh = self.old_logprobs(part)                                          # π_old
         ref = self.ref_logprobs(part)
         stats, grad_norm, entropy = self.optimize(part, old, ref, adv[mine], full=batch,  # loss, step
-                                                  rows=rows, mine=mine, fresh=fresh)
+                                                  rows=rows, mine=mine, fresh=fresh, masks=masks)
         skipped = not math.isfinite(stats["loss"])
         self.bad_in_row = self.bad_in_row + 1 if skipped else 0
         self.step_no += 1
@@ -393,21 +398,22 @@ class Learner:
     def old_logprobs(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         """The ratio denominator per token: ``(old [B, T], fresh [B])``.
 
-        ``old`` holds the stored behaviour log-probs π_beh for replayed stored trajectories (origin
-        ``replayed``: NexGRPO's y+ and b*, NexGRPO.md Eq. 7), for LTE's hinted rollouts (origin
-        ``hinted``: sampled under the hint, LTE.md Eq. 6), and for every row with
-        ``learner.pi_old: behaviour``. ``fresh`` marks the rows whose π_old is the policy at the
+        The table of origins (reflexdb/origins.py) says what π_old is for each row: ``old`` holds
+        the stored behaviour log-probs π_beh, used for every row whose origin's π_old is
+        ``stored`` (tokens sampled in another context or earlier) and, with ``learner.pi_old:
+        behaviour``, for the policy's own rows too. ``fresh`` marks the rows whose π_old is the policy at the
         step's start (``pi_old: recompute``): a step takes exactly one optimizer step, after all
         its micro-batches, so the weights at the step's start are the weights of the training
         forward, and :meth:`optimize` takes those rows' π_old from that forward (detached) instead
         of running a second, no-grad forward over the batch. The values are the same; the
         forward pass is saved (docs/benchmarks.md, "reflexdb against TRL").
 
-        Imported rows (``reflexdb import``) have no behaviour log-probs: their π_old is always the
+        Rows whose origin's π_old is ``learner`` (imported: no behaviour log-probs) always take the
         policy at the step's start.
         """
-        stored = batch.replayed | batch.hinted  # Eq. 7 (NexGRPO), Eq. 6 (LTE): π_beh
-        fresh = batch.imported.clone() if self.L.pi_old == "behaviour" else ~stored
+        stored = batch.where_origin(pi_old="stored")  # π_beh (each method's paper says so for its rows)
+        learner = batch.where_origin(pi_old="learner")  # no behaviour log-probs (imported)
+        fresh = learner if self.L.pi_old == "behaviour" else ~stored
         return batch.behaviour_logprobs, fresh
 
     @torch.no_grad()
@@ -427,14 +433,16 @@ class Learner:
         return out
 
     def optimize(self, batch: Batch, old: torch.Tensor, ref: torch.Tensor | None, adv: torch.Tensor, *,
-                 full: Batch, rows: list[torch.Tensor], mine: slice, fresh: torch.Tensor | None = None):
+                 full: Batch, rows: list[torch.Tensor], mine: slice, fresh: torch.Tensor | None = None,
+                 masks: list[torch.Tensor | None] | None = None):
         """The method's loss terms over this rank's micro-batches with gradient accumulation; one
         optimizer step.
 
         ``fresh`` (``[B]`` bool, :meth:`old_logprobs`): rows whose π_old is this forward's own
         log-probs, detached (the weights move only at the step's end); the others use ``old``.
 
-        Term ``k`` applies its loss to its rows (``rows[k]``, ``[B_full]`` bool) only. Each
+        Term ``k`` applies its loss to its rows (``rows[k]``, ``[B_full]`` bool) only, and to the
+        loss tokens its ``masks[k]`` (``[B_full, T]`` bool, or None: all) keeps of them. Each
         micro-batch's value of a term is weighted by its share of that term's normaliser over the
         whole step (``LossSpec.normaliser``: loss tokens, rows with loss tokens, or rows, after the
         family's own filters; ``full`` is the step's batch over all ranks), so the accumulated
@@ -443,9 +451,12 @@ class Learner:
         non-finite loss on any rank skips every backward after it and turns the optimizer step into
         a no-op (zero gradients, learning rate 0): the weights do not move.
         """
-        totals = [spec.normaliser(full.response_mask[r], t.params, truncated=full.truncated[r])
-                  for spec, t, r in zip(self.specs, self.terms, rows)]
+        masks = masks or [None] * len(self.terms)
+        full_masks = [full.response_mask if m is None else full.response_mask & m for m in masks]  # [B_full, T]
+        totals = [spec.normaliser(fm[r], t.params, truncated=full.truncated[r])
+                  for spec, t, r, fm in zip(self.specs, self.terms, rows, full_masks)]
         mine_rows = [r[mine] for r in rows]
+        mine_masks = [fm[mine] for fm in full_masks]
         total_tokens = float(full.response_mask.sum().clamp(min=1))
         sums: dict[str, float] = {}
         entropy_sum, bad = 0.0, False
@@ -466,7 +477,7 @@ class Learner:
                     idx = mine_rows[k][sl].nonzero().flatten()
                     if idx.numel() == 0 or total == 0:
                         continue
-                    mask, truncated = mb.response_mask[idx], mb.truncated[idx]
+                    mask, truncated = mine_masks[k][sl][idx, :T], mb.truncated[idx]
                     dev = logprobs.device
                     out = spec.call(logprobs[idx.to(dev)], mb_old[idx.to(dev)], adv[sl][idx].to(dev),
                                     mask.to(dev), term.params, truncated=truncated.to(dev),
@@ -537,7 +548,7 @@ class Learner:
         self.tracker.log_metrics(metrics, self.step_no)
 
         def add_to_step() -> None:  # the step's row holds them too (SQL without MLflow)
-            with self.store._raw() as conn:
+            with self.store.transaction() as conn:
                 conn.execute(Q["add_step_metrics"], {"metrics": json.dumps(metrics), "run_id": self.run_id,
                                                      "step": self.step_no})
 
@@ -545,7 +556,7 @@ class Learner:
 
     @torch.no_grad()
     def _confidences(self, payload: list[tuple]) -> list[float]:
-        """``exp(mean_t log π_θ(o_t))`` over each response's loss-masked tokens (NexGRPO.md Eq. 3;
+        """``exp(mean_t log π_θ(o_t))`` over each response's loss-masked tokens (a confidence ℓ_θ;
         in an episode the model's own tokens, as the stored confidence), temperature as sampled."""
         out: list[float] = []
         step = max(1, self.L.micro_batch_size)
@@ -634,7 +645,7 @@ class Learner:
         """Delete learner states except those of the newest ``keep_states`` versions (resume reads
         the newest; the rows say which directory is whose, whatever its name)."""
         def recent() -> set[str]:
-            with self.store._raw() as conn:
+            with self.store.transaction() as conn:
                 return {r[0] for r in conn.execute(Q["recent_state_tags"],
                                                    {"run_id": self.run_id, "k": self.L.keep_states})}
 
@@ -662,8 +673,8 @@ class Learner:
         m: dict[str, float] = {f"loss/{k}": v for k, v in stats.items()}
         valid = batch.valid
         m["reward/mean"] = float(batch.rewards[valid].mean()) if valid.any() else float("nan")
-        fresh = ~batch.replayed & ~batch.hinted & ~batch.imported  # pass@1 of what the policy sampled on the plain prompt
-        m["reward/pass_at_1"] = float(batch.correct[fresh].float().mean()) if fresh.any() else float("nan")
+        own = batch.where_origin(pass_at_1=True)  # what the policy sampled on the plain prompt (reflexdb/origins.py)
+        m["reward/pass_at_1"] = float(batch.correct[own].float().mean()) if own.any() else float("nan")
         m["reward/missing"] = float((~valid).sum())
         classes = {"none": 0, "some": 0, "all": 0}
         for g in groups:
@@ -673,7 +684,8 @@ class Learner:
             m[f"groups/{k}_pass"] = float(v)
         if hasattr(self.hooks, "metrics"):
             m.update(self.hooks.metrics(batch, groups))
-        stale = [self.version - v for v, k in zip(batch.group_versions, batch.group_kinds) if k != "imported"]
+        stale = [self.version - v for v, k in zip(batch.group_versions, batch.group_kinds)
+                 if k not in ("imported", AUXILIARY)]
         m["staleness/mean"] = sum(stale) / len(stale) if stale else 0.0  # imported groups have no version
         m["staleness/max"] = float(max(stale, default=0))
         if self.L.imported_per_step:

@@ -6,7 +6,7 @@ A workflow is a small class::
     class MyWorkflow:
         def __init__(self, ctx: CollectContext, **options): ...
         def claim(self, want: int) -> list: ...            # claim up to `want` items of work; [] = none now
-        def collect(self, items: list) -> list[GroupIn]: ...  # turn them into complete groups
+        def collect(self, items: list) -> list[GroupIn | list[GroupIn]]: ...  # turn them into complete groups
         def release(self) -> None: ...                    # stop: give back unfinished claims
         def exhausted(self) -> bool: ...                  # no work will ever come again
 
@@ -14,9 +14,12 @@ A workflow whose work only replaces groups already admitted (LTE's hint stages) 
 attribute ``admission_free = True``: the collector runs it even while admission control holds new
 groups back.
 
-The collector writes each returned group in one transaction (``GroupIn.complete_claim``
-semantics: the claim is completed in the same transaction) and keeps the statistics; a workflow
-never writes groups itself. ``release`` and ``exhausted`` are optional.
+The collector writes each returned group in one transaction, and each returned *list* of groups
+(a method's groups that belong together, such as R3L's exploration group and the group of its
+reflections and retries) in one transaction; the work item a group completes (its task's claim,
+or an attachment: ``reflexdb/attachments.py``) is completed in that transaction. The collector
+keeps the statistics; a workflow never writes groups itself. ``release`` and ``exhausted`` are
+optional.
 """
 
 from __future__ import annotations
@@ -30,7 +33,8 @@ if TYPE_CHECKING:
     from reflexdb.config import Config
 
     from ..engines import Engine, Sample
-    from ..environments import EnvTask
+    from ..environments import EnvTask, Environment
+    from ..episodes import Episode, Start
 
 
 def score_samples(reward_fn, ground_truth: str | None, prompt: list[dict], samples: list[Sample]) -> list[TrajectoryIn]:
@@ -65,6 +69,8 @@ class CollectContext(Protocol):
     embedding_model: str
     rng: np.random.Generator
 
+    def make_env(self, task: EnvTask) -> Environment: ...  # a fresh episode of the run's environment
+
     def db(self, fn) -> Any: ...  # a database call, retried through an outage (collector.db_retry_s)
 
     def echo(self, msg: str) -> None: ...
@@ -73,7 +79,11 @@ class CollectContext(Protocol):
 
     def rollout(self, tasks: list[EnvTask], n: int) -> list[list[TrajectoryIn]]: ...  # n scored episodes each
 
-    def sample(self, prompts: list[list[dict]], n: int) -> list[list[Sample]]: ...  # n samples each, seeded
+    def episodes(self, tasks: list[EnvTask], n: int) -> list[list[Episode]]: ...  # ... with their environments
+
+    def resume(self, starts: list[Start]) -> list[Episode]: ...  # episodes from restored environments, batched
+
+    def sample(self, prompts: list, n: int, **overrides) -> list[list[Sample]]: ...  # n samples each, seeded
 
     def score(self, ground_truth: str | None, prompt: list[dict], samples: list[Sample]) -> list[TrajectoryIn]: ...
 
@@ -83,4 +93,4 @@ class Workflow(Protocol):
 
     def claim(self, want: int) -> list: ...
 
-    def collect(self, items: list) -> list[GroupIn]: ...
+    def collect(self, items: list) -> list[GroupIn | list[GroupIn]]: ...

@@ -24,7 +24,7 @@ import time
 import numpy as np
 
 from reflexdb import GroupIn, Trajectory, TrajectoryIn, TurnIn, drill, lte
-from reflexdb.errors import LteStageLost
+from reflexdb.errors import ClaimLost
 from reflexdb.lte import ClaimedStage, HintIn, LteStageIn
 
 from ..environments import EnvTask
@@ -83,7 +83,7 @@ class LTEHintWorkflow:
             if not correct:  # the group stays none-pass: it trains as it is (or is skipped, per lte.unsolved)
                 try:
                     c.db(lambda stage=stage: lte.finish_unsolved(c.store, stage, c.name))
-                except LteStageLost as exc:
+                except ClaimLost as exc:
                     c.echo(str(exc))
                 continue
             groups.append(lte_group(original, correct, stage, rng=c.rng, collector=c.name,
@@ -112,7 +112,7 @@ def lte_group(original, correct: list[TrajectoryIn], stage: LteStageIn, *, rng: 
     return GroupIn(
         run_id=original.run_id, task_id=original.task_id, policy_version=original.policy_version,
         trajectories=out, workflow="lte", kind="hinted", collector=collector, embedding_model=embedding_model,
-        lte_stage=stage,
+        attachments=[stage],
         meta={"original_group_id": original.id, "mode": stage.mode, "replaced": replaced,
               "hint_kind": stage.hint.kind if stage.hint else None, **(meta or {})},
     )

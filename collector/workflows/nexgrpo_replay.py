@@ -4,7 +4,7 @@
     collect: for each, G − 2 fresh rollouts (episodes of the run's environment) of the current policy, and the replay group
              [y+, b*, fresh...]: y+ and b* are stored trajectories replayed with their behaviour
              log-probs (origin ``replayed``, lineage to the original); the request is completed
-             in the group's transaction
+             in the group's transaction (its attachment ``replay.RequestClaim``)
 A request whose trajectories were deleted since is cancelled.
 """
 
@@ -91,7 +91,7 @@ def replay_group(request: ReplayRequest, positive: Trajectory, negative: Traject
         run_id=request.run_id, task_id=request.task_id, policy_version=policy_version,
         trajectories=[replayed_copy(positive), replayed_copy(negative), *fresh],
         workflow="nexgrpo", kind="replay", collector=collector, embedding_model=embedding_model,
-        replay_request_id=request.id,
+        attachments=[replay.RequestClaim(request.id)],
         meta={"replay_request_id": request.id, "positive_id": positive.id, "negative_id": negative.id,
               "cosine": float(request.cosine), "learner_step": request.learner_step},
     )

@@ -153,20 +153,3 @@ FROM learner_steps s LEFT JOIN consumption c ON c.step_id = s.id
 WHERE s.run_id = %(run_id)s AND s.step = %(step)s
 GROUP BY s.id;
 
--- name: complete_claims
--- A collector finished tasks: release its claims and count the collections (same transaction as
--- the groups, so a task is counted exactly when its group exists).
-UPDATE tasks
-SET claimed_by = NULL, claimed_at = NULL, times_collected = times_collected + 1
-WHERE id = ANY(%(ids)s) AND claimed_by = %(collector)s;
-
--- name: complete_request
--- A replay group was written (same transaction): mark its NexGRPO replay request done. No row
--- comes back when the request is no longer the writer's (claim expired and taken by another
--- collector, or cancelled): the store then rolls the write back.
-UPDATE replay_requests
-SET status = 'done', group_id = %(group_id)s, completed_at = now(),
-    claimed_by = coalesce(claimed_by, %(collector)s::text)
-WHERE id = %(id)s AND status IN ('pending', 'claimed')
-  AND (%(collector)s::text IS NULL OR claimed_by IS NULL OR claimed_by = %(collector)s::text)
-RETURNING id;

@@ -73,3 +73,14 @@ WHERE task_id = %(task_id)s AND has_embedding ORDER BY trajectory_id;
 -- name: retired_count
 -- How many of a run's tasks in a split are retired (nexgrpo_retired_tasks).
 SELECT count(*) FROM nexgrpo_retired_tasks WHERE run_id = %(run_id)s AND split = %(split)s;
+
+-- name: complete_request
+-- A replay group was written (same transaction): mark its NexGRPO replay request done. No row
+-- comes back when the request is no longer the writer's (claim expired and taken by another
+-- collector, or cancelled): the store then rolls the write back.
+UPDATE replay_requests
+SET status = 'done', group_id = %(group_id)s, completed_at = now(),
+    claimed_by = coalesce(claimed_by, %(collector)s::text)
+WHERE id = %(id)s AND status IN ('pending', 'claimed')
+  AND (%(collector)s::text IS NULL OR claimed_by IS NULL OR claimed_by = %(collector)s::text)
+RETURNING id;

@@ -86,3 +86,10 @@ SELECT count(*) FROM tasks WHERE run_id = %(run_id)s AND split = 'train' AND tim
 -- name: split_tasks
 -- A run's tasks of one split, oldest first (reflexdb eval's held-out problems).
 SELECT id, prompt, ground_truth FROM tasks WHERE run_id = %(run_id)s AND split = %(split)s ORDER BY id LIMIT %(n)s;
+
+-- name: complete_claims
+-- A collector finished tasks: release its claims and count the collections (same transaction as
+-- the groups, so a task is counted exactly when its group exists).
+UPDATE tasks
+SET claimed_by = NULL, claimed_at = NULL, times_collected = times_collected + 1
+WHERE id = ANY(%(ids)s) AND claimed_by = %(collector)s;

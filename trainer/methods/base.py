@@ -4,10 +4,11 @@ A :class:`Method` says
 
 - which collection **workflows** its collectors run, in priority order (``collector/workflows/``);
 - which groups a batch takes (``select``: a view behind a query; default: the oldest eligible
-  groups of ``learner_eligible``);
+  groups of ``learner_eligible``), and any auxiliary rows beside them (``Selection.extra``);
 - how advantages are computed: the group scale and the **transforms** after it;
 - its **loss terms**: each a registered loss (``trainer/losses/registry.py``) applied to a subset
-  of the batch's rows, with that loss's own normaliser and a weight;
+  of the batch's rows (and, optionally, of their loss tokens), with that loss's own normaliser and
+  a weight;
 - the **run settings** it publishes (the views read them) and the **metrics** it adds;
 - its typed **config section** (top-level key = the method's name) and cross-key checks;
 - optionally **hooks**: a stateful learner-side part (NexGRPO's replay planner) built once per
@@ -43,6 +44,8 @@ class WorkflowUse:
 
 #: ``rows(batch) -> [B] bool``: the rows a loss term applies to.
 RowSelector = Callable[["Batch"], "Tensor"]
+#: ``mask(batch) -> [B, T] bool``: the loss tokens a term keeps (ANDed with the stored loss mask).
+TokenMask = Callable[["Batch"], "Tensor"]
 
 
 def valid_rows(batch: Batch) -> Tensor:
@@ -66,7 +69,7 @@ def best_of_group(batch: Batch) -> Tensor:
 
 @dataclass(frozen=True)
 class LossTerm:
-    """One term of a method's loss: ``weight · loss(rows)``.
+    """One term of a method's loss: ``weight · loss(rows, tokens)``.
 
     Attributes:
         name: the term's name; metrics are ``loss/<field>`` for the first term and
@@ -75,6 +78,8 @@ class LossTerm:
         params: that family's typed parameters (``LossSpec.parse``).
         rows: which rows of the batch it applies to.
         weight: its coefficient in the step's loss.
+        mask: which of those rows' loss tokens it keeps (``None``: every one); its normaliser
+            counts the kept tokens only.
     """
 
     name: str
@@ -82,6 +87,7 @@ class LossTerm:
     params: BaseModel
     rows: RowSelector = valid_rows
     weight: float = 1.0
+    mask: TokenMask | None = None
 
 
 class LearnerContext(Protocol):

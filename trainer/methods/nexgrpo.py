@@ -50,7 +50,7 @@ def _crossed(store, run_id: int, threshold: float) -> bool:
     """Whether a surviving step of the run had an on-policy pass@1 above ``threshold``."""
     from reflexdb.sqlfile import load_queries
 
-    with store._raw() as conn:
+    with store.transaction() as conn:
         return bool(conn.execute(load_queries("learner.sql")["any_step_metric_above"],
                                  {"run_id": run_id, "metric": "reward/pass_at_1", "threshold": threshold}).fetchone()[0])
 
