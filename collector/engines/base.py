@@ -21,6 +21,7 @@ Shapes: ``P`` prompt tokens, ``T`` response tokens, ``D`` hidden size.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,6 +51,11 @@ class SamplingParams:
         seed: seed of the sampler's random generator for this call; ``None`` draws fresh
             randomness. (HF: reproducible on the same device and batch composition. SGLang: passed
             as ``sampling_seed``, honoured only with deterministic inference enabled.)
+        json_schema: a JSON schema, as a JSON string, that every response must satisfy
+            (constrained decoding); ``None`` decodes freely. Passed as SGLang's ``json_schema``;
+            the ``hf`` engine masks the logits with xgrammar, and ``logprobs`` are then those of
+            the masked distribution. A response cut by ``max_new_tokens`` (or a stop string) is not complete
+            JSON. A mapping (e.g. from YAML) is accepted and stored as its JSON text.
     """
 
     temperature: float = 1.0
@@ -58,6 +64,7 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     seed: int | None = None
+    json_schema: str | None = None
 
     def __post_init__(self) -> None:
         if self.temperature < 0:
@@ -73,10 +80,29 @@ class SamplingParams:
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
         if any(not s for s in self.stop):
             raise ValueError("stop strings must not be empty")
+        if self.json_schema is not None:
+            object.__setattr__(self, "json_schema", _check_json_schema(self.json_schema))
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+
+def _check_json_schema(schema: str | Mapping[str, Any]) -> str:
+    """The schema as JSON text, refused unless it is a JSON object (whether a JSON-schema engine
+    supports all of it is only known when it compiles it)."""
+    if isinstance(schema, Mapping):
+        schema = json.dumps(schema)  # a string keeps SamplingParams hashable
+    if not isinstance(schema, str):
+        raise TypeError(f"json_schema must be a JSON string, got {type(schema).__name__}")
+    try:
+        parsed = json.loads(schema)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"json_schema is not valid JSON: {exc}") from None
+    if not isinstance(parsed, dict):
+        kind = {list: "an array", str: "a string", bool: "a boolean", type(None): "null"}.get(type(parsed), "a number")
+        raise ValueError(f"json_schema must be a JSON object, got {kind}")
+    return schema
 
 
 @dataclass(frozen=True, eq=False)

@@ -5,13 +5,17 @@ with every trajectory are computed here, in one place, and mean what ``docs/coll
 says: the log-prob of each sampled token under the exact distribution it was drawn from, and the
 final-norm hidden state at the position that produced it. Prompts are left-padded; the ``n``
 samples of a prompt share one prefill (the KV cache is repeated); rows leave the batch as soon as
-they finish, so a long straggler does not make the finished rows cost compute.
+they finish, so a long straggler does not make the finished rows cost compute. With
+``SamplingParams.json_schema`` every row has an xgrammar matcher whose token bitmask masks the
+logits before sampling (constrained decoding).
 """
 
 from __future__ import annotations
 
 import gc
+import importlib.util
 import logging
+import re
 from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
@@ -22,7 +26,7 @@ import torch
 
 from reflexdb.logprobs import token_logprobs
 
-from ..errors import CheckpointMismatch, ModelUnavailable
+from ..errors import CheckpointMismatch, MissingDependency, ModelUnavailable
 from ..models import model_display_name, resolve_model
 from .base import Prompt, Sample, SamplingParams, ScoreResult, checkpoint_path, encode_prompt
 
@@ -77,6 +81,36 @@ def sample_tokens(
         uniforms = torch.rand(cdf.shape[0], generator=generator, device=cdf.device, dtype=torch.float64)
     tokens = torch.searchsorted(cdf, uniforms[:, None] * cdf[:, -1:], right=True).squeeze(1)
     return tokens, logp.gather(-1, tokens[:, None]).squeeze(1)
+
+
+def _xgrammar() -> Any:
+    """The ``xgrammar`` module, imported only when a call asks for ``json_schema``."""
+    try:
+        import xgrammar
+    except ImportError as exc:
+        raise MissingDependency(
+            "json_schema decoding needs the xgrammar package: pip install --no-deps xgrammar apache-tvm-ffi"
+        ) from exc
+    return xgrammar
+
+
+def _json_token_bitmask(decoded_vocab: list[bytes], vocab_size: int, keep: list[int]) -> torch.Tensor:
+    r"""xgrammar's packed bitmask, `[ceil(V / 32)]` int32 (bit ``t % 32`` of word ``t // 32`` for
+    token ``t``), of the tokens without a raw control character (U+0000..U+001F); ``keep`` (the
+    EOS tokens) are allowed whatever they decode to.
+
+    Strict JSON has no raw control characters, and with ``any_whitespace=False`` the grammar never
+    needs one, but xgrammar 0.2.8's rule for a string with ``maxLength`` (``[^"\\\r\n]``) lets a
+    tab or ``\x01`` through, which ``json.loads`` then refuses. Every control character is one byte
+    below 0x20 in UTF-8, and no byte of a multi-byte character is.
+    """
+    allowed = np.ones(-(-vocab_size // 32) * 32, dtype=bool)
+    for t, text in enumerate(decoded_vocab[:vocab_size]):
+        if text and min(text) < 0x20:
+            allowed[t] = False
+    allowed[[t for t in keep if t < vocab_size]] = True
+    words = (allowed.reshape(-1, 32).astype(np.uint64) << np.arange(32, dtype=np.uint64)).sum(axis=1)
+    return torch.from_numpy(words.astype(np.uint32).view(np.int32))
 
 
 class HFEngine:
@@ -149,6 +183,12 @@ class HFEngine:
         pad = self._tokenizer.pad_token_id
         self._pad_id = int(pad if pad is not None else self._eos_ids[0] if self._eos_ids else 0)
         self._max_positions = int(getattr(config, "max_position_embeddings", 1 << 30))
+        # json_schema decoding, set up on first use: xgrammar's compiler (it holds the tokenizer's
+        # vocabulary), the bitmask of tokens strict JSON may contain, and one compiled grammar per
+        # distinct schema string.
+        self._grammar_compiler: Any = None
+        self._json_tokens: torch.Tensor | None = None
+        self._grammars: dict[str, Any] = {}
 
     # -- properties --------------------------------------------------------------------------
 
@@ -206,6 +246,9 @@ class HFEngine:
         max_new = min(params.max_new_tokens, self._max_positions - P)
         if max_new < 1:
             raise ValueError(f"prompt of {P} tokens leaves no room in the context of {self._max_positions}")
+        B = len(prompts) * n
+        # Before any forward pass, so that a schema xgrammar refuses costs nothing.
+        grammars = self._grammar_matchers(params.json_schema, B) if params.json_schema is not None else None
 
         input_ids, mask, positions = self._left_pad(prompts)
         hits = [self._recall(p) for p in prompts] if self.keep_kv and self._kv else []
@@ -227,7 +270,6 @@ class HFEngine:
             logits, hidden = logits.repeat_interleave(n, 0), hidden.repeat_interleave(n, 0)
             mask, next_pos = mask.repeat_interleave(n, 0), next_pos.repeat_interleave(n, 0)
 
-        B = len(prompts) * n
         tokens = torch.zeros((B, max_new), dtype=torch.long, device=dev)  # [B, T_max]
         logprobs = torch.zeros((B, max_new), dtype=torch.float32, device=dev)
         emb_sum = torch.zeros((B, hidden.shape[-1]), dtype=torch.float32, device=dev)  # [B, D]
@@ -239,17 +281,23 @@ class HFEngine:
         # when every character is split over several byte-level tokens.
         window = 4 * max((len(s) for s in params.stop), default=0) + 4
         rows = torch.arange(B, device=dev)  # original index of each row still decoding
+        # [B, ceil(V / 32)] int32: which tokens each row's grammar allows next
+        bitmask = _xgrammar().allocate_token_bitmask(B, self._vocab_size) if grammars is not None else None
 
         for step in range(max_new):
             # One uniform per original row and step, so a row's draws do not depend on which
             # other rows are still decoding.
             uniforms = torch.rand(B, generator=generator, device=dev, dtype=torch.float64)[rows]
+            if grammars is not None:  # before sampling: `lp` is then the masked distribution's
+                self._mask_logits(logits, grammars, rows, bitmask)
             tok, lp = sample_tokens(logits, params, uniforms=uniforms)  # [b], [b]
             tokens[rows, step] = tok
             logprobs[rows, step] = lp
             emb_sum[rows] += hidden  # the state that produced `tok`
             n_tokens[rows] += 1
             done = torch.isin(tok, stop_ids)  # [b]
+            if grammars is not None:
+                done |= torch.tensor(self._advance_grammars(grammars, rows, tok), device=dev)
             if params.stop:
                 done = done.cpu()
                 for j, r in enumerate(rows.tolist()):
@@ -395,6 +443,72 @@ class HFEngine:
         logits, hidden, cache = self._forward(input_ids=sids, attention_mask=mask, position_ids=spos,
                                               past_key_values=cache)
         return logits, hidden, cache, mask
+
+    # -- constrained decoding (json_schema) ----------------------------------------------------
+
+    @property
+    def _vocab_size(self) -> int:
+        """``V``: the width of the logits, which the grammar's bitmask must cover."""
+        return int(self._model.get_output_embeddings().weight.shape[0])
+
+    def _grammar_matchers(self, schema: str, rows: int) -> list[Any]:
+        """``rows`` fresh xgrammar matchers of ``schema``, compiled once per engine and schema."""
+        xgr = _xgrammar()
+        compiled = self._grammars.get(schema)
+        if compiled is None:
+            if self._grammar_compiler is None:
+                # The grammar may end only with a token the decode loop takes for EOS.
+                info = xgr.TokenizerInfo.from_huggingface(
+                    self._tokenizer, vocab_size=self._vocab_size, stop_token_ids=self._eos_ids or None
+                )
+                self._grammar_compiler = xgr.GrammarCompiler(info)
+                self._json_tokens = _json_token_bitmask(info.decoded_vocab, self._vocab_size, self._eos_ids)
+            try:
+                # No free whitespace (xgrammar's fixed ", " and ": " separators): given the choice, a
+                # weak model can loop on spaces and newlines.
+                compiled = self._grammar_compiler.compile_json_schema(schema, any_whitespace=False)
+            except RuntimeError as exc:
+                # xgrammar's C++ messages start with "[time] file.cc:line: ".
+                reason = re.sub(r"^\[[^\]]*\]\s*\S+:\d+:\s*", "", str(exc).strip())
+                raise ValueError(f"json_schema cannot be compiled: {reason}") from None
+            self._grammars[schema] = compiled
+        return [xgr.GrammarMatcher(compiled) for _ in range(rows)]
+
+    def _mask_logits(
+        self, logits: torch.Tensor, matchers: list[Any], rows: torch.Tensor, bitmask: torch.Tensor
+    ) -> None:
+        """Set to ``-inf``, in place, the logits of every token a row's grammar does not allow next,
+        and of every token with a raw control character (see :func:`_json_token_bitmask`).
+
+        Args:
+            logits: `[b, V]` float32 logits of the rows still decoding.
+            matchers: one xgrammar matcher per original row (`B` of them).
+            rows: `[b]` original index of each row of ``logits``.
+            bitmask: `[B, ceil(V / 32)]` int32 CPU scratch; its first ``b`` rows are overwritten.
+        """
+        xgr = _xgrammar()
+        for j, r in enumerate(rows.tolist()):
+            matchers[r].fill_next_token_bitmask(bitmask, j)
+        mask = bitmask[: len(rows)]
+        mask &= self._json_tokens
+        if logits.device.type == "cpu":
+            backend = "cpu"
+        else:
+            # xgrammar's default GPU kernel is Triton's; without triton, plain torch ops do it.
+            mask = mask.to(logits.device)
+            backend = "triton" if importlib.util.find_spec("triton") else "torch_native"
+        xgr.apply_token_bitmask_inplace(logits, mask, vocab_size=logits.shape[-1], backend=backend)
+
+    @staticmethod
+    def _advance_grammars(matchers: list[Any], rows: torch.Tensor, tok: torch.Tensor) -> list[bool]:
+        """Feed each row's sampled token to its matcher; whether each row's grammar is complete
+        (its EOS accepted)."""
+        ended = []
+        for r, t in zip(rows.tolist(), tok.tolist()):
+            if not matchers[r].accept_token(t):
+                raise RuntimeError(f"xgrammar refused token {t} of row {r} although its mask allowed it")
+            ended.append(matchers[r].is_terminated())
+        return ended
 
     # -- the cache of conversations that may continue (multi-turn episodes) -------------------
 

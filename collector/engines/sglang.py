@@ -15,6 +15,9 @@ engine is built. What maps onto what:
   ``o_2..o_T``), i.e. exactly the positions the ``hf`` engine averages.
 - ``score`` → a prefill-only request (``max_new_tokens=0``) with ``logprob_start_len = P - 1``:
   ``input_token_logprobs`` (untempered) and the prefill hidden states.
+- ``json_schema`` → SGLang's ``json_schema`` sampling parameter (constrained decoding by its grammar
+  backend, xgrammar by default). SGLang masks the logits before its sampler computes log-probs, so
+  they are the constrained distribution's, as in the ``hf`` engine.
 - ``load_weights`` → ``Engine.update_weights_from_disk(model_path)`` (the radix cache is flushed).
 """
 
@@ -99,6 +102,8 @@ class SGLangEngine:
             sp["stop_token_ids"] = list(params.stop_token_ids)
         if params.seed is not None:
             sp["sampling_seed"] = params.seed
+        if params.json_schema is not None:
+            sp["json_schema"] = params.json_schema  # SGLang's grammar backend (xgrammar by default)
         return sp
 
     def generate(
