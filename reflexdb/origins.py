@@ -46,6 +46,8 @@ _TABLE = (
     Origin("imported", "learner", False, False, "another framework's rollout (reflexdb import): no behaviour log-probs"),
     Origin("purified", "stored", False, False, "CLEANER: failed tool calls rolled back; log-probs recomputed"),
     Origin("raw", "policy", True, True, "CLEANER: the unpurified episode as sampled"),
+    Origin("reflection", "stored", False, True,
+           "R3L: the policy's reflection on a base episode (prompt: the episode and its feedback)"),
     Origin("replayed", "stored", False, False, "a stored trajectory replayed in a later group (NexGRPO, LTE)"),
 )
 

@@ -194,11 +194,15 @@ trajectories = Table(
     CheckConstraint(_in("finish_reason", FINISH_REASONS), name="finish_reason"),
     CheckConstraint("reward IS NULL OR reward = reward", name="reward_not_nan"),
     CheckConstraint("confidence IS NULL OR (confidence >= 0 AND confidence <= 1)", name="confidence_range"),
-    ForeignKeyConstraint(["reflection_id"], ["reflections.id"], ondelete="SET NULL", use_alter=True),
+    # Checked at commit (0012): a group's transaction writes the reflections after the trajectories
+    # they reflect on, and the retries that refer to them in the same COPY (reflexdb/attachments.py).
+    ForeignKeyConstraint(["reflection_id"], ["reflections.id"], ondelete="SET NULL", use_alter=True,
+                         deferrable=True, initially="DEFERRED"),
     ForeignKeyConstraint(["hint_id"], ["hints.id"], ondelete="SET NULL", use_alter=True),
     Index(None, "task_id", "correct"),
     Index(None, "run_id", "id"),
     Index(None, "parent_trajectory_id"),
+    Index(None, "reflection_id"),
 )
 
 turns = Table(
@@ -266,9 +270,14 @@ reflections = Table(
     Column("valid", Boolean, nullable=False),
     Column("policy_version", Integer),
     _now(),
+    # Why the reflection is invalid (no JSON, a missing key, an outcome or pivot out of range); NULL when valid (0012).
+    Column("error", Text),
+    # How it was sampled: 'free' (the paper) or 'json_schema' (constrained to the reflection's schema).
+    Column("decoding", Text, nullable=False, server_default="free"),
     CheckConstraint(
         "outcome IS NULL OR outcome IN ('success', 'success_but_inefficient', 'failure')", name="outcome"
     ),
+    CheckConstraint("decoding IN ('free', 'json_schema')", name="decoding"),
     Index(None, "trajectory_id"),
 )
 
@@ -427,6 +436,7 @@ VIEWS = (
     "failures", "group_stats", "staleness", "learner_eligible",
     "task_latest_group", "nexgrpo_positive_pool", "nexgrpo_negative_pool", "nexgrpo_retired_tasks",
     "nexgrpo_replay_candidates", "untrained_groups", "episode_turns", "lte_hint_pool",
+    "r3l_reflections", "r3l_reflect_set", "r3l_retry_set", "r3l_exploration_groups",
 )
 
 #: SQL functions created by migrations from ``reflexdb/sql/functions/<name>.sql`` (the views call them).

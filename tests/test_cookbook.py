@@ -31,6 +31,7 @@ from .factories import make_trajectory, setup_run
 
 COOKBOOK = Path(__file__).resolve().parents[1] / "docs" / "cookbook.md"
 RUN = "cookbook-run"
+R3L_RUN = "cookbook-r3l"
 DIM = 16
 
 # ------------------------------------------------------------------ parsing the cookbook
@@ -232,7 +233,20 @@ def data(store):
         make_trajectory(rng, correct=False, reward=0.0, confidence=0.99, embedding=ANCHOR)]))
     work.register_collector(store, other, "col-1", engine="hf", model="SmolLM2", policy_version=0)
 
+    # R3L, in a run of its own (the other queries' answers stay as they are). Task X: its four base
+    # episodes' reflections say failure at pivot 1 (retry 1 > base 0), success, nothing valid, and
+    # success_but_inefficient (retry 0.25 < base 0.5). Task Y: failure at pivot 0 (0.5 > 0), failure
+    # at pivot 1 (1 = 1). See _write_r3l_task in tests/test_r3l.py.
+    from .test_r3l import _write_r3l_task
+
+    r3l_run, (tx, ty) = setup_run(store, R3L_RUN, 2)
+    (ex, _), rx = _write_r3l_task(store, r3l_run, tx, [(True, "failure", 1, 0.0, 1.0), (True, "success", 0, 0.5, None),
+                                                       (False, None, None, 0.0, None),
+                                                       (True, "success_but_inefficient", 0, 0.5, 0.25)])
+    _write_r3l_task(store, r3l_run, ty, [(True, "failure", 0, 0.0, 0.5), (True, "failure", 1, 1.0, 1.0)])
+
     return dict(
+        r3l_base=ex.trajectory_ids[0], r3l_reflection=rx[0],
         run=run, ta=ta, tb=tb, tc=tc, td=td, g0=g0, g1=g1, g2=g2, g3=g3, g4=g4, g5=g5, eval_base=eval_base,
         eval_v2=eval_v2, replay=replay_group, retry=retry, req1=req1, req2=req2,
         a0=a0, a1=a1, a2=a2, a3=a3, b0=g1.trajectory_ids[0], b1=g1.trajectory_ids[1], b2=g2.trajectory_ids[0],
@@ -337,9 +351,10 @@ def check_staleness(d, rows):
 
 
 def check_eligible(d, rows):
-    # seven groups consumed once (max_reuse 1), the two eval groups, and the unconsumed retry group
+    # seven groups consumed once (max_reuse 1), the two eval groups, and the retry group (a method's
+    # auxiliary rows: never eligible as a group, reason 'auxiliary')
     assert [(r["reason"], r["eligible"], r["groups"], r["min_staleness"], r["max_staleness"]) for r in rows] == [
-        ("consumed", False, 7, 0, 2), ("eval", False, 2, 0, 2), ("ok", True, 1, 0, 0)]
+        ("auxiliary", False, 1, 0, 0), ("consumed", False, 7, 0, 2), ("eval", False, 2, 0, 2)]
 
 
 def check_collectors(d, rows):
@@ -407,6 +422,37 @@ def _vars(**kw):
     return lambda d: {"run": RUN, **{k: d[v] for k, v in kw.items()}}
 
 
+def _r3l_vars(**kw):
+    return lambda d: {"run": R3L_RUN, **{k: d[v] for k, v in kw.items()}}
+
+
+def check_r3l_outcomes(d, rows):
+    # valid failures: X0 (pivot 1, gain 1), Y0 (0, 0.5), Y1 (1, 0): mean pivot 2/3, 2 improved, mean gain 0.5
+    assert [tuple(r.values()) for r in rows] == [
+        ("failure", True, 3, 3, 0.67, 2, 0.5), ("success", True, 1, 0, None, 0, None),
+        ("success_but_inefficient", True, 1, 1, 0.0, 0, -0.25), (None, False, 1, 0, None, 0, None)]
+
+
+def check_r3l_errors(d, rows):
+    assert [tuple(r.values()) for r in rows] == [("missing key(s): retry_from_step", 1, '{"reflection": 2}')]
+
+
+def check_r3l_by_version(d, rows):
+    # 4 retries at v0: improved 2 of 4; base mean (0 + 0.5 + 0 + 1)/4 = 0.375; retry mean
+    # (1 + 0.25 + 0.5 + 1)/4 = 0.6875; gain (0.6875 - 0.375)/0.375 = 0.833
+    assert [tuple(r.values()) for r in rows] == [(0, 4, 0.5, 0.375, 0.688, 0.833)]
+
+
+def check_r3l_episode(d, rows):
+    assert [tuple(r.values()) for r in rows] == [
+        (d["r3l_reflection"], True, "failure", 1, "cause 0", None, "4", 0.0, "4", 1.0, True, True)]
+
+
+def check_r3l_sets(d, rows):
+    # verified corrections: X0 (gain 1) and Y0 (gain 0.5) in both sets, unused
+    assert [tuple(r.values()) for r in rows] == [("reflect", 2, 2, 0, 0.75), ("retry", 2, 2, 0, 0.75)]
+
+
 # heading -> (variables, columns in order, check of the rows)
 EXPECTED = {
     "Worst failures of the last hour": (_vars(), [
@@ -456,6 +502,17 @@ EXPECTED = {
         "n_positive", "conf_low", "conf_high"], check_negative_pool),
     "Replay candidates by difficulty bucket": (_vars(), [
         "k", "n", "tasks", "retired", "total_weight", "draw_share"], check_replay_candidates),
+    "Reflections by outcome and validity": (_r3l_vars(), [
+        "outcome", "valid", "reflections", "retries", "mean_pivot", "improved", "mean_gain"], check_r3l_outcomes),
+    "Why reflections were invalid": (_r3l_vars(), ["error", "reflections", "example"], check_r3l_errors),
+    "Retry improvement and reward gain by policy version": (_r3l_vars(), [
+        "policy_version", "retries", "improvement_rate", "base_reward", "retry_reward", "reward_gain"],
+        check_r3l_by_version),
+    "What the model said about an episode, and what its retry did": (_r3l_vars(trajectory_id="r3l_base"), [
+        "reflection_id", "valid", "outcome", "pivot", "root_cause", "suggestion", "base_answer", "base_reward",
+        "retry_answer", "retry_reward", "in_reflect_set", "in_retry_set"], check_r3l_episode),
+    "The SFT sets: size and use": (_r3l_vars(), ["sft_set", "pairs", "available", "uses", "mean_gain"],
+                                   check_r3l_sets),
 }
 
 

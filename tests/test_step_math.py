@@ -110,13 +110,13 @@ def test_valid_flags_checked():
 def test_transforms_skip_null_rewards():
     # group [NULL, 0.5, 0] (the NULL row packed as reward 0.9 to show it is ignored):
     #   valid 0.5, 0: mean 0.25, sample std sqrt(0.125) = 0.353553 -> A = ±0.25/0.353554 = ±0.707105
-    #   amplification without the r ≥ 1 condition: r_max over valid rows = 0.5 -> Â = α = 3 for row 1;
-    #   the NULL row (0.9 would have been the max) stays 0
+    #   amplification with R_max = 0.5: row 1 reaches it -> Â = α = 3; the NULL row (0.9 ≥ 0.5
+    #   had it counted) stays 0
     rewards = t([0.9, 0.5, 0.0])
     valid = torch.tensor([False, True, True])
     adv = group_advantages(rewards, [0, 0, 0], valid=valid)
     out = apply_advantage_transforms(rewards, adv, [0, 0, 0],
-                                     [make_transform("positive_amplification", min_max_reward=None)], valid=valid)
+                                     [make_transform("positive_amplification", max_reward=0.5)], valid=valid)
     a = 0.25 / (math.sqrt(0.125) + 1e-6)
     torch.testing.assert_close(adv, t([0.0, a, -a]))
     torch.testing.assert_close(out, t([0.0, 3.0, -a]))

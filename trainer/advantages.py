@@ -196,29 +196,28 @@ def positive_amplification(
     group_index: Tensor,
     *,
     alpha: float = 3.0,
+    max_reward: float = 1.0,
     max_reward_advantage: float | Literal["alpha"] = "alpha",
-    min_max_reward: float | None = 1.0,
 ) -> Tensor:
-    """R3L positive amplification (R3L.md Eq. 11, Algorithm 1 lines 29–35; METHODS.md §1).
+    """R3L positive amplification (R3L.md Eq. 11; METHODS.md §1)::
 
-        Â = max_reward_advantage   if r = r_max of the group (and r ≥ min_max_reward)
+        Â = max_reward_advantage   if r ≥ R_max   (R_max: the maximum attainable reward)
         Â = α · A                  elif A > 0
         Â = A                      otherwise
 
+    Two readings are settled here (docs/r3l.md). ``R_max`` is the maximum *attainable* reward
+    (``max_reward``, 1.0 by default, as the authors' code tests ``r ≥ 1``), not the group's
+    maximum: with the group's, every failure of an all-failed group would be promoted to Â = α.
+    The value at ``R_max`` is α in the paper's Eq. 11 (``"alpha"``, the default) and 1.0 in the
+    authors' code (pass ``1.0``).
+
     Args:
-        rewards, advantages, group_index: ``[B]``; a NaN reward (missing) is left out of ``r_max``.
+        rewards, advantages, group_index: ``[B]``; a NaN reward (missing) never reaches ``R_max``.
         alpha: α (3.0 in the paper).
-        max_reward_advantage: ``"alpha"`` (the paper's Eq. 11: Â = α) or a number (the authors'
-            code: 1.0). METHODS.md §1 makes this a config; the paper's main text is the default.
-        min_max_reward: the max-reward branch applies only when ``r ≥ min_max_reward`` (1.0 in the
-            authors' code, so an all-failed group's best is not promoted); ``None``: always.
+        max_reward: R_max.
+        max_reward_advantage: ``"alpha"`` or a number.
     """
-    n = int(group_index.max().item()) + 1 if group_index.numel() else 0
-    known = torch.where(torch.isnan(rewards), -torch.inf, rewards)  # [B]  a missing reward is never the max
-    r_max = _group_extreme(known, group_index, n, "amax")  # [n]
-    at_max = rewards == r_max[group_index]  # [B]  (NaN == x is False)
-    if min_max_reward is not None:
-        at_max &= rewards >= min_max_reward
+    at_max = rewards >= max_reward  # [B]  NaN >= x is False
     top = alpha if max_reward_advantage == "alpha" else float(max_reward_advantage)
     amplified = torch.where(advantages > 0, alpha * advantages, advantages)  # Eq. 11 rows 2–3
     return torch.where(at_max, torch.full_like(advantages, top), amplified)  # Eq. 11 row 1

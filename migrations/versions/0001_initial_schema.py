@@ -235,7 +235,8 @@ def upgrade() -> None:
                           ['reflection_id'], ['id'], ondelete='SET NULL')
     op.create_foreign_key(op.f('fk_trajectories_hint_id_hints'), 'trajectories', 'hints',
                           ['hint_id'], ['id'], ondelete='SET NULL')
-    create_views(('failures', 'group_stats'))
+    create_views(('group_stats',))
+    create_views(('failures',), version="0001")  # 0012 changed failures: this revision's copy
     create_views(('staleness',), version="0001")  # 0011 changed staleness: this revision's copy
 
 def downgrade() -> None:

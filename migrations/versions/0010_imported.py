@@ -39,7 +39,7 @@ def upgrade() -> None:
     op.alter_column("token_payloads", "logprobs", nullable=True)
     # same columns: CREATE OR REPLACE. 0011 changed learner_eligible again: this revision's copy.
     create_views(("learner_eligible",), version="0010")
-    create_views(("untrained_groups",))
+    create_views(("untrained_groups",), version="0010")  # 0012 changed it: this revision's copy
 
 
 def downgrade() -> None:

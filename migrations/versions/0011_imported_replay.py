@@ -21,7 +21,8 @@ depends_on = None
 
 
 def upgrade() -> None:
-    create_views(("learner_eligible", "staleness"))  # same columns: CREATE OR REPLACE
+    create_views(("staleness",))  # same columns: CREATE OR REPLACE
+    create_views(("learner_eligible",), version="0011")  # 0012 changed it: this revision's copy
 
 
 def downgrade() -> None:

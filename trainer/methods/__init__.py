@@ -18,7 +18,6 @@ METHODS: dict[str, Method] = {}
 
 #: Methods of the roadmap without an implementation yet: refused, never trained as something else.
 NOT_BUILT: dict[str, str] = {
-    "r3l": "R3L (reflect-then-retry, pivotal credit, positive amplification)",
     "cleaner": "CLEANER (rollback of failed tool calls)",
 }
 
@@ -57,7 +56,7 @@ def get_method(name: str) -> Method:
 
 
 def _load() -> None:
-    from . import baselines, lte, nexgrpo, raft  # noqa: F401  (importing registers them)
+    from . import baselines, lte, nexgrpo, r3l, raft  # noqa: F401  (importing registers them)
 
     load_plugins()
 

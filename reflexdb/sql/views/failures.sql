@@ -3,7 +3,9 @@
 -- Question it answers: "what did the model get wrong, on which task, with which policy, and how
 -- sure was it?" A trajectory has failed when it is not correct: correct = false, or its reward
 -- could not be computed (reward IS NULL, correct IS NULL; the reward function's error is in
--- `error`). Replayed copies (origin = 'replayed') are left out: their original is already here.
+-- `error`). Replayed copies (origin = 'replayed') are left out: their original is already here;
+-- so are R3L's distilled rows (a stitched copy of a guided retry, which is here) and reflections
+-- (not an attempt at the task: view r3l_reflections).
 -- Columns: run, run_id, task_id, group_id, trajectory_id, split, prompt, response (the assistant
 -- turns joined by blank lines), ground_truth, extracted_answer, reward, confidence,
 -- policy_version, origin, truncated, finish_reason, error, root_cause (the latest valid
@@ -42,4 +44,4 @@ FROM trajectories t
 JOIN runs r ON r.id = t.run_id
 JOIN tasks k ON k.id = t.task_id
 WHERE t.correct IS NOT TRUE
-  AND t.origin <> 'replayed';
+  AND t.origin NOT IN ('replayed', 'distilled', 'reflection');

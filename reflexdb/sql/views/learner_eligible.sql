@@ -6,7 +6,9 @@
 --     v + max_staleness;
 --   * reuse: a group is consumed at most max_reuse times (the number of learner steps that took
 --     any of its trajectories);
---   * fresh on-policy groups and replay groups are training data; eval groups never are;
+--   * fresh on-policy groups and replay groups are training data; eval groups never are, nor
+--     are retry groups (kind 'retry': a method's auxiliary rows, e.g. R3L's reflections and guided
+--     retries, which reach the learner through the method's own views, never as a group);
 --   * imported groups (reflexdb import: another framework's rollouts, offline data) have no
 --     behaviour policy and no version: no staleness rule, only reuse, and only while the run's
 --     learner.imported_per_step is above 0 (the learner then mixes at most that many into a
@@ -14,7 +16,8 @@
 -- One row per group. eligible = the rules hold.
 -- Columns: run_id, group_id, task_id, kind, policy_version, learner_version, staleness
 -- (learner_version - policy_version; NULL for imported groups), times_consumed, eligible, reason
--- ('ok', 'stale', 'consumed', 'eval', 'imported': imported and learner.imported_per_step is 0),
+-- ('ok', 'stale', 'consumed', 'eval', 'auxiliary': a retry group, 'imported': imported and
+-- learner.imported_per_step is 0),
 -- created_at.
 -- Settings read: learner.max_staleness (default 1), learner.max_reuse (default 1),
 -- learner.imported_per_step (default 0), from run_settings (through the function run_setting).
@@ -38,12 +41,13 @@ SELECT
     CASE WHEN g.kind <> 'imported' THEN s.learner_version - g.policy_version END AS staleness,
     c.times_consumed,
     (CASE
-        WHEN g.kind = 'eval' THEN false
+        WHEN g.kind IN ('eval', 'retry') THEN false
         WHEN g.kind = 'imported' THEN s.imported_per_step > 0
         ELSE s.learner_version - g.policy_version <= s.max_staleness
      END AND c.times_consumed < s.max_reuse) AS eligible,
     CASE
         WHEN g.kind = 'eval' THEN 'eval'
+        WHEN g.kind = 'retry' THEN 'auxiliary'
         WHEN g.kind = 'imported' AND s.imported_per_step <= 0 THEN 'imported'
         WHEN c.times_consumed >= s.max_reuse THEN 'consumed'
         WHEN g.kind <> 'imported' AND s.learner_version - g.policy_version > s.max_staleness THEN 'stale'

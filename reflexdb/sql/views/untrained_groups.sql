@@ -1,4 +1,6 @@
 -- untrained_groups: every training group no learner step has consumed, and why it was not.
+-- (Training groups: not eval, imported or retry groups; a retry group holds a method's auxiliary
+-- rows, which its own views hand to the learner.)
 --
 -- The promise (docs/reliability.md): a committed group is trained on, or it went stale for a
 -- reason this view names. Each learner step records the snapshot of the query that chose its
@@ -40,7 +42,7 @@ WITH u AS (
     FROM learner_eligible e
     JOIN groups g ON g.id = e.group_id
     LEFT JOIN lte_stages s ON s.group_id = e.group_id
-    WHERE e.kind NOT IN ('eval', 'imported') AND e.times_consumed = 0
+    WHERE e.kind NOT IN ('eval', 'imported', 'retry') AND e.times_consumed = 0
 )
 SELECT
     u.run_id,
