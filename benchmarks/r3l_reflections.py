@@ -29,13 +29,13 @@ SELECT count(*), count(*) FILTER (WHERE valid), count(*) FILTER (WHERE outcome =
        count(*) FILTER (WHERE outcome = 'success_but_inefficient'), count(*) FILTER (WHERE outcome = 'failure'),
        count(retry_trajectory_id), count(*) FILTER (WHERE improved), avg(pivot) FILTER (WHERE retry_trajectory_id IS NOT NULL),
        avg(base_reward), avg(retry_reward), count(*) FILTER (WHERE base_reward < 1)
-FROM r3l_reflections r JOIN trajectories t ON t.id = r.base_trajectory_id JOIN runs u ON u.id = t.run_id
+FROM r3l_reflections r JOIN runs u ON u.id = r.run_id
 WHERE u.name = :run
 """
 ERRORS = """
-SELECT regexp_replace(error, '[0-9]+', 'N', 'g') AS kind, count(*) FROM r3l_reflections r
-JOIN trajectories t ON t.id = r.base_trajectory_id JOIN runs u ON u.id = t.run_id
-WHERE u.name = :run AND NOT valid GROUP BY 1 ORDER BY 2 DESC
+SELECT regexp_replace(r.error, '[0-9]+', 'N', 'g') AS kind, count(*) FROM r3l_reflections r
+JOIN runs u ON u.id = r.run_id
+WHERE u.name = :run AND NOT r.valid GROUP BY 1 ORDER BY 2 DESC
 """
 EXAMPLES = """
 SELECT reflection_id, valid, outcome, pivot, base_reward, retry_reward, left(raw_text, 600) FROM r3l_reflections r

@@ -295,20 +295,20 @@ def test_positive_amplification_hand():
     rewards = t([1.0, 0.0, 0.5, 0.0, 0.5, 0.0])
     gidx = torch.tensor([0, 0, 0, 0, 1, 1])
     adv = t([1.2, -0.8, 0.4, -0.8, 0.7, -0.7])
-    # group 0: r_max = 1 ≥ 1 -> index 0: Â = α = 3; 0.4 > 0 -> 3 × 0.4 = 1.2; negatives unchanged
-    # group 1: r_max = 0.5 < 1 -> no max branch; 0.7 -> 2.1; −0.7 unchanged
+    # R_max = 1 (the attainable maximum): index 0 reaches it: Â = α = 3; 0.4 > 0 -> 3 × 0.4 = 1.2;
+    # negatives unchanged. Group 1's best (0.5) does not reach R_max: 0.7 -> 2.1; −0.7 unchanged
     out = positive_amplification(rewards, adv, gidx)
     torch.testing.assert_close(out, t([3.0, -0.8, 1.2, -0.8, 2.1, -0.7]))
     # authors' code: Â = 1.0 at the max
     out = positive_amplification(rewards, adv, gidx, max_reward_advantage=1.0)
     torch.testing.assert_close(out, t([1.0, -0.8, 1.2, -0.8, 2.1, -0.7]))
-    # without the r ≥ 1 condition group 1's best (0.5) gets α too
-    out = positive_amplification(rewards, adv, gidx, min_max_reward=None)
-    torch.testing.assert_close(out, t([3.0, -0.8, 1.2, -0.8, 3.0, -0.7]))
+    # with R_max = 0.5 (a reward scale whose maximum is 0.5) every 0.5 reaches it too, in either group
+    out = positive_amplification(rewards, adv, gidx, max_reward=0.5)
+    torch.testing.assert_close(out, t([3.0, -0.8, 3.0, -0.8, 3.0, -0.7]))
 
 
 def test_positive_amplification_all_correct_group():
-    # all rewards = r_max = 1: every member takes the max branch (A was 0)
+    # all rewards = R_max = 1: every member takes the max branch (A was 0)
     out = positive_amplification(t([1.0, 1.0]), t([0.0, 0.0]), torch.tensor([0, 0]), max_reward_advantage=1.0)
     torch.testing.assert_close(out, t([1.0, 1.0]))
 

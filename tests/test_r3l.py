@@ -600,8 +600,6 @@ def test_a_collector_killed_mid_retry_leaves_nothing_and_the_task_is_collected_a
     """SIGKILL as a real `reflexdb collect` enters the retry stage (episodes sampled, reflections
     written by the model, nothing committed): no group, reflection or trajectory is left, the task
     stays claimed until the TTL, and then another collector takes it and collects it."""
-    import os
-    import signal
     import subprocess
     import time
 
@@ -609,7 +607,7 @@ def test_a_collector_killed_mid_retry_leaves_nothing_and_the_task_is_collected_a
 
     from reflexdb import work
 
-    from .processes import REFLEXDB, child_env
+    from .processes import REFLEXDB, child_env, kill_when_held
 
     data = {"run": "r3l-kill", "model": "tiny", "algorithm": "r3l", "max_staleness": 100,
             "tasks": {"train_size": 1, "eval_size": 0}, "environment": {"name": "multi_attempt", "max_attempts": 2},
@@ -623,24 +621,7 @@ def test_a_collector_killed_mid_retry_leaves_nothing_and_the_task_is_collected_a
                REFLEXDB_DRILL_HOLD="retry")
     proc = subprocess.Popen(REFLEXDB + ["collect", "-c", str(cfg_path), "--name", "doomed"], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-
-    def stopped() -> bool:
-        try:
-            return Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T"
-        except FileNotFoundError:
-            return False
-
-    try:
-        deadline = time.monotonic() + 180
-        while not stopped() and time.monotonic() < deadline and proc.poll() is None:
-            time.sleep(0.01)
-        assert stopped(), (proc.poll(), proc.stderr.read() if proc.poll() is not None else "")
-        assert (drill_dir / f"{proc.pid}.phase").read_bytes().decode().strip() == "retry"
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    kill_when_held(proc, drill_dir, "retry")
     run = store.run_id("r3l-kill")
     assert rows(store, "SELECT count(*) FROM groups") == [(0,)]
     assert rows(store, "SELECT count(*) FROM trajectories") == [(0,)]
