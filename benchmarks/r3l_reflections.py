@@ -8,6 +8,7 @@ valid, why the others were not, the outcomes and pivots, how many retries improv
 episode, and a few stored reflections verbatim.
 
     python benchmarks/r3l_reflections.py --groups 8 --json-out benchmarks/results/r3l_reflections_v0.json
+    python benchmarks/r3l_reflections.py --groups 8 --decodings json_schema --set tasks.level=1
 """
 
 from __future__ import annotations
@@ -43,14 +44,14 @@ JOIN runs u ON u.id = r.run_id WHERE u.name = :run ORDER BY valid DESC, improved
 """
 
 
-def measure(decoding: str, groups: int, store, seed: int) -> dict:
+def measure(decoding: str, groups: int, store, seed: int, overrides: dict) -> dict:
     from sqlalchemy import text
 
     from reflexdb.collector.runner import Collector
     from reflexdb.config import load_config
 
     run = f"r3l-v0-{decoding}-{int(time.time())}"
-    cfg = load_config(CONFIG, {"run": run, "r3l.decoding": decoding, "seed": seed})
+    cfg = load_config(CONFIG, {**overrides, "run": run, "r3l.decoding": decoding, "seed": seed})
     collector = Collector(cfg, store, echo=lambda m: print(f"  [{decoding}] {m}", file=sys.stderr))
     collector.setup()
     t0 = time.monotonic()
@@ -62,7 +63,7 @@ def measure(decoding: str, groups: int, store, seed: int) -> dict:
         errors = [tuple(r) for r in conn.execute(text(ERRORS), {"run": run})]
         examples = [tuple(r) for r in conn.execute(text(EXAMPLES), {"run": run, "n": 4})]
     return {
-        "decoding": decoding, "run": run, "tasks": groups, "seconds": round(seconds, 1), "reflections": n,
+        "decoding": decoding, "overrides": overrides, "run": run, "tasks": groups, "seconds": round(seconds, 1), "reflections": n,
         "valid": valid, "invalid_rate": 1 - valid / n if n else None,
         "outcomes": {"success": success, "success_but_inefficient": ineff, "failure": failure},
         "retries": retried, "improved": improved, "retry_improvement_rate": improved / retried if retried else None,
@@ -79,6 +80,8 @@ def main() -> None:
     ap.add_argument("--groups", type=int, default=8, help="tasks per decoding (N/2 reflections each)")
     ap.add_argument("--decodings", default="free,json_schema")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--set", dest="overrides", action="append", default=[],
+                    help="override a config key, e.g. --set tasks.level=1 (repeatable; the value is YAML)")
     ap.add_argument("--json-out", type=Path)
     args = ap.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -88,7 +91,10 @@ def main() -> None:
 
     store = Store.open(os.environ.get("REFLEXDB_DATABASE_URL"), create_schema=True)
     load = os.getloadavg()[0]
-    results = [measure(d, args.groups, store, args.seed) for d in args.decodings.split(",")]
+    from reflexdb.config import parse_overrides
+
+    overrides = parse_overrides(args.overrides)
+    results = [measure(d, args.groups, store, args.seed, overrides) for d in args.decodings.split(",")]
     store.close()
     out = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "machine": f"{os.cpu_count()} cores",
            "load_before": load, "config": str(CONFIG.relative_to(ROOT)), "results": results}

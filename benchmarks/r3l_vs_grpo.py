@@ -1,7 +1,7 @@
 """R3L against GRPO and OPMD at the same seed, learner steps and wall-clock budget (docs/experiments.md).
 
-Runs ``reflexdb run --no-eval`` on ``examples/arithmetic-r3l.yaml`` (multi-attempt two-digit
-sums, N = G = 8) once per arm and seed, each in a fresh ``REFLEXDB_HOME`` (embedded PostgreSQL),
+Runs ``reflexdb run --no-eval`` on ``examples/arithmetic-r3l.yaml`` (multi-attempt arithmetic, levels 1 and 2,
+N = G = 8) once per arm and seed, each in a fresh ``REFLEXDB_HOME`` (embedded PostgreSQL),
 one after the other, all with the same ``--max-steps`` and ``--max-seconds``:
 
 - ``r3l``: the method as configured (reflect-then-retry, pivotal mask, positive amplification, SFT);
@@ -158,7 +158,7 @@ def plot(res: dict, path: Path) -> None:
                 ylabel="held-out (8 problems × 16 samples)", title="Final policy, plain prompt (dots: seeds)")
     axes[0].legend(fontsize=7)
     axes[1].legend(fontsize=7)
-    fig.suptitle(f"SmolLM2-135M, multi-attempt two-digit sums, N = 8, {res['max_steps']} steps or "
+    fig.suptitle(f"SmolLM2-135M, multi-attempt sums (levels 1, 2), N = 8, {res['max_steps']} steps or "
                  f"{res['max_seconds']:.0f} s per run ({res['date'][:10]}; from the runs' databases)", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
