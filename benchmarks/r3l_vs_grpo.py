@@ -92,6 +92,7 @@ def run_arm(arm: str, seed: int, max_steps: int, max_seconds: float, base: dict 
     after = {"attempts_1": _eval(env, sets, "latest", 1), "attempts_3": _eval(env, sets, "latest", 3)}
     steps = _sql(env, STEPS)
     refl = _sql(env, REFLECTIONS)[0] if arm.startswith("r3l") else None
+    examples = _examples(env) if arm.startswith("r3l") else []
     [[groups, trajectories]] = _sql(env, "SELECT count(DISTINCT group_id), count(*) FROM trajectories t "
                                          "JOIN groups g ON g.id = t.group_id WHERE g.kind <> 'eval'")
     keep = os.environ.get("R3L_EXP_KEEP")
@@ -106,8 +107,23 @@ def run_arm(arm: str, seed: int, max_steps: int, max_seconds: float, base: dict 
         "reflections": None if refl is None else dict(zip(
             ("n", "valid", "success", "success_but_inefficient", "failure", "retries", "improved", "mean_pivot",
              "base_reward", "retry_reward", "reflect_pairs", "reflect_uses"), refl)),
+        "examples": examples,
         "load_before": load_before, "load_after": os.getloadavg()[0], "home": str(home) if keep else None,
     }
+
+
+def _examples(env: dict) -> list[dict]:
+    """A few stored reflections of the last policy versions (view r3l_reflections)."""
+    query = ("SELECT encode(convert_to(coalesce(json_agg(x), '[]')::text, 'UTF8'), 'hex') FROM ("
+             "SELECT reflection_id, policy_version, valid, outcome, pivot, base_reward, retry_reward, "
+             "left(raw_text, 400) AS text FROM r3l_reflections ORDER BY policy_version DESC, "
+             "(outcome = 'failure') DESC, reflection_id LIMIT 4) x")
+    out = subprocess.run(CLI + ["sql", "--max-width", "0", query], env=env, capture_output=True, text=True)
+    try:
+        cell = out.stdout.strip().splitlines()[2].strip(" |")
+        return json.loads(bytes.fromhex(cell).decode())
+    except (ValueError, IndexError):
+        return [{"error": (out.stderr or out.stdout).strip()[-300:]}]
 
 
 def report(res: dict) -> str:
