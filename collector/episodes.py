@@ -143,9 +143,9 @@ class Episode:
         self.logprobs += [0.0] * len(env_ids)
         self.versions += [version] * len(env_ids)
         text = "\n\n".join(m["content"] for m in step.feedback)
-        role = step.feedback[0]["role"] if len(step.feedback) == 1 else "observation"
+        role = step.feedback_role or (step.feedback[0]["role"] if len(step.feedback) == 1 else "observation")
         self.turns.append(TurnIn(role if role in ("user", "tool", "observation") else "observation", text, start,
-                                 len(self.ids), False, attempt=self.attempt))
+                                 len(self.ids), False, tool_error=step.tool_error, attempt=self.attempt))
         self.messages += step.feedback
 
     def trajectory(self) -> TrajectoryIn:
@@ -230,8 +230,7 @@ class Rollout:
                 active.append((ep, s))
         while active:
             going = []
-            for ep, s in active:
-                step = ep.env.step(s.text, s.finish_reason)
+            for (ep, s), step in zip(active, step_all(active)):
                 ep.take(s, step, self.version)
                 if not step.done:
                     before = len(ep.ids)
@@ -254,6 +253,24 @@ class Rollout:
                 self.stats.sampled_tokens += len(s.token_ids)
                 self.stats.prompt_tokens += len(s.prompt_ids)
         return out
+
+
+def step_all(active: Sequence[tuple[Episode, Sample]]) -> list[Step]:
+    """Each episode's environment steps on its sampled turn; environments of a class with
+    ``step_batch`` step together (their tool calls run concurrently), the others one by one."""
+    steps: list[Step | None] = [None] * len(active)
+    batched: dict[type, list[int]] = {}
+    for i, (ep, s) in enumerate(active):
+        if hasattr(type(ep.env), "step_batch"):
+            batched.setdefault(type(ep.env), []).append(i)
+        else:
+            steps[i] = ep.env.step(s.text, s.finish_reason)
+    for cls, idx in batched.items():
+        out = cls.step_batch([active[i][0].env for i in idx], [active[i][1].text for i in idx],
+                             [active[i][1].finish_reason for i in idx])
+        for i, step in zip(idx, out):
+            steps[i] = step
+    return steps
 
 
 def environment_factory(name: str, options: Any, reward_fn: Callable, template: str) -> Callable[[EnvTask], Environment]:

@@ -82,7 +82,7 @@ class EnvironmentConfig(BaseModel):
 
     model_config = ConfigDict(extra="allow", frozen=True)
 
-    name: str = Field("single", description="The environment episodes run in (collector/environments): 'single' (one answer), 'multi_attempt' (up to max_attempts answers with feedback after a wrong one), or a plug-in's. The other keys of this section are its options, e.g. max_attempts: 3, attempt_discount: 1.0.")
+    name: str = Field("single", description="The environment episodes run in (collector/environments): 'single' (one answer), 'multi_attempt' (up to max_attempts answers with feedback after a wrong one), 'tool_python' (code calls in a sandboxed Python interpreter, then an answer), or a plug-in's. The other keys of this section are its options, e.g. max_attempts: 3, attempt_discount: 1.0.")
     _options: Any = PrivateAttr(None)
 
     @model_validator(mode="after")

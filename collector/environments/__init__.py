@@ -16,7 +16,7 @@ from reflexdb.plugins import ClassRegistry
 
 from .base import Environment, EnvTask, Step
 
-ENVIRONMENTS = ClassRegistry("environment", __name__, ("multi_attempt", "single"))
+ENVIRONMENTS = ClassRegistry("environment", __name__, ("multi_attempt", "single", "tool_python"))
 #: Class decorator: register an environment under ``name`` (names are unique).
 register_environment = ENVIRONMENTS.register
 get_environment = ENVIRONMENTS.lookup

@@ -43,6 +43,9 @@ class Step:
         answer, correct, reward: the verdict on this turn (``reward`` None: the reward function failed).
         episode_reward, episode_correct: the episode's, once ``done``.
         error: the reward function's error on this turn, if it raised.
+        feedback_role: the role the feedback turn is stored with when it is not the message's
+            (``tool`` for a tool's output shown to the model as a user message).
+        tool_error: the feedback is a tool call's failed execution (``turns.tool_error``).
     """
 
     feedback: list[dict[str, str]] = field(default_factory=list)
@@ -54,6 +57,8 @@ class Step:
     episode_correct: bool | None = None
     error: str | None = None
     meta: dict[str, Any] = field(default_factory=dict)
+    feedback_role: str | None = None
+    tool_error: bool = False
 
 
 class Environment(Protocol):
@@ -65,6 +70,10 @@ class Environment(Protocol):
     def step(self, text: str, finish_reason: str) -> Step: ...
 
     def restore(self, turn: int) -> list[dict[str, str]]: ...
+
+    # Optional: ``step_batch(envs, texts, finish_reasons) -> list[Step]`` (a classmethod) steps
+    # many episodes of the class at once; the driver uses it when present (tool calls run
+    # concurrently, collector/environments/tool_python.py).
 
 
 def judge(reward_fn, text: str, ground_truth: str | None) -> tuple[float | None, bool | None, str | None, str | None]:

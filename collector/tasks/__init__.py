@@ -13,6 +13,7 @@ from .templates import (
     render_chat,
     template_names,
 )
+from . import tool_use  # noqa: F401  (registers the prompt template ``tool_python``)
 
 __all__ = [
     "GSM8K", "LEVELS", "FieldMap", "LoadedDataset", "PromptTemplate", "SkippedRow", "Task",

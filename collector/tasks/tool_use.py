@@ -1,0 +1,48 @@
+"""The prompt format of tool-use episodes (environment ``tool_python``), in one place.
+
+The model reasons, writes one fenced Python block per turn, reads what the interpreter printed
+(or its error) in the next user message, and ends with its final answer in ``\\boxed{}``. The
+prompt template ``tool_python`` carries the instructions; :func:`code_block` finds the call in a
+turn; :func:`observation` formats the interpreter's answer.
+"""
+
+from __future__ import annotations
+
+import re
+
+from .templates import PromptTemplate, register_template
+
+SYSTEM = (
+    "You solve math problems and can run Python code. To run code, write it in a block that starts "
+    "with ```python and ends with ```; use print() to see results. You will get the output, then "
+    "continue. When you know the answer, write it within \\boxed{}."
+)
+USER = "{question}"
+
+#: What the model is shown after a call: the output, or the error (the sandbox's observation).
+OUTPUT = "Output:\n```\n{text}\n```"
+ERROR = "Error:\n```\n{text}\n```"
+NO_OUTPUT = "Output: (nothing was printed; use print() to see a value)"
+#: After the last allowed call, a block is not run: the model is asked for its answer.
+NO_MORE_CALLS = "No more code can be run. Write your final answer within \\boxed{{}}."
+
+TEMPLATE = register_template(PromptTemplate("tool_python", USER, system=SYSTEM, answer_format="boxed"))
+
+_BLOCK = re.compile(r"```(?:python|py)[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL | re.IGNORECASE)
+
+
+def code_block(text: str) -> str | None:
+    """The code of the first fenced Python block of a turn (an unclosed block at the end of a
+    truncated turn counts, up to where it stops); None when the turn has none."""
+    m = _BLOCK.search(text)
+    if m is None:
+        return None
+    code = m.group(1).strip("\n")
+    return code if code.strip() else None
+
+
+def observation(text: str, failed: bool) -> str:
+    """The user message that shows a call's result."""
+    if not text.strip():
+        return ERROR.format(text="the code failed and printed nothing") if failed else NO_OUTPUT
+    return (ERROR if failed else OUTPUT).format(text=text.rstrip())
