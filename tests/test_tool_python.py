@@ -196,3 +196,17 @@ def test_tool_episodes_through_the_driver_and_the_store(tokenizer, store):
                             "AND token_start IS NOT NULL ORDER BY trajectory_id, token_start",
                             (list(w.trajectory_ids),)).fetchall()
     assert [tuple(r) for r in rows] == [("assistant", False, True), ("tool", False, False), ("assistant", False, True)] * 2
+
+
+def test_arithmetic_levels_for_tool_use():
+    from reflexdb.collector.tasks import arithmetic_tasks
+
+    products = arithmetic_tasks(50, level=7, seed=3)
+    sums = arithmetic_tasks(50, level=8, seed=3)
+    assert len({t.prompt for t in products}) == 50 and len({t.prompt for t in sums}) == 50
+    for t in products + sums:
+        expr = t.prompt.removeprefix("What is ").removesuffix("?")
+        assert str(eval(expr)) == t.ground_truth  # noqa: S307  (our own generated arithmetic)
+    assert all(" * " in t.prompt and int(t.ground_truth) >= 1000 for t in products)
+    assert all(4 <= t.prompt.count("+") <= 6 for t in sums)
+    assert not {t.prompt for t in arithmetic_tasks(20, level=7, split="eval")} & {t.prompt for t in products}

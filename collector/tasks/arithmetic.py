@@ -14,7 +14,12 @@ level  problems                                               example
 4      multiplication, 2..19 times 2..9                       ``14 * 6``
 5      three small terms with precedence or parentheses       ``(4 + 9) * 3``
 6      three-digit addition / subtraction, two-digit product  ``512 - 287``
+7      a product of multi-digit numbers (3-4 by 2-4 digits)   ``4821 * 376``
+8      a long sum: 5 to 7 terms of 3 to 5 digits              ``482 + 9171 + ...``
 ====== ===================================================== ===============
+
+Levels 7 and 8 are beyond a small model's mental arithmetic: tasks where a tool (the
+``tool_python`` environment's interpreter) matters.
 
 The split of a problem is a pure function of its text (a SHA-256 bucket), not of the seed: the
 train and eval sets are disjoint for every seed, and the eval set is the same in every run.
@@ -78,8 +83,20 @@ def _level6(rng: random.Random) -> tuple[str, int]:
     return f"{a} - {b}", a - b
 
 
+def _level7(rng: random.Random) -> tuple[str, int]:
+    a = rng.randint(100, 9999)
+    b = rng.randint(10, 9999)
+    return f"{a} * {b}", a * b
+
+
+def _level8(rng: random.Random) -> tuple[str, int]:
+    terms = [rng.randint(100, 99999) for _ in range(rng.randint(5, 7))]
+    return " + ".join(map(str, terms)), sum(terms)
+
+
 #: level → problem drawer.
-LEVELS: dict[int, Draw] = {1: _level1, 2: _level2, 3: _level3, 4: _level4, 5: _level5, 6: _level6}
+LEVELS: dict[int, Draw] = {1: _level1, 2: _level2, 3: _level3, 4: _level4, 5: _level5, 6: _level6, 7: _level7,
+                           8: _level8}
 
 
 def split_of(level: int, expression: str, eval_fraction: float = 0.1) -> str:
