@@ -273,6 +273,29 @@ def step_all(active: Sequence[tuple[Episode, Sample]]) -> list[Step]:
     return steps
 
 
+def own_tokens(t: TrajectoryIn) -> np.ndarray:
+    """``[T]`` bool: the tokens of a trajectory's assistant turns (the model's own)."""
+    own = np.zeros(len(t.response_ids), dtype=bool)
+    for u in t.turns:
+        if u.role == "assistant" and u.token_start is not None:
+            own[u.token_start:u.token_end] = True
+    return own
+
+
+def rescore(engine: Any, trajectories: Sequence[TrajectoryIn], temperature: float) -> None:
+    """Recompute each trajectory's behaviour log-probs under its own stored context, in one scoring
+    call (a stitched or purified trajectory holds tokens sampled in another context): the model's
+    tokens get their log-prob, the environment's 0, as in a sampled episode; ``meta.logprobs_from``
+    says ``rescored``."""
+    if not trajectories:
+        return
+    scored = engine.score([t.prompt_ids for t in trajectories], [t.response_ids for t in trajectories],
+                          temperature=temperature)
+    for t, s in zip(trajectories, scored):
+        t.logprobs = np.where(own_tokens(t), s.logprobs, 0.0).astype(np.float32)
+        t.meta = {**t.meta, "logprobs_from": "rescored"}
+
+
 def environment_factory(name: str, options: Any, reward_fn: Callable, template: str) -> Callable[[EnvTask], Environment]:
     """``make_env(task)`` for environment ``name`` with the run's reward function and prompt template."""
     tpl = get_template(template)

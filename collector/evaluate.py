@@ -121,8 +121,10 @@ def evaluate(cfg: Config, store: Store, checkpoint: str = "latest", *, split: st
                             stop=tuple(s.stop), seed=cfg.seed)
     if attempts < 1:
         raise ReflexdbError(f"--attempts must be >= 1, got {attempts}")
-    if attempts == 1:
-        env_name, env_options = "single", parse_options("single", {})
+    if attempts == 1 and cfg.environment.name == "multi_attempt":
+        env_name, env_options = "single", parse_options("single", {})  # one attempt: the plain prompt
+    elif attempts == 1:  # the run's own environment (single; tool_python: tool use, no rollback)
+        env_name, env_options = cfg.environment.name, cfg.environment.options
     else:
         extra = dict(cfg.environment.__pydantic_extra__ or {}) if cfg.environment.name == "multi_attempt" else {}
         env_name, env_options = "multi_attempt", parse_options("multi_attempt", {**extra, "max_attempts": attempts})

@@ -271,22 +271,24 @@ class Collector:
         """As :meth:`rollout`, the episodes themselves: each with its environment, to restore and
         :meth:`resume` (``Episode.trajectory()`` is the trajectory)."""
         drill.phase("generate")
-        out = self._driver().episodes(tasks, n)
+        out = self.driver().episodes(tasks, n)
         self.stats.reward_errors += sum(ep.error is not None for row in out for ep in row)
         return out
 
     def resume(self, starts: list[Start]) -> list[Episode]:
         """One episode from each start (a restored environment and its conversation), batched."""
         drill.phase("generate")
-        out = self._driver().resume(starts)
+        out = self.driver().resume(starts)
         self.stats.reward_errors += sum(ep.error is not None for ep in out)
         return out
 
-    def _driver(self) -> Rollout:
+    def driver(self, cls: type[Rollout] = Rollout, **options) -> Rollout:
+        """The rollout driver over this collector's engine, environment, sampling and policy
+        version; ``cls``: a subclass of :class:`Rollout` (a method's own turn loop) with its options."""
         def params() -> SamplingParams:  # one seed per engine call
             return SamplingParams(**{**self.params.__dict__, "seed": int(self.rng.integers(2**31))})
 
-        r = Rollout(self.engine, self.make_env, params, self.version)
+        r = cls(self.engine, self.make_env, params, self.version, **options)
         r.stats = self.rollout_stats
         return r
 
@@ -313,7 +315,9 @@ class Collector:
             drill.phase("written")
 
     def _count(self, g: GroupIn) -> None:
-        own = [t for t in g.trajectories if ORIGINS[t.origin].pass_at_1]  # reflexdb/origins.py
+        # reflexdb/origins.py; a group of kind 'retry' holds a method's auxiliary rows (a purified
+        # row's raw twin is counted through its purified row): never samples of pass@1
+        own = [t for t in g.trajectories if ORIGINS[t.origin].pass_at_1] if g.kind != "retry" else []
         self.stats.groups += 1
         if g.kind != "fresh":
             self.stats.kinds[g.kind] += 1

@@ -44,8 +44,11 @@ _TABLE = (
     Origin("guided_retry", "stored", False, True, "R3L: a retry from the pivot with the reflection's guidance in context"),
     Origin("hinted", "stored", False, True, "LTE: sampled under a hint; stored with the plain prompt's ids"),
     Origin("imported", "learner", False, False, "another framework's rollout (reflexdb import): no behaviour log-probs"),
-    Origin("purified", "stored", False, False, "CLEANER: failed tool calls rolled back; log-probs recomputed"),
-    Origin("raw", "policy", True, True, "CLEANER: the unpurified episode as sampled"),
+    Origin("purified", "stored", True, False,
+           "CLEANER: an episode with its failed tool calls rolled back (corrections in their place); log-probs "
+           "recomputed under this context. It is the episode's pass@1 sample; its raw twin, in a group of kind "
+           "'retry', is not"),
+    Origin("raw", "policy", True, True, "CLEANER: a tool-use episode as sampled (failed calls and their errors kept)"),
     Origin("reflection", "stored", False, True,
            "R3L: the policy's reflection on a base episode (prompt: the episode and its feedback)"),
     Origin("replayed", "stored", False, False, "a stored trajectory replayed in a later group (NexGRPO, LTE)"),

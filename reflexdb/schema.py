@@ -307,10 +307,12 @@ purifications = Table(
     Column("similarity", Float),
     Column("replacement", Text),  # shallow | deep | NULL when not recovered
     Column("error_text", Text),
+    Column("error_status", Text),  # the failed call's ToolResult status: error | timeout | limit (0013)
     Column("failed_code", Text),
     Column("corrected_code", Text),
     PrimaryKeyConstraint("trajectory_id", "turn_index"),
     CheckConstraint("replacement IS NULL OR replacement IN ('shallow', 'deep')", name="replacement"),
+    CheckConstraint("error_status IS NULL OR error_status IN ('error', 'timeout', 'limit')", name="error_status"),
 )
 
 learner_steps = Table(
@@ -436,7 +438,7 @@ VIEWS = (
     "failures", "group_stats", "staleness", "learner_eligible",
     "task_latest_group", "nexgrpo_positive_pool", "nexgrpo_negative_pool", "nexgrpo_retired_tasks",
     "nexgrpo_replay_candidates", "untrained_groups", "episode_turns", "lte_hint_pool",
-    "r3l_reflections", "r3l_reflect_set", "r3l_retry_set", "r3l_exploration_groups",
+    "r3l_reflections", "r3l_reflect_set", "r3l_retry_set", "r3l_exploration_groups", "cleaner_tool_errors",
 )
 
 #: SQL functions created by migrations from ``reflexdb/sql/functions/<name>.sql`` (the views call them).

@@ -32,6 +32,7 @@ from .factories import make_trajectory, setup_run
 COOKBOOK = Path(__file__).resolve().parents[1] / "docs" / "cookbook.md"
 RUN = "cookbook-run"
 R3L_RUN = "cookbook-r3l"
+CLEANER_RUN = "cookbook-cleaner"
 DIM = 16
 
 # ------------------------------------------------------------------ parsing the cookbook
@@ -244,9 +245,16 @@ def data(store):
                                                        (False, None, None, 0.0, None),
                                                        (True, "success_but_inefficient", 0, 0.5, 0.25)])
     _write_r3l_task(store, r3l_run, ty, [(True, "failure", 0, 0.0, 0.5), (True, "failure", 1, 1.0, 1.0)])
+    # CLEANER, in a run of its own: tests/test_cleaner.py's hand-made tasks (v0: a shallow fix, a clean
+    # episode, K failed corrections; v1: a deep and a shallow fix, an episode with no call)
+    from .test_cleaner import CLEANER_X, CLEANER_Y, write_cleaner_task
+
+    cleaner_run, (cx, cy) = setup_run(store, CLEANER_RUN, 2)
+    [cgx, _] = write_cleaner_task(store, cleaner_run, cx, CLEANER_X)
+    [cgy, _] = write_cleaner_task(store, cleaner_run, cy, CLEANER_Y, version=1)
 
     return dict(
-        r3l_base=ex.trajectory_ids[0], r3l_reflection=rx[0],
+        r3l_base=ex.trajectory_ids[0], r3l_reflection=rx[0], cleaner_x=cgx.trajectory_ids, cleaner_y=cgy.trajectory_ids,
         run=run, ta=ta, tb=tb, tc=tc, td=td, g0=g0, g1=g1, g2=g2, g3=g3, g4=g4, g5=g5, eval_base=eval_base,
         eval_v2=eval_v2, replay=replay_group, retry=retry, req1=req1, req2=req2,
         a0=a0, a1=a1, a2=a2, a3=a3, b0=g1.trajectory_ids[0], b1=g1.trajectory_ids[1], b2=g2.trajectory_ids[0],
@@ -453,6 +461,28 @@ def check_r3l_sets(d, rows):
     assert [tuple(r.values()) for r in rows] == [("reflect", 2, 2, 0, 0.75), ("retry", 2, 2, 0, 0.75)]
 
 
+def _cleaner_vars():
+    return lambda d: {"run": CLEANER_RUN}
+
+
+def check_cleaner_by_version(d, rows):
+    # v0: raw calls (2 + 1 + 4)/3, errors (1 + 0 + 4)/3, left in training (0 + 0 + 1)/3, rollbacks 2
+    #     (1 recovered, shallow), rewards (1 + 1 + 0)/3; v1: raw calls (4 + 0)/2, errors (2 + 0)/2,
+    #     none left, rollbacks 2 recovered (1 deep, 1 shallow), rewards (1 + 0)/2
+    assert [tuple(r.values()) for r in rows] == [(0, 3, 2.333, 1.667, 0.333, 2, 0.5, 1, 0, 0.667),
+                                                 (1, 2, 2.0, 1.0, 0.0, 2, 1.0, 1, 1, 0.5)]
+
+
+def check_cleaner_rollbacks(d, rows):
+    x, y = d["cleaner_x"], d["cleaner_y"]
+    assert [(r["trajectory_id"], r["turn_index"], r["error_status"], r["attempts"], r["recovered"], r["similarity"],
+             r["replacement"]) for r in rows] == [
+        (x[0], 2, "error", 1, True, 0.9, "shallow"), (x[2], 2, "timeout", 3, False, None, None),
+        (y[0], 2, "error", 1, True, 0.2, "deep"), (y[0], 4, "error", 1, True, 0.7, "shallow")]
+    assert (rows[0]["error"], rows[0]["failed_code"], rows[0]["corrected_code"]) == (
+        "NameError: name 'x' is not defined", "print(x)", "x = 5\nprint(x)")
+
+
 # heading -> (variables, columns in order, check of the rows)
 EXPECTED = {
     "Worst failures of the last hour": (_vars(), [
@@ -513,6 +543,12 @@ EXPECTED = {
         "retry_answer", "retry_reward", "in_reflect_set", "in_retry_set"], check_r3l_episode),
     "The SFT sets: size and use": (_r3l_vars(), ["sft_set", "pairs", "available", "uses", "mean_gain"],
                                    check_r3l_sets),
+    "CLEANER tool errors and rollbacks": (_cleaner_vars(), [
+        "policy_version", "trajectories", "raw_calls", "raw_errors", "trained_errors", "rollbacks", "recovery_rate",
+        "shallow", "deep", "reward"], check_cleaner_by_version),
+    "What failed and what fixed it": (_cleaner_vars(), [
+        "trajectory_id", "turn_index", "error_status", "error", "attempts", "recovered", "similarity", "replacement",
+        "failed_code", "corrected_code"], check_cleaner_rollbacks),
 }
 
 

@@ -40,7 +40,7 @@ def test_raft_min_reward_drops_groups_whose_best_is_below_it():
 
 
 def test_registry_lists_the_built_methods_and_their_losses():
-    assert method_names() == ["dapo", "dr_grpo", "grpo", "grpo_lambda", "gspo", "lte", "nexgrpo", "opmd", "r3l", "raft"]
+    assert method_names() == ["cleaner", "dapo", "dr_grpo", "grpo", "grpo_lambda", "gspo", "lte", "nexgrpo", "opmd", "r3l", "raft"]
     assert {n: get_method(n).loss for n in ("nexgrpo", "raft", "dr_grpo")} == {"nexgrpo": "grpo", "raft": "sft",
                                                                                 "dr_grpo": "dr_grpo"}
     assert parse_config({"run": "r", "algorithm": "dr_grpo"}).advantage_scale == "none"
@@ -49,8 +49,9 @@ def test_registry_lists_the_built_methods_and_their_losses():
 
 
 @pytest.mark.parametrize("data, says", [
-    ({"algorithm": "cleaner"}, "CLEANER (rollback of failed tool calls) is not built yet; the methods built are: dapo"),
-    ({"algorithm": "grpo2"}, "algorithm 'grpo2' is not a registered method"),
+    ({"algorithm": "cleaner"}, "environment.name is 'single'; cleaner rolls back failed tool calls and needs "
+                               "environment.name: tool_python"),
+    ({"algorithm": "grpo2"}, "algorithm 'grpo2' is not a registered method; the methods built are: cleaner, dapo"),
     ({"learner": {"loss": "nope"}}, "learner.loss: 'nope' is not a registered loss; known: dapo"),
     ({"algorithm": "dr_grpo", "learner": {"loss_params": {"agg": "token-mean"}}},
      "learner.loss_params.agg: not a parameter of loss dr_grpo"),

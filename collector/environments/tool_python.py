@@ -63,12 +63,13 @@ class ToolPython:
         # (text, finish_reason, the call's result or None) of each assistant turn: restoring replays
         # this bookkeeping and never runs code again
         self.history: list[tuple[str, str, ToolResult | None]] = []
+        self.notes: dict[int, str] = {}  # turn -> a line shown after its call's result
         self._done = False
 
     multi_turn = True
 
     def reset(self) -> list[dict[str, str]]:
-        self.history, self._done = [], False
+        self.history, self.notes, self._done = [], {}, False
         return self.template.messages(self.task.prompt)
 
     @property
@@ -83,20 +84,37 @@ class ToolPython:
             return None
         return tool_use.code_block(text)
 
-    def step(self, text: str, finish_reason: str, result: ToolResult | None = None) -> Step:
+    def step(self, text: str, finish_reason: str, result: ToolResult | None = None, note: str | None = None) -> Step:
+        """The environment's answer to a turn; ``result``: the turn's call already run (a batch's
+        calls run together; CLEANER's lookahead); ``note``: a line shown after the call's result."""
         code = self.pending_code(text)
         if code is not None:
             result = result if result is not None else self.sandbox.run(code)
+            if note:
+                self.notes[len(self.history)] = note
             return self._call(text, finish_reason, code, result)
         return self._answer(text, finish_reason)
 
     def _call(self, text: str, finish_reason: str, code: str, result: ToolResult) -> Step:
         self.history.append((text, finish_reason, result))
-        shown = tool_use.observation(result.observation(self.options.observation_chars), result.failed)
-        if self.calls >= self.options.max_tool_calls:
+        return self.tool_feedback(result, last=self.calls >= self.options.max_tool_calls,
+                                  note=self.notes.get(len(self.history) - 1))
+
+    def tool_feedback(self, result: ToolResult | None, *, last: bool = False, note: str | None = None) -> Step:
+        """The step that shows a call's result to the model (``None``: a turn with no block to run,
+        shown :data:`~collector.tasks.tool_use.NO_CODE`), without committing it to the episode:
+        CLEANER's lookahead (collector/saar.py) shows errors it may roll back. ``last``: no call is
+        left after it; ``note``: a line added after the result."""
+        if result is None:
+            shown, failed = tool_use.NO_CODE, True
+        else:
+            shown = tool_use.observation(result.observation(self.options.observation_chars), result.failed)
+            failed = result.failed
+        if last:
             shown += "\n" + tool_use.NO_MORE_CALLS.format()
-        return Step(feedback=[{"role": "user", "content": shown}], done=False, feedback_role="tool",
-                    tool_error=result.failed)
+        if note:
+            shown += "\n" + note
+        return Step(feedback=[{"role": "user", "content": shown}], done=False, feedback_role="tool", tool_error=failed)
 
     def _answer(self, text: str, finish_reason: str) -> Step:
         reward, correct, answer, error = judge(self.reward_fn, text, self.task.ground_truth)
@@ -126,8 +144,9 @@ class ToolPython:
     def restore(self, turn: int) -> list[dict[str, str]]:
         if not 0 <= turn <= len(self.history) or (turn == len(self.history) and self._done):
             raise ValueError(f"cannot restore to turn {turn}: {len(self.history)} made")
-        kept = self.history[:turn]
+        kept, notes = self.history[:turn], self.notes
         messages = self.reset()
+        self.notes = {k: v for k, v in notes.items() if k < turn}
         for text, reason, result in kept:
             messages.append({"role": "assistant", "content": text})
             if result is not None:

@@ -25,6 +25,11 @@ ERROR = "Error:\n```\n{text}\n```"
 NO_OUTPUT = "Output: (nothing was printed; use print() to see a value)"
 #: After the last allowed call, a block is not run: the model is asked for its answer.
 NO_MORE_CALLS = "No more code can be run. Write your final answer within \\boxed{{}}."
+#: CLEANER's lookahead (collector/saar.py): a correction with no block to run is shown this.
+NO_CODE = "Error:\n```\nthere is no Python block to run: write the corrected code in a python block\n```"
+#: CLEANER: after K corrections of a call all failed, the error stays in the history with this
+#: note (as the authors' code does) and rollback stops for the episode.
+TRY_DIFFERENT = "The code keeps failing. Try a different approach."
 
 TEMPLATE = register_template(PromptTemplate("tool_python", USER, system=SYSTEM, answer_format="boxed"))
 
@@ -39,6 +44,13 @@ def code_block(text: str) -> str | None:
         return None
     code = m.group(1).strip("\n")
     return code if code.strip() else None
+
+
+def block_start(text: str) -> int | None:
+    """Where the first fenced Python block of a turn begins (the index of its first backtick), or
+    None when the turn has none: the text before it is the turn's reasoning (CLEANER's r_t)."""
+    m = _BLOCK.search(text)
+    return None if m is None else m.start()
 
 
 def observation(text: str, failed: bool) -> str:

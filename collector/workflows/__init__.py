@@ -13,7 +13,7 @@ from reflexdb.plugins import ClassRegistry
 
 from .base import CollectContext, Workflow
 
-WORKFLOWS = ClassRegistry("workflow", __name__, ("eval", "group", "lte_hint", "nexgrpo_replay", "r3l"))
+WORKFLOWS = ClassRegistry("workflow", __name__, ("cleaner", "eval", "group", "lte_hint", "nexgrpo_replay", "r3l"))
 #: Class decorator: register a workflow under ``name`` (names are unique).
 register_workflow = WORKFLOWS.register
 get_workflow = WORKFLOWS.lookup

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 
     from ..engines import Engine, Sample
     from ..environments import EnvTask, Environment
-    from ..episodes import Episode, Start
+    from ..episodes import Episode, Rollout, Start
 
 
 def score_samples(reward_fn, ground_truth: str | None, prompt: list[dict], samples: list[Sample]) -> list[TrajectoryIn]:
@@ -82,6 +82,8 @@ class CollectContext(Protocol):
     def episodes(self, tasks: list[EnvTask], n: int) -> list[list[Episode]]: ...  # ... with their environments
 
     def resume(self, starts: list[Start]) -> list[Episode]: ...  # episodes from restored environments, batched
+
+    def driver(self, cls: type[Rollout] = ..., **options) -> Rollout: ...  # the rollout driver (or a subclass: a method's turn loop)
 
     def sample(self, prompts: list, n: int, **overrides) -> list[list[Sample]]: ...  # n samples each, seeded
 

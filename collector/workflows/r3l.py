@@ -37,7 +37,7 @@ from reflexdb import GroupIn, Sibling, TrajectoryIn, TurnIn, drill, r3l, work
 from reflexdb.r3l import ParsedReflection, ReflectionIn
 
 from ..environments import EnvTask
-from ..episodes import Episode, Start
+from ..episodes import Episode, Start, rescore
 from ..tasks.reflection import guidance_message, reflection_messages
 from . import register_workflow
 from .group import GroupWorkflow
@@ -142,11 +142,8 @@ class R3LWorkflow(GroupWorkflow):
         if not retried:
             return out
         plain = [_stitch(b) for b in retried]
-        temperature = c.cfg.collector.sampling.temperature or 1.0
-        scored = c.engine.score([t.prompt_ids for t in plain], [t.response_ids for t in plain], temperature=temperature)
-        for b, t, s in zip(retried, plain, scored):
-            own = _own_tokens(t)
-            t.logprobs = np.where(own, s.logprobs, 0.0).astype(np.float32)  # environment tokens: 0, as sampled episodes
+        rescore(c.engine, plain, c.cfg.collector.sampling.temperature or 1.0)  # environment tokens: 0, as sampled
+        for b, t in zip(retried, plain):
             out[id(b)] = t
         return out
 
@@ -206,15 +203,6 @@ def _final(t: TrajectoryIn) -> str:
     if t.reward is None:
         return "unknown (the reward could not be computed)"
     return f"{'solved' if t.correct else 'not solved'} (reward {t.reward:g})"
-
-
-def _own_tokens(t: TrajectoryIn) -> np.ndarray:
-    """``[T]`` bool: the assistant turns' tokens (the model's own)."""
-    own = np.zeros(len(t.response_ids), dtype=bool)
-    for u in t.turns:
-        if u.role == "assistant" and u.token_start is not None:
-            own[u.token_start:u.token_end] = True
-    return own
 
 
 def _assistant_start(t: TrajectoryIn, k: int) -> int:

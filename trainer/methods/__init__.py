@@ -17,9 +17,7 @@ from .base import Hooks, LearnerContext, LossTerm, Method, WorkflowUse, best_of_
 METHODS: dict[str, Method] = {}
 
 #: Methods of the roadmap without an implementation yet: refused, never trained as something else.
-NOT_BUILT: dict[str, str] = {
-    "cleaner": "CLEANER (rollback of failed tool calls)",
-}
+NOT_BUILT: dict[str, str] = {}
 
 
 class UnknownMethod(ValueError):
@@ -56,7 +54,7 @@ def get_method(name: str) -> Method:
 
 
 def _load() -> None:
-    from . import baselines, lte, nexgrpo, r3l, raft  # noqa: F401  (importing registers them)
+    from . import baselines, cleaner, lte, nexgrpo, r3l, raft  # noqa: F401  (importing registers them)
 
     load_plugins()
 

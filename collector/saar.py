@@ -1,0 +1,294 @@
+"""CLEANER's similarity-aware adaptive rollback (SAAR; METHODS.md §5; CLEANER.md Sec. 4; docs/cleaner.md).
+
+:class:`SaarRollout` runs ``tool_python`` episodes as :class:`~collector.episodes.Rollout` does
+(one engine call per turn for every unfinished episode of the batch), with SAAR on a share ``p``
+of them (curriculum mixing, CLEANER.md Sec. 4.3). In an episode under SAAR:
+
+- a turn whose call **fails** is not committed. A failed execution is
+  :attr:`ToolResult.failed <collector.sandbox.ToolResult.failed>`: a non-zero exit, an uncaught
+  exception, death by a signal, the wall-clock timeout, a CPU, output or file limit. The
+  lookahead context is ``h̃_t = h_t ⊕ (r_t, c_t, o_t⁻)``                                 (Eq. 7)
+- the next engine call (beside the other episodes' turns) samples the correction
+  ``(r'_aux, c'_t) ~ π(·|h̃_t)``; its block runs in the sandbox                           (Eq. 8)
+- it runs: ``s = difflib.SequenceMatcher(None, c_t, c'_t).ratio()``; ``s ≥ γ``: shallow
+  replacement ``(r_t, c'_t, o'_t)``, else deep ``(r'_aux, c'_t, o'_t)``, committed as turn t; the
+  episode goes on from this purified history                                           (Eq. 9)
+- it fails, or holds no block (shown :data:`~collector.tasks.tool_use.NO_CODE`): the lookahead
+  context grows by the attempt and its error and the policy tries again, up to ``K`` corrections.
+  After ``K`` failures the original failed call is committed with its error and the note
+  :data:`~collector.tasks.tool_use.TRY_DIFFERENT`, and rollback stops for the episode (as the
+  authors' code does).
+
+Each episode yields two conversations: the **purified** one (``ep``: the committed history, what
+the policy saw from then on) and the **raw** one (``raw``: every turn in the order sampled, failed
+calls, their errors and the failed corrections included: Eq. 6's τ_noisy). Replacing turns leaves
+tokens sampled under the error context in the purified one: the workflow rescores it
+(collector/workflows/cleaner.py). The token ids of a shallow replacement are the original turn's
+up to the token where its fenced block starts, then the correction's from the token where its
+block starts (:func:`shallow_merge`): every token id is one the policy sampled.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .engines import Sample
+from .environments import EnvTask, Step
+from .episodes import Episode, Rollout, environment_ids
+from .sandbox import ToolResult
+from .tasks import tool_use
+
+REPLACEMENTS = ("shallow", "deep")
+
+
+def similarity(failed_code: str, corrected_code: str) -> float:
+    """``Sim(c_t, c'_t)``: ``difflib.SequenceMatcher(None, c_t, c'_t).ratio()`` (CLEANER.md Sec. 4.2)."""
+    return difflib.SequenceMatcher(None, failed_code, corrected_code).ratio()
+
+
+def replacement(sim: float, threshold: float) -> str:
+    """``shallow`` when ``sim ≥ γ`` (Case A, implementation-level repair), else ``deep`` (Case B)."""
+    return "shallow" if sim >= threshold else "deep"
+
+
+def fence_token(tokenizer: Any, token_ids: Sequence[int], text: str) -> int | None:
+    """Index of the token in which the turn's first fenced Python block begins (its first
+    backtick), or None when the turn has none. ``text`` is the turn decoded (special tokens skipped)."""
+    pos = tool_use.block_start(text)
+    if pos is None:
+        return None
+    ids = [int(i) for i in token_ids]
+    lo, hi = 0, len(ids)
+    while lo < hi:  # the smallest k whose first k + 1 tokens decode past the fence's first character
+        mid = (lo + hi) // 2
+        if len(tokenizer.decode(ids[:mid + 1], skip_special_tokens=True)) > pos:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+def shallow_merge(tokenizer: Any, failed: Sample, correction: Sample) -> Sample:
+    """The shallow replacement's turn ``(r_t, c'_t)``: the failed turn's tokens before its block,
+    then the correction's tokens from its block on (its closing token included). Log-probs are the
+    sampled ones (the workflow rescores them); the embedding is the correction's."""
+    kf = fence_token(tokenizer, failed.token_ids, failed.text)
+    kc = fence_token(tokenizer, correction.token_ids, correction.text)
+    if kf is None or kc is None:
+        raise ValueError("a shallow replacement needs a fenced Python block in both turns")
+    ids = np.concatenate([np.asarray(failed.token_ids[:kf]), np.asarray(correction.token_ids[kc:])]).astype(np.int32)
+    lps = np.concatenate([np.asarray(failed.logprobs[:kf]), np.asarray(correction.logprobs[kc:])]).astype(np.float32)
+    return Sample(prompt_ids=failed.prompt_ids, token_ids=ids, logprobs=lps, finish_reason=correction.finish_reason,
+                  text=tokenizer.decode(ids.tolist(), skip_special_tokens=True), embedding=correction.embedding,
+                  stop=correction.stop)
+
+
+@dataclass(frozen=True)
+class Rollback:
+    """One failed call that SAAR tried to roll back (a ``purifications`` row).
+
+    Attributes:
+        turn: the position of the committed turn in the purified episode's turns (response turns).
+        attempts: corrections sampled (1..K).
+        recovered: a correction ran; then ``similarity`` and ``replacement`` are set.
+        error_text: ``o_t⁻`` as the model was shown it; ``error_status``: its ToolResult status.
+        failed_code: ``c_t``; corrected_code: ``c'_t`` (the last attempt's block when none ran).
+    """
+
+    turn: int
+    attempts: int
+    recovered: bool
+    similarity: float | None
+    replacement: str | None
+    error_text: str
+    error_status: str
+    failed_code: str
+    corrected_code: str | None
+
+
+@dataclass
+class _Lookahead:
+    failed: Sample  # (r_t, c_t) as sampled
+    code: str  # c_t
+    result: ToolResult  # o_t⁻
+    shown: str  # o_t⁻ as shown to the model
+    ids: list[int]  # h̃: the prompt, the committed turns, the failed turn, its error, failed corrections
+    messages: list[dict]
+    attempts: int = 0
+    last_code: str | None = None
+
+
+@dataclass
+class SaarEpisode:
+    """An episode under :class:`SaarRollout`: the purified conversation ``ep`` (committed), the raw
+    one ``raw`` (as sampled), whether SAAR applies (``saar``), the rollbacks made, every sandbox
+    call (lookahead ones included: ``status``, ``seconds``, ``lookahead``)."""
+
+    ep: Episode
+    raw: Episode
+    saar: bool
+    stopped: bool = False  # K corrections failed: no more rollback in this episode
+    look: _Lookahead | None = None
+    rollbacks: list[Rollback] = field(default_factory=list)
+    calls: list[dict] = field(default_factory=list)
+
+    @property
+    def env(self):
+        return self.ep.env
+
+    @property
+    def done(self) -> bool:
+        return self.look is None and self.ep.last is not None and self.ep.last.done
+
+    def next_prompt(self) -> list[int]:
+        if self.look is not None:
+            return self.look.ids
+        return [*np.asarray(self.ep.prompt_ids).tolist(), *self.ep.ids]
+
+
+class SaarRollout(Rollout):
+    """:class:`Rollout` with SAAR (module docstring).
+
+    Args:
+        share: ``p``, the probability that an episode gets SAAR (the rest stay raw).
+        max_attempts: ``K``, corrections per failed call.
+        threshold: ``γ``, the similarity at or above which a replacement is shallow.
+        rng: draws which episodes get SAAR.
+    """
+
+    def __init__(self, engine: Any, make_env: Callable[[EnvTask], Any], params: Callable, version: int = 0, *,
+                 share: float = 1.0, max_attempts: int = 3, threshold: float = 0.5,
+                 rng: np.random.Generator | None = None):
+        super().__init__(engine, make_env, params, version)
+        self.share, self.max_attempts, self.threshold = share, max_attempts, threshold
+        self.rng = rng or np.random.default_rng()
+
+    def saar_episodes(self, tasks: Sequence[EnvTask], n: int) -> list[list[SaarEpisode]]:
+        """``n`` episodes of each task (``result[i][j]``: episode ``j`` of task ``i``), finished."""
+        rows = []
+        for task in tasks:
+            row = []
+            for _ in range(n):
+                env = self.make_env(task)
+                if not hasattr(env, "tool_feedback"):
+                    raise ValueError(f"SAAR needs a tool environment (tool_python); {type(env).__name__} has no tool calls")
+                messages = env.reset()
+                row.append(SaarEpisode(Episode(env, list(messages), list(messages)),
+                                       Episode(env, list(messages), list(messages)),
+                                       saar=bool(self.rng.random() < self.share)))
+            rows.append(row)
+        self._play(rows, n)
+        return rows
+
+    # ------------------------------------------------------------------ the turn loop
+
+    def _turns(self, rows: list[list[SaarEpisode]], n: int, tok: Any) -> None:
+        samples = self._generate([row[0].ep.messages for row in rows], n)
+        active: list[tuple[SaarEpisode, Sample]] = []
+        for row, batch in zip(rows, samples):
+            for se, s in zip(row, batch):
+                se.ep.prompt_ids = se.raw.prompt_ids = s.prompt_ids
+                active.append((se, s))
+        while active:
+            going = self._advance(active, tok)
+            if not going:
+                break
+            out = self._generate([se.next_prompt() for se in going], 1)
+            active = [(se, batch[0]) for se, batch in zip(going, out)]
+
+    def _advance(self, active: list[tuple[SaarEpisode, Sample]], tok: Any) -> list[SaarEpisode]:
+        """One turn of every active episode: all calls run together, then each episode moves on."""
+        codes = [tool_use.code_block(s.text) if se.look is not None else se.env.pending_code(s.text)
+                 for se, s in active]
+        results = self._run([se.env for se, _ in active], codes)
+        going = []
+        for i, (se, s) in enumerate(active):
+            code, res = codes[i], results.get(i)
+            if res is not None:
+                se.calls.append({"status": res.status, "seconds": round(res.seconds, 4), "lookahead": se.look is not None})
+            if se.look is not None:
+                self._correction(se, s, code, res, tok)
+            elif res is not None and res.failed and se.saar and not se.stopped:
+                self._open(se, s, code, res, tok)
+            else:
+                step = se.env.step(s.text, s.finish_reason, res)
+                self._commit(se, s, step, tok)
+                self._keep_raw(se, s, step, tok)
+            if not se.done:
+                going.append(se)
+        return going
+
+    @staticmethod
+    def _run(envs: list, codes: list[str | None]) -> dict[int, ToolResult]:
+        """Every non-None code, concurrently per sandbox (at most its ``max_concurrency`` at a time)."""
+        by_box: dict[int, list[int]] = {}
+        for i, c in enumerate(codes):
+            if c is not None:
+                by_box.setdefault(id(envs[i].sandbox), []).append(i)
+        results: dict[int, ToolResult] = {}
+        for idx in by_box.values():
+            for i, res in zip(idx, envs[idx[0]].sandbox.run_many([codes[i] for i in idx])):
+                results[i] = res
+        return results
+
+    def _commit(self, se: SaarEpisode, s: Sample, step: Step, tok: Any) -> None:
+        se.ep.take(s, step, self.version)
+        if not step.done:
+            se.ep.feed(tok, s, step, self.version)
+        se.ep.attempt += 1
+
+    def _keep_raw(self, se: SaarEpisode, s: Sample, step: Step, tok: Any) -> None:
+        se.raw.take(s, step, self.version)
+        if not step.done:
+            se.raw.feed(tok, s, step, self.version)
+        se.raw.attempt += 1
+
+    def _open(self, se: SaarEpisode, s: Sample, code: str, res: ToolResult, tok: Any) -> None:
+        """A failed call under SAAR: not committed; the lookahead context h̃_t (Eq. 7)."""
+        err = se.env.tool_feedback(res)
+        self._keep_raw(se, s, err, tok)
+        env_ids = environment_ids(tok, se.ep.messages, err.feedback, s.token_ids.tolist(), s.finish_reason)
+        ids = [*np.asarray(se.ep.prompt_ids).tolist(), *se.ep.ids, *s.token_ids.tolist(), *env_ids]
+        messages = [*se.ep.messages, {"role": "assistant", "content": s.text}, *err.feedback]
+        se.look = _Lookahead(s, code, res, err.feedback[0]["content"], ids, messages)
+
+    def _correction(self, se: SaarEpisode, s: Sample, code: str | None, res: ToolResult | None, tok: Any) -> None:
+        """A correction sampled from h̃_t (Eq. 8): merged into the history when it ran (Eq. 9),
+        else tried again, up to K times."""
+        look = se.look
+        look.attempts += 1
+        look.last_code = code if code is not None else look.last_code
+        turn = len(se.ep.turns)
+        if res is not None and not res.failed:
+            sim = similarity(look.code, code)
+            kind = replacement(sim, self.threshold)
+            merged = shallow_merge(tok, look.failed, s) if kind == "shallow" else s
+            step = se.env.step(merged.text, merged.finish_reason, res)
+            self._commit(se, merged, step, tok)
+            self._keep_raw(se, s, step, tok)
+            se.rollbacks.append(Rollback(turn, look.attempts, True, sim, kind, look.shown, look.result.status,
+                                         look.code, code))
+            se.look = None
+            return
+        err = se.env.tool_feedback(res)  # res None: no block to run (NO_CODE)
+        self._keep_raw(se, s, err, tok)
+        if look.attempts < self.max_attempts:
+            look.ids += [*s.token_ids.tolist(),
+                         *environment_ids(tok, look.messages, err.feedback, s.token_ids.tolist(), s.finish_reason)]
+            look.messages += [{"role": "assistant", "content": s.text}, *err.feedback]
+            return
+        # K corrections failed: the error stays in the history, with a note; no more rollback
+        step = se.env.step(look.failed.text, look.failed.finish_reason, look.result, note=tool_use.TRY_DIFFERENT)
+        self._commit(se, look.failed, step, tok)
+        se.rollbacks.append(Rollback(turn, look.attempts, False, None, None, look.shown, look.result.status,
+                                     look.code, look.last_code))
+        se.stopped, se.look = True, None
+
+
+__all__ = ["REPLACEMENTS", "Rollback", "SaarEpisode", "SaarRollout", "fence_token", "replacement", "shallow_merge",
+           "similarity"]
