@@ -25,7 +25,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = ROOT / "examples" / "arithmetic-cleaner.yaml"
-GSM8K = ROOT.parent / "shared" / "data" / "gsm8k" / "train.jsonl"
+#: ../shared/data/gsm8k/train.jsonl beside the project (REFLEXDB_SHARED: that folder, when run from a copy elsewhere)
+GSM8K = Path(os.environ.get("REFLEXDB_SHARED") or ROOT.parent / "shared") / "data" / "gsm8k" / "train.jsonl"
 
 #: name -> config overrides (the task; the method is the example's)
 SETTINGS = {
@@ -47,7 +48,8 @@ FROM trajectories t JOIN runs u ON u.id = t.run_id JOIN groups g ON g.id = t.gro
 WHERE u.name = :run AND t.origin = 'raw' GROUP BY 1 ORDER BY 2 DESC
 """
 ERRORS = """
-SELECT coalesce(substring(u.text from '([A-Za-z]*Error|Timed out|CPU time|[A-Za-z ]*limit)'), left(u.text, 40)) AS kind,
+SELECT coalesce(substring(u.text from '([A-Z][A-Za-z]*(Error|Exception)|Timed out|CPU time|[a-z ]*limit|no Python block)'),
+                left(u.text, 40)) AS kind,
        count(*)
 FROM turns u JOIN trajectories t ON t.id = u.trajectory_id JOIN runs r ON r.id = t.run_id
 WHERE r.name = :run AND t.origin = 'raw' AND u.role = 'tool' AND u.tool_error GROUP BY 1 ORDER BY 2 DESC
@@ -125,19 +127,20 @@ def main() -> None:
     store = Store.open(os.environ.get("REFLEXDB_DATABASE_URL"), create_schema=True)
     load = os.getloadavg()[0]
     overrides = parse_overrides(args.overrides)
-    results = [measure(s, args.groups, store, args.seed, overrides) for s in args.settings.split(",")]
-    store.close()
     out = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "machine": f"{os.cpu_count()} cores",
-           "load_before": load, "config": str(CONFIG.relative_to(ROOT)), "results": results}
-    for r in results:
+           "load_before": load, "config": str(CONFIG.relative_to(ROOT)), "results": []}
+    for name in args.settings.split(","):
+        r = measure(name, args.groups, store, args.seed, overrides)
+        out["results"].append(r)
         print(f"{r['setting']:8} episodes {r['episodes']:3}  code {r['code_rate']:.2f}  calls ok {r['calls_ok']}/"
               f"{r['sandbox_calls']}  errors/episode {r['errors_per_episode']:.2f}  rollbacks {r['rollbacks']} "
               f"recovered {r['recovered']} (shallow {r['shallow']}, deep {r['deep']})  pass@1 {r['pass_at_1']:.3f}  "
-              f"{r['seconds']} s")
+              f"{r['seconds']} s", flush=True)
         for e in r["error_kinds"][:5]:
-            print(f"    {e['count']:3} × {e['kind']}")
-    if args.json_out:
-        args.json_out.write_text(json.dumps(out, indent=2, default=str) + "\n")
+            print(f"    {e['count']:3} × {e['kind']}", flush=True)
+        if args.json_out:  # after each setting: a cut-short measurement keeps what it measured
+            args.json_out.write_text(json.dumps(out, indent=2, default=str) + "\n")
+    store.close()
 
 
 if __name__ == "__main__":

@@ -51,6 +51,24 @@ def test_eval_stores_eval_groups_and_logs_to_mlflow(store, tmp_path, monkeypatch
     assert "eval/pass_at_k" in run.data.metrics and run.data.params["eval.k"] == "3"
 
 
+@pytest.mark.parametrize("environment, used", [
+    ({"name": "tool_python", "max_tool_calls": 1, "timeout_s": 2.0, "cpu_s": 2}, "tool_python"),  # tool use, no rollback
+    ({"name": "multi_attempt", "max_attempts": 3}, "single"),  # one attempt: the plain prompt
+])
+def test_eval_runs_the_run_s_own_environment(store, tmp_path, monkeypatch, environment, used):
+    import reflexdb.collector.episodes as episodes
+
+    monkeypatch.setenv("REFLEXDB_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("REFLEXDB_MODEL_CACHE", os.environ.get("REFLEXDB_MODEL_CACHE", str(tmp_path / "models")))
+    names, real = [], episodes.environment_factory
+    monkeypatch.setattr(episodes, "environment_factory", lambda name, *a: names.append(name) or real(name, *a))
+    cfg = parse_config({"run": "ev-env", "model": "tiny", "algorithm": "dapo", "environment": environment,
+                        "tasks": {"template": "tool_python" if used == "tool_python" else "plain"},
+                        "collector": {"sampling": {"max_new_tokens": 6}}})
+    r = evaluate(cfg, store, "base", k=2, max_tasks=1, echo=lambda m: None)
+    assert names == [used] and r.tasks == 1
+
+
 def test_learner_eligible_view(store):
     run, tasks = setup_run(store, "elig")
     rng = np.random.default_rng(0)

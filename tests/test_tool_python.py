@@ -210,3 +210,11 @@ def test_arithmetic_levels_for_tool_use():
     assert all(" * " in t.prompt and int(t.ground_truth) >= 1000 for t in products)
     assert all(4 <= t.prompt.count("+") <= 6 for t in sums)
     assert not {t.prompt for t in arithmetic_tasks(20, level=7, split="eval")} & {t.prompt for t in products}
+
+
+def test_the_one_shot_template_puts_a_worked_exchange_before_the_question():
+    msgs = get_template("tool_python_shot").messages(TASK.prompt)
+    assert [m["role"] for m in msgs] == ["system", "user", "assistant", "user", "assistant", "user"]
+    assert code_block(msgs[2]["content"]) == "print(372 * 419)" and str(372 * 419) in msgs[3]["content"]
+    assert msgs[4]["content"].endswith("\\boxed{155868}.") and msgs[-1]["content"] == TASK.prompt
+    assert get_template("tool_python").messages(TASK.prompt)[1:] == [{"role": "user", "content": TASK.prompt}]

@@ -31,15 +31,19 @@ class PromptTemplate:
         user: format string with a ``{question}`` field.
         system: optional system message; ``None`` keeps the chat template's default.
         answer_format: the extractor that fits the instructions (see :mod:`reflexdb.collector.rewards`).
+        shots: example turns (chat messages, ``user`` and ``assistant``: an exchange in the format
+            asked for) put between the system message and the question: a few-shot prompt.
     """
 
     name: str
     user: str
     system: str | None = None
     answer_format: str = "auto"
+    shots: tuple[Mapping[str, str], ...] = ()
 
     def messages(self, question: str) -> list[dict[str, str]]:
         out = [{"role": "system", "content": self.system}] if self.system else []
+        out += [dict(m) for m in self.shots]
         out.append({"role": "user", "content": self.user.format(question=question)})
         return out
 

@@ -2,7 +2,8 @@
 
 The model reasons, writes one fenced Python block per turn, reads what the interpreter printed
 (or its error) in the next user message, and ends with its final answer in ``\\boxed{}``. The
-prompt template ``tool_python`` carries the instructions; :func:`code_block` finds the call in a
+prompt template ``tool_python`` carries the instructions (``tool_python_shot``: the same, with one
+worked exchange before the question); :func:`code_block` finds the call in a
 turn; :func:`observation` formats the interpreter's answer.
 """
 
@@ -32,6 +33,17 @@ NO_CODE = "Error:\n```\nthere is no Python block to run: write the corrected cod
 TRY_DIFFERENT = "The code keeps failing. Try a different approach."
 
 TEMPLATE = register_template(PromptTemplate("tool_python", USER, system=SYSTEM, answer_format="boxed"))
+
+#: One worked exchange in the format (a call, its output, the answer): a small model that rarely
+#: writes a block from the instructions alone imitates it (docs/cleaner.md, measured at v0).
+SHOT = (
+    {"role": "user", "content": "What is 372 * 419?"},
+    {"role": "assistant", "content": "I will multiply the numbers with Python.\n```python\nprint(372 * 419)\n```"},
+    {"role": "user", "content": OUTPUT.format(text="155868")},
+    {"role": "assistant", "content": "The product is \\boxed{155868}."},
+)
+TEMPLATE_SHOT = register_template(PromptTemplate("tool_python_shot", USER, system=SYSTEM, answer_format="boxed",
+                                                 shots=SHOT))
 
 _BLOCK = re.compile(r"```(?:python|py)[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL | re.IGNORECASE)
 
