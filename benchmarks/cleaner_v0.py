@@ -8,7 +8,8 @@ says: how many episodes wrote a code block at all, how many calls ran, the raw t
 episode, how many failed calls a correction fixed (shallow or deep), pass@1; the errors by kind
 and a few stored turns verbatim.
 
-    python benchmarks/cleaner_v0.py --json-out benchmarks/results/cleaner_v0.json
+    python benchmarks/cleaner_v0.py --json-out benchmarks/results/cleaner_v0_shot.json   # the example's prompt
+    python benchmarks/cleaner_v0.py --set tasks.template=tool_python --json-out benchmarks/results/cleaner_v0_plain.json
     python benchmarks/cleaner_v0.py --settings level7 --groups 2
 """
 

@@ -315,8 +315,8 @@ class Collector:
             drill.phase("written")
 
     def _count(self, g: GroupIn) -> None:
-        # reflexdb/origins.py; a group of kind 'retry' holds a method's auxiliary rows (a purified
-        # row's raw twin is counted through its purified row): never samples of pass@1
+        # reflexdb/origins.py; a group of kind 'retry' holds a method's auxiliary rows, whose
+        # episodes are counted through the training group's rows: never samples of pass@1
         own = [t for t in g.trajectories if ORIGINS[t.origin].pass_at_1] if g.kind != "retry" else []
         self.stats.groups += 1
         if g.kind != "fresh":

@@ -37,6 +37,8 @@ from typing import Any
 
 import numpy as np
 
+from reflexdb.cleaner import Rollback
+
 from .engines import Sample
 from .environments import EnvTask, Step
 from .episodes import Episode, Rollout, environment_ids
@@ -86,29 +88,6 @@ def shallow_merge(tokenizer: Any, failed: Sample, correction: Sample) -> Sample:
     return Sample(prompt_ids=failed.prompt_ids, token_ids=ids, logprobs=lps, finish_reason=correction.finish_reason,
                   text=tokenizer.decode(ids.tolist(), skip_special_tokens=True), embedding=correction.embedding,
                   stop=correction.stop)
-
-
-@dataclass(frozen=True)
-class Rollback:
-    """One failed call that SAAR tried to roll back (a ``purifications`` row).
-
-    Attributes:
-        turn: the position of the committed turn in the purified episode's turns (response turns).
-        attempts: corrections sampled (1..K).
-        recovered: a correction ran; then ``similarity`` and ``replacement`` are set.
-        error_text: ``o_t⁻`` as the model was shown it; ``error_status``: its ToolResult status.
-        failed_code: ``c_t``; corrected_code: ``c'_t`` (the last attempt's block when none ran).
-    """
-
-    turn: int
-    attempts: int
-    recovered: bool
-    similarity: float | None
-    replacement: str | None
-    error_text: str
-    error_status: str
-    failed_code: str
-    corrected_code: str | None
 
 
 @dataclass

@@ -21,18 +21,20 @@ Q = load_queries("cleaner.sql")
 
 
 @dataclass(frozen=True)
-class PurificationIn:
-    """A ``purifications`` row to write with its group.
+class Rollback:
+    """One failed tool call SAAR tried to roll back (``collector/saar.py``).
 
     Attributes:
-        index: the purified trajectory's position in the group.
-        turn_index: the replaced turn's index in that trajectory's turns (prompt turns counted).
-        attempts, recovered, similarity, replacement, error_text, error_status, failed_code,
-        corrected_code: as :class:`collector.saar.Rollback` (``replacement`` None when not recovered).
+        turn: the position of the committed turn among the purified episode's response turns.
+        attempts: corrections sampled (1..K).
+        recovered: a correction ran; then ``similarity`` and ``replacement`` are set.
+        similarity: ``difflib`` ratio of the failed and the corrected code.
+        replacement: ``shallow`` or ``deep`` (None when not recovered).
+        error_text: ``o_t⁻`` as the model was shown it; ``error_status``: its ToolResult status.
+        failed_code: ``c_t``; corrected_code: ``c'_t`` (the last attempt's block when none ran).
     """
 
-    index: int
-    turn_index: int
+    turn: int
     attempts: int
     recovered: bool
     similarity: float | None
@@ -41,6 +43,17 @@ class PurificationIn:
     error_status: str
     failed_code: str
     corrected_code: str | None
+
+
+@dataclass(frozen=True)
+class PurificationIn:
+    """A ``purifications`` row to write with its group: ``rollback`` of the purified trajectory at
+    position ``index`` of the group, whose replaced turn is ``turn_index`` of its turns (prompt
+    turns counted)."""
+
+    index: int
+    turn_index: int
+    rollback: Rollback
 
 
 def _text(value: str | None) -> str | None:
@@ -60,12 +73,13 @@ class Purifications:
         return None
 
     def after(self, cur, written, collector: str | None) -> None:
-        for r in self.rows:
+        for row in self.rows:
+            r = row.rollback
             cur.execute(Q["insert_purification"], {
-                "trajectory_id": written.trajectory_ids[r.index], "turn_index": r.turn_index, "attempts": r.attempts,
-                "recovered": r.recovered, "similarity": r.similarity, "replacement": r.replacement,
-                "error_text": _text(r.error_text), "error_status": r.error_status,
+                "trajectory_id": written.trajectory_ids[row.index], "turn_index": row.turn_index,
+                "attempts": r.attempts, "recovered": r.recovered, "similarity": r.similarity,
+                "replacement": r.replacement, "error_text": _text(r.error_text), "error_status": r.error_status,
                 "failed_code": _text(r.failed_code), "corrected_code": _text(r.corrected_code)})
 
 
-__all__ = ["PurificationIn", "Purifications"]
+__all__ = ["PurificationIn", "Purifications", "Rollback"]

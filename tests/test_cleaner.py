@@ -450,7 +450,7 @@ def write_cleaner_task(store, run: int, task: int, episodes: list[dict], *, vers
     Each episode: ``raw`` (errors of its calls), ``pure`` (or None), ``rollbacks`` (PurificationIn
     fields after ``index``), ``reward``."""
     from reflexdb import GroupIn, Sibling
-    from reflexdb.cleaner import PurificationIn, Purifications
+    from reflexdb.cleaner import PurificationIn, Purifications, Rollback
 
     rng = np.random.default_rng(task)
     train, twins, rbs = [], [], []
@@ -464,7 +464,7 @@ def write_cleaner_task(store, run: int, task: int, episodes: list[dict], *, vers
         pure = tool_trajectory(rng, ep["pure"], origin="purified", reward=ep["reward"], meta=meta,
                                parent_trajectory_id=Sibling(1, len(twins)))
         twins.append(raw)
-        rbs += [PurificationIn(len(train), *r) for r in ep["rollbacks"]]
+        rbs += [PurificationIn(len(train), r[0], Rollback(r[0] - 1, *r[1:])) for r in ep["rollbacks"]]
         train.append(pure)
     groups = [GroupIn(run_id=run, task_id=task, policy_version=version, trajectories=train, workflow="cleaner",
                       attachments=[Purifications(tuple(rbs))])]
@@ -520,3 +520,26 @@ def test_the_view_on_hand_made_data(store):
         write_cleaner_task(store, run, tx, bad)
     assert rows(store, "SELECT count(*) FROM purifications") == [(4,)]
     assert rows(store, "SELECT count(*) FROM trajectories WHERE run_id = :r", r=run) == [(8,)]
+
+
+@pytest.mark.slow
+def test_reflexdb_run_trains_the_cleaner_example_end_to_end(store, db_url, tmp_path, model_cache):
+    """`reflexdb run examples/arithmetic-cleaner.yaml` (the tiny model, shortened): the collector's
+    SAAR episodes in the real sandbox, a DAPO step with cleaner/* metrics, eval with tool use."""
+    import subprocess
+
+    from .processes import REFLEXDB, child_env
+
+    example = Path(__file__).parent.parent / "examples" / "arithmetic-cleaner.yaml"
+    short = ["model=tiny", "collector.group_size=4", "collector.tasks_per_batch=2", "collector.sampling.max_new_tokens=8",
+             "learner.groups_per_step=2", "learner.micro_batch_size=3", "learner.eval_samples=2", "tasks.eval_size=2",
+             "learner.keep_states=1", "learner.keep_policies=2", "run=cleaner-short"]
+    cmd = REFLEXDB + ["run", str(example), "--max-steps", "1"] + [a for s in short for a in ("--set", s)]
+    proc = subprocess.run(cmd, env=child_env(db_url, tmp_path, model_cache), capture_output=True, text=True,
+                          timeout=1800)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "run 'cleaner-short': 1 learner steps, policy v1" in proc.stdout
+    [(m,)] = rows(store, "SELECT metrics FROM learner_steps")
+    assert m["cleaner/saar_share"] == 1.0 and math.isfinite(m["cleaner/raw_tool_calls_per_traj"])
+    assert rows(store, "SELECT DISTINCT workflow FROM groups WHERE kind <> 'eval'") == [("cleaner",)]
+    assert rows(store, "SELECT count(*) FROM cleaner_tool_errors WHERE group_kind = 'eval'") == [(4,)]

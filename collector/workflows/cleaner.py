@@ -98,9 +98,7 @@ class CleanerWorkflow(GroupWorkflow):
             pure.parent_trajectory_id = Sibling(1, len(twins))
             twins.append(raw)
             prompt_turns = sum(u.token_start is None for u in pure.turns)
-            rows += [PurificationIn(len(train), prompt_turns + r.turn, r.attempts, r.recovered, r.similarity,
-                                    r.replacement, r.error_text, r.error_status, r.failed_code, r.corrected_code)
-                     for r in se.rollbacks]
+            rows += [PurificationIn(len(train), prompt_turns + r.turn, r) for r in se.rollbacks]
             train.append(pure)
         meta = {"saar_share": self.share, "n_saar": sum(se.saar for se in episodes), "n_purified": len(twins)}
         group = GroupIn(run_id=c.run_id, task_id=task.id, policy_version=c.version, trajectories=train,
