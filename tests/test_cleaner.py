@@ -362,6 +362,9 @@ def test_the_learner_trains_the_purified_rows_with_cleaner_metrics(store, tmp_pa
     from reflexdb.trainer.learner import Learner
 
     monkeypatch.setenv("REFLEXDB_HOME", str(tmp_path / "home"))
+    # MLflow exports the tracking URI it is given into os.environ: restored after the test, so the
+    # tests after this one track into their own homes
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
     cfg = _config()
     collector = Collector(cfg, store, echo=lambda m: None)
     collector.setup()
@@ -542,4 +545,6 @@ def test_reflexdb_run_trains_the_cleaner_example_end_to_end(store, db_url, tmp_p
     [(m,)] = rows(store, "SELECT metrics FROM learner_steps")
     assert m["cleaner/saar_share"] == 1.0 and math.isfinite(m["cleaner/raw_tool_calls_per_traj"])
     assert rows(store, "SELECT DISTINCT workflow FROM groups WHERE kind <> 'eval'") == [("cleaner",)]
-    assert rows(store, "SELECT count(*) FROM cleaner_tool_errors WHERE group_kind = 'eval'") == [(4,)]
+    # `run` evaluates the base model and the final policy: 2 × (2 tasks × 2 samples), tool use, no rollback
+    assert rows(store, "SELECT count(*), count(DISTINCT origin) FROM cleaner_tool_errors WHERE group_kind = 'eval'") \
+        == [(8, 1)]
