@@ -41,6 +41,7 @@ from reflexdb.cleaner import Rollback
 
 from .engines import Sample
 from .environments import EnvTask, Step
+from .environments.tool_python import run_calls
 from .episodes import Episode, Rollout, environment_ids
 from .sandbox import ToolResult
 from .tasks import tool_use
@@ -184,7 +185,7 @@ class SaarRollout(Rollout):
         """One turn of every active episode: all calls run together, then each episode moves on."""
         codes = [tool_use.code_block(s.text) if se.look is not None else se.env.pending_code(s.text)
                  for se, s in active]
-        results = self._run([se.env for se, _ in active], codes)
+        results = run_calls([se.env for se, _ in active], codes)
         going = []
         for i, (se, s) in enumerate(active):
             code, res = codes[i], results.get(i)
@@ -201,19 +202,6 @@ class SaarRollout(Rollout):
             if not se.done:
                 going.append(se)
         return going
-
-    @staticmethod
-    def _run(envs: list, codes: list[str | None]) -> dict[int, ToolResult]:
-        """Every non-None code, concurrently per sandbox (at most its ``max_concurrency`` at a time)."""
-        by_box: dict[int, list[int]] = {}
-        for i, c in enumerate(codes):
-            if c is not None:
-                by_box.setdefault(id(envs[i].sandbox), []).append(i)
-        results: dict[int, ToolResult] = {}
-        for idx in by_box.values():
-            for i, res in zip(idx, envs[idx[0]].sandbox.run_many([codes[i] for i in idx])):
-                results[i] = res
-        return results
 
     def _commit(self, se: SaarEpisode, s: Sample, step: Step, tok: Any) -> None:
         se.ep.take(s, step, self.version)

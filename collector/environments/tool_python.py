@@ -38,6 +38,20 @@ def shared_sandbox(limits: SandboxLimits, concurrency: int) -> PythonSandbox:
     return box
 
 
+def run_calls(envs: list, codes: list[str | None]) -> dict[int, ToolResult]:
+    """``{i: result}`` of every non-None ``codes[i]``, run in ``envs[i]``'s sandbox: the calls of
+    each sandbox concurrently (at most its ``max_concurrency`` at a time)."""
+    by_box: dict[int, list[int]] = {}
+    for i, code in enumerate(codes):
+        if code is not None:
+            by_box.setdefault(id(envs[i].sandbox), []).append(i)
+    results: dict[int, ToolResult] = {}
+    for idx in by_box.values():
+        for i, res in zip(idx, envs[idx[0]].sandbox.run_many([codes[i] for i in idx])):
+            results[i] = res
+    return results
+
+
 @register_environment("tool_python")
 class ToolPython:
     class Options(BaseModel):
@@ -130,15 +144,7 @@ class ToolPython:
     def step_batch(cls, envs: list[ToolPython], texts: list[str], reasons: list[str]) -> list[Step]:
         """One turn of many episodes: their calls run concurrently (at most ``concurrency`` at a
         time), then each episode steps with its result, in order."""
-        codes = [env.pending_code(t) for env, t in zip(envs, texts)]
-        todo = [i for i, c in enumerate(codes) if c is not None]
-        results: dict[int, ToolResult] = {}
-        by_box: dict[int, list[int]] = {}
-        for i in todo:
-            by_box.setdefault(id(envs[i].sandbox), []).append(i)
-        for idx in by_box.values():
-            for i, res in zip(idx, envs[idx[0]].sandbox.run_many([codes[i] for i in idx])):
-                results[i] = res
+        results = run_calls(envs, [env.pending_code(t) for env, t in zip(envs, texts)])
         return [env.step(t, r, results.get(i)) for i, (env, t, r) in enumerate(zip(envs, texts, reasons))]
 
     def restore(self, turn: int) -> list[dict[str, str]]:
