@@ -6,16 +6,30 @@ turned into :class:`~reflexdb.errors.DatabaseUnavailable` naming the URL with it
 
 from __future__ import annotations
 
+import os
+
 import psycopg
 from sqlalchemy import create_engine, event, text
 from sqlalchemy.engine import Engine
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import OperationalError, ProgrammingError
 
 from . import codecs, embedded
 from .errors import DatabaseUnavailable
-from .settings import DatabaseTarget, mask_url, normalize_url, resolve_target
+from .settings import DatabaseTarget, mask_url, normalize_url, resolve_target, scrub
 
 CONNECT_TIMEOUT_S = 10
+#: the session name (pg_stat_activity.application_name) of this process's connections
+ENV_APPLICATION_NAME = "REFLEXDB_APPLICATION_NAME"
+
+
+def name_process(role: str, run: str) -> None:
+    """Name this process's database sessions ``reflexdb <role> <run>`` (``reflexdb runs`` finds a run's
+    live processes by it; PostgreSQL keeps 63 bytes of it)."""
+    os.environ[ENV_APPLICATION_NAME] = f"reflexdb {role} {run}"
+
+
+def application_name() -> str:
+    return os.environ.get(ENV_APPLICATION_NAME) or "reflexdb"
 
 
 def database_url(target: DatabaseTarget | None = None) -> str:
@@ -39,7 +53,7 @@ def make_engine(url: str | None = None, *, pool_size: int = 5) -> Engine:
         url,
         pool_size=pool_size,
         pool_pre_ping=True,
-        connect_args={"connect_timeout": CONNECT_TIMEOUT_S, "application_name": "reflexdb"},
+        connect_args={"connect_timeout": CONNECT_TIMEOUT_S, "application_name": application_name()},
     )
 
     @event.listens_for(engine, "connect")
@@ -49,7 +63,7 @@ def make_engine(url: str | None = None, *, pool_size: int = 5) -> Engine:
     try:
         with engine.connect() as conn:
             conn.execute(text("SELECT 1"))
-    except OperationalError as exc:
+    except (OperationalError, ProgrammingError) as exc:  # unreachable, refused; or an option libpq rejects
         engine.dispose()
         raise DatabaseUnavailable(_describe(url, exc.orig)) from None
     return engine
@@ -58,15 +72,16 @@ def make_engine(url: str | None = None, *, pool_size: int = 5) -> Engine:
 def connect_raw(url: str, **kwargs) -> psycopg.Connection:
     """A plain psycopg connection (LISTEN, bulk COPY) with the numpy adapters installed."""
     try:
+        kwargs.setdefault("application_name", application_name())
         conn = psycopg.connect(libpq_url(url), connect_timeout=CONNECT_TIMEOUT_S, **kwargs)
-    except psycopg.OperationalError as exc:
+    except (psycopg.OperationalError, psycopg.ProgrammingError) as exc:
         raise DatabaseUnavailable(_describe(url, exc)) from None
     codecs.register(conn)
     return conn
 
 
 def _describe(url: str, exc: BaseException | None) -> str:
-    reason = str(exc).strip().splitlines()[0] if exc else "unknown error"
+    reason = scrub(str(exc).strip().splitlines()[0], url) if exc else "unknown error"
     return (
         f"cannot connect to PostgreSQL at {mask_url(url)}: {reason}\n"
         "Check that the server is running and the URL (REFLEXDB_DATABASE_URL or database_url in "

@@ -11,6 +11,7 @@ Resolution order for the database URL:
 from __future__ import annotations
 
 import os
+import re
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -80,7 +81,10 @@ def resolve_target(url: str | None = None) -> DatabaseTarget:
 
 
 def normalize_url(url: str) -> str:
-    """Accept ``postgres://`` and ``postgresql://`` and make them use the psycopg 3 driver."""
+    """Accept ``postgres://``, ``postgresql://`` and a libpq key/value DSN (``host=h dbname=d``), and
+    make them a URL for the psycopg 3 driver."""
+    if "://" not in url:
+        return _dsn_to_url(url)
     try:
         parsed = make_url(url)
     except Exception:
@@ -94,15 +98,77 @@ def normalize_url(url: str) -> str:
     return parsed.render_as_string(hide_password=False)
 
 
-def mask_url(url: str) -> str:
-    """The URL with its password replaced by ``***`` (safe to print and log)."""
+def _dsn_to_url(dsn: str) -> str:
+    """A key/value DSN as the equivalent ``postgresql+psycopg://`` URL (libpq parses it)."""
+    from psycopg.conninfo import conninfo_to_dict
+    from urllib.parse import quote
+
+    from sqlalchemy.engine import URL
+
     try:
-        return make_url(url).render_as_string(hide_password=True).replace("+psycopg://", "://", 1)
-    except Exception:
-        # Unparseable: mask anything between ':' and '@' after the scheme.
-        head, sep, tail = url.partition("://")
-        if "@" in tail:
-            cred, _, rest = tail.rpartition("@")
-            user = cred.split(":", 1)[0]
-            return f"{head}{sep}{user}:***@{rest}"
-        return url
+        params = {k: str(v) for k, v in conninfo_to_dict(dsn).items()}
+    except Exception as exc:
+        reason = scrub(str(exc).strip().splitlines()[0], dsn)
+        raise ReflexdbError(
+            f"not a database URL or DSN: {mask_url(dsn)!r} ({reason}; expected postgresql://user@host:port/dbname "
+            "or host=... dbname=...)") from None
+    if not params:
+        raise ReflexdbError(f"not a database URL or DSN: {dsn!r} (expected postgresql://user@host:port/dbname)")
+    host = params.pop("host", None)
+    port = params.pop("port", None)
+    if host and (host.startswith("/") or "," in host):  # a socket directory or several hosts: a query parameter
+        params["host"], host = host, None
+    try:
+        port = int(port) if port and host else port
+    except ValueError:
+        raise ReflexdbError(f"not a database DSN: {mask_url(dsn)!r} (port {port!r} is not a number)") from None
+    if port and not host:
+        params["port"] = str(port)
+        port = None
+    base = URL.create("postgresql+psycopg", username=params.pop("user", None), host=host, port=port,
+                      database=params.pop("dbname", None)).render_as_string(hide_password=False)
+    # The rest (the password too: it needs no user name there) as query parameters, each percent-encoded
+    # with %20 for a space, which libpq and SQLAlchemy both decode ('+' is a plus sign to libpq).
+    return base + ("?" + "&".join(f"{k}={quote(v, safe='')}" for k, v in params.items()) if params else "")
+
+
+#: ``password=...`` in a key/value DSN (``host=db password=secret``, quoted or not) or in a URL's query
+_PASSWORD_PARAM = re.compile(r"""(\bpassword\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s&;]*)""", re.IGNORECASE)
+
+
+def mask_url(url: str) -> str:
+    """The URL or DSN with every password replaced by ``***`` (safe to print and log).
+
+    Masks each form libpq accepts: ``postgresql://user:secret@host/db``, a ``?password=secret``
+    query parameter, and a key/value DSN (``host=db user=u password=secret`` or ``password='a b'``).
+    """
+    if "://" not in url:  # a key/value DSN, or something that is no URL at all
+        return _PASSWORD_PARAM.sub(r"\1***", url)
+    # By hand rather than through a URL parser, which may split an unencoded '@' in a password
+    # elsewhere than libpq does and print the rest: the credentials end at the last '@' before the query.
+    head, _, tail = url.partition("://")
+    head = head.replace("+psycopg", "", 1)
+    query = tail.find("?")
+    at = tail.rfind("@", 0, query if query >= 0 else len(tail))
+    if at >= 0 and ":" in tail[:at]:
+        tail = tail[:at].split(":", 1)[0] + ":***" + tail[at:]
+    return f"{head}://" + _PASSWORD_PARAM.sub(r"\1***", tail)
+
+
+def scrub(text: str, url: str) -> str:
+    """``text`` (an error message from libpq, say) with any password of ``url`` replaced by ``***``:
+    a DSN parse error quotes the DSN's own words back."""
+    from urllib.parse import unquote
+
+    secrets = [m.group(2).strip("'") for m in _PASSWORD_PARAM.finditer(url)]
+    if "://" in url:
+        tail = url.partition("://")[2]
+        query = tail.find("?")
+        at = tail.rfind("@", 0, query if query >= 0 else len(tail))
+        if at >= 0 and ":" in tail[:at]:
+            secrets.append(tail[:at].split(":", 1)[1])
+    # the whole value, decoded too, and the words of a quoted one (a parse error may quote a fragment)
+    parts = {x for s in secrets if s for x in (s, unquote(s), *(w for w in s.split() if len(w) >= 4))}
+    for secret in sorted(parts, key=len, reverse=True):
+        text = text.replace(secret, "***")
+    return text
