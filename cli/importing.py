@@ -25,25 +25,40 @@ def import_command(
     from reflexdb import Store
     from reflexdb.collector.models import resolve_model
     from reflexdb.config import load_config, parse_overrides
-    from reflexdb.importer import Tokenizer, import_file
+    from reflexdb.db import name_process
+    from reflexdb.errors import NotFound
+    from reflexdb.importer import Tokenizer, check_file, import_file
+    from reflexdb.sqlfile import load_queries
 
+    check_file(file)  # a missing file, a .csv, a broken Parquet file: refused before anything is created
     cfg = load_config(config, parse_overrides(overrides))
+    name_process("import", cfg.run)
     tokenizer = Tokenizer(resolve_model(cfg.model))
     store = Store.open(url or cfg.database_url, create_schema=True)
     try:
+        try:
+            store.run_id(cfg.run)
+            new_run = False
+        except NotFound:
+            new_run = True
         run_id = store.create_run(cfg.run, algorithm=cfg.algorithm, config=cfg.masked())
         with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
                       transient=True, disable=not sys.stderr.isatty()) as progress:
             task = progress.add_task(f"importing {file}", total=None)
             stats = import_file(store, run_id, file, tokenizer, dataset=dataset, batch_size=batch_size,
                                 on_batch=lambda s: progress.update(task, description=f"importing {file}: {s.rows:,} rows"))
+        if new_run and not stats.imported and not stats.already:  # nothing came of it: leave no empty run
+            with store.transaction() as conn:
+                conn.execute(load_queries("runs.sql")["delete_run"], {"run_id": run_id})
     finally:
         store.close()
     for line in stats.bad[:50]:
         typer.echo(line, err=True)
     if len(stats.bad) > 50:
         typer.echo(f"... and {len(stats.bad) - 50} more bad rows", err=True)
-    typer.echo(f"imported {stats.imported:,} of {stats.rows:,} rows as {stats.groups:,} groups into run {cfg.run!r}"
-               + (f"; {len(stats.bad):,} bad rows skipped" if stats.bad else ""))
+    typer.echo(f"imported {stats.imported:,} new of {stats.rows:,} rows as {stats.groups:,} groups into run {cfg.run!r}"
+               + (f"; {stats.already:,} already imported" if stats.already else "")
+               + (f"; {len(stats.bad):,} bad rows skipped" if stats.bad else "")
+               + ("" if stats.imported or stats.already or not new_run else " (no run was created)"))
     if stats.bad:
         raise typer.Exit(1)

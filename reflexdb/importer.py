@@ -17,14 +17,16 @@ Rows with the same prompt share a task (dataset ``--dataset``, split ``train``),
 batch one group of kind ``imported``: GRPO's group, whose rewards give each other's advantages.
 The rows of the prompt a batch ends with are carried into the next batch, so that a file with a
 prompt's completions on consecutive lines (as rollouts are written) keeps each prompt's
-completions in one group whatever the batch size (a prompt with more rows than a batch may be
-split, into groups of fewer than two batches).
+completions in one group whatever the batch size (only a run of more than ``MAX_GROUP_ROWS``
+consecutive rows of one prompt is split).
 Behaviour log-probs are unknown: stored as NULL and marked by the origin. The learner trains
 imported groups only when asked (``learner.imported_per_step`` > 0; view ``learner_eligible``,
 reason ``imported`` otherwise), with π_old its own weights. A bad row is reported as
 ``FILE:LINE: problem`` and skipped; the rest of its batch is written in one transaction.
-Re-running an import with the same batch size writes nothing twice: each group's write key is
-derived from its rows.
+Re-running an import writes nothing twice, whatever its batch size: each group's write key is
+derived from its rows, and groups already written are skipped and counted (``already``).
+The file is checked (it exists, its suffix, Parquet's footer) before anything is written; a JSONL
+line that is not UTF-8 is a bad row like any other.
 """
 
 from __future__ import annotations
@@ -41,6 +43,8 @@ from .errors import ReflexdbError
 from .records import GroupIn, TaskIn, TrajectoryIn, TurnIn
 
 _NAMESPACE = uuid.UUID("6f1c1b8e-3f6a-4a53-9d2e-2b1f1f0c9a10")
+#: consecutive rows of one prompt kept in one group across batches; a longer run is split here
+MAX_GROUP_ROWS = 1024
 
 
 class ImportFailed(ReflexdbError):
@@ -54,6 +58,7 @@ class ImportStats:
     rows: int = 0
     imported: int = 0
     groups: int = 0
+    already: int = 0  # rows an earlier import of the same file wrote (skipped)
     bad: list[str] = field(default_factory=list)  # "FILE:LINE: problem"
 
 
@@ -61,41 +66,65 @@ class BadRow(ValueError):
     pass
 
 
-def read_rows(path: Path, batch_size: int) -> Iterator[list[tuple[int, Any]]]:
-    """Batches of ``(line, row)`` from a JSONL (line = the file's line) or Parquet file (line = row
-    number from 1), read a batch at a time."""
-    if not path.is_file():
+def check_file(path: Path) -> str:
+    """The file's format (``jsonl`` or ``parquet``), checked before anything is written.
+
+    Raises:
+        ImportFailed: the file is missing, not a regular file, of an unknown suffix, or not Parquet.
+    """
+    path = Path(path)
+    if not path.exists():
         raise ImportFailed(f"import: {path} does not exist")
+    if not path.is_file():
+        raise ImportFailed(f"import: {path} is not a file")
     suffix = path.suffix.lower()
     if suffix == ".parquet":
         import pyarrow.parquet as pq
 
         try:
-            pf = pq.ParquetFile(str(path))
+            pq.ParquetFile(str(path))
         except Exception as exc:  # pyarrow raises ArrowInvalid and friends
             raise ImportFailed(f"import: {path} is not a Parquet file ({exc})") from None
+        return "parquet"
+    if suffix in (".jsonl", ".json"):
+        return "jsonl"
+    raise ImportFailed(f"import: cannot tell the format of {path} from its suffix {suffix or '(none)'!r}; "
+                       "use .jsonl or .parquet (see docs/export.md for the rows)")
+
+
+def read_rows(path: Path, batch_size: int) -> Iterator[list[tuple[int, Any]]]:
+    """Batches of ``(line, row)`` from a JSONL (line = the file's line) or Parquet file (line = row
+    number from 1), read a batch at a time. A JSONL line that is not UTF-8 or not JSON is a
+    :class:`BadRow` in its place."""
+    if check_file(path) == "parquet":
+        import pyarrow.parquet as pq
+
+        pf = pq.ParquetFile(str(path))
         line = 0
         for batch in pf.iter_batches(batch_size=batch_size):
             rows = batch.to_pylist()
             yield [(line + i + 1, r) for i, r in enumerate(rows)]
             line += len(rows)
-    elif suffix in (".jsonl", ".json"):
-        out: list[tuple[int, Any]] = []
-        with open(path, encoding="utf-8") as f:
-            for no, text in enumerate(f, start=1):
+        return
+    out: list[tuple[int, Any]] = []
+    with open(path, "rb") as f:
+        for no, raw in enumerate(f, start=1):
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                out.append((no, BadRow(f"not UTF-8 (byte 0x{raw[exc.start]:02x} at column {exc.start + 1})")))
+            else:
                 if not text.strip():
                     continue
                 try:
                     out.append((no, json.loads(text)))
                 except json.JSONDecodeError as exc:
                     out.append((no, BadRow(f"not JSON ({exc.msg} at column {exc.colno})")))
-                if len(out) >= batch_size:
-                    yield out
-                    out = []
-        if out:
-            yield out
-    else:
-        raise ImportFailed(f"import: cannot tell the format of {path} from its suffix; use .jsonl or .parquet")
+            if len(out) >= batch_size:
+                yield out
+                out = []
+    if out:
+        yield out
 
 
 def _messages(value: Any, what: str) -> list[dict]:
@@ -209,7 +238,13 @@ def import_file(store, run_id: int, path: Path, tokenizer: Tokenizer, *, dataset
 
     def write(rows: list[tuple[int, Parsed]]) -> None:
         groups = _groups(store, run_id, rows, tokenizer, dataset, path.name)
-        store.write_groups(groups)
+        # Groups an earlier import of this file wrote (same content, same write_key) are skipped,
+        # however the batches fell then (another --batch-size).
+        done = store.written_keys([g.write_key for g in groups])
+        stats.already += sum(len(g.trajectories) for g in groups if g.write_key in done)
+        groups = [g for g in groups if g.write_key not in done]
+        if groups:
+            store.write_groups(groups)
         stats.imported += sum(len(g.trajectories) for g in groups)
         stats.groups += len(groups)
 
@@ -226,9 +261,9 @@ def import_file(store, run_id: int, path: Path, tokenizer: Tokenizer, *, dataset
             tail -= 1
         if tail > 0:  # carry the last prompt's rows into the next batch
             good, carried = good[:tail], good[tail:]
-        elif len(good) <= batch_size:  # one prompt only, at most a batch of rows: keep collecting
-            good, carried = [], good
-        else:  # one prompt with more rows than a batch: its group is split here
+        elif len(good) <= MAX_GROUP_ROWS:  # one prompt only: keep collecting (the group does not depend
+            good, carried = [], good     # on the batch size, nor does its write key)
+        else:  # one prompt with more rows than a group may hold: its group is split here
             carried = []
         if good:
             write(good)
@@ -273,4 +308,4 @@ def _groups(store, run_id: int, rows: list[tuple[int, Parsed]], tok: Tokenizer, 
     return groups
 
 
-__all__ = ["ImportFailed", "ImportStats", "Tokenizer", "import_file", "parse_row", "read_rows"]
+__all__ = ["ImportFailed", "ImportStats", "Tokenizer", "check_file", "import_file", "parse_row", "read_rows"]

@@ -22,6 +22,7 @@ import hashlib
 import logging
 import threading
 import time
+import uuid
 from collections.abc import Iterable, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -276,6 +277,13 @@ class Store:
             raise
         self._embedding_dims.update(self._claimed_dims)  # committed: safe to remember
         return written
+
+    def written_keys(self, keys: Sequence[uuid.UUID]) -> set[uuid.UUID]:
+        """Which of ``keys`` are the ``write_key`` of a group already written."""
+        if not keys:
+            return set()
+        with self.transaction() as conn:
+            return {k for k, _, _ in conn.execute(Q["groups_by_write_key"], {"keys": list(keys)}).fetchall()}
 
     def complete(self, attachments: Sequence, *, collector: str | None) -> None:
         """A work item that ends without a group (e.g. a hint stage none of whose extra rollouts was

@@ -101,25 +101,31 @@ def test_text_rows_are_tokenised_and_bad_rows_are_reported_with_file_and_line(st
     assert rows(store, "SELECT count(*) FROM tasks WHERE run_id = :r", r=run) == [(2,)]
 
 
-def test_a_prompts_consecutive_rows_stay_one_group_across_batches(store, tmp_path, tok):
+def test_a_prompts_consecutive_rows_stay_one_group_across_batches(store, tmp_path, tok, monkeypatch):
     """Rollout files hold a prompt's G completions on consecutive lines: each prompt is one group
     (its rewards are each other's baseline when trained), whatever the batch size; only a prompt
-    with more rows than a batch is split. A second import of the file writes nothing."""
+    with more than MAX_GROUP_ROWS consecutive rows is split. A second import of the file writes
+    nothing, with the same batch size or another, and says how many rows it had already."""
+    from reflexdb import importer
+
     lines = [{"prompt": p, "completion": str(j), "reward": j / 4} for p, n in (("A", 4), ("B", 4), ("C", 2))
              for j in range(n)]
     lines += [{"prompt": "D", "completion": str(j), "reward": 0.0} for j in range(7)]
     path = tmp_path / "rollouts.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in lines))
     run = store.create_run("imported-groups")
-    for _ in range(2):
-        stats = import_file(store, run, path, tok, batch_size=3)
-        assert (stats.rows, stats.imported, stats.bad) == (17, 17, [])
-        sizes = rows(store, "SELECT k.prompt, g.size FROM groups g JOIN tasks k ON k.id = g.task_id "
-                            "WHERE g.run_id = :r ORDER BY g.id", r=run)
-        # Batches of 3: A A A (one prompt, one batch: carried) | A B B (A A A A written, B B carried)
-        # | B B C | C D D | D D D: D D + D D D = 5 rows of one prompt, more than a batch: written
-        # (D is split), | D D: the rest at the end.
-        assert sizes == [("A", 4), ("B", 4), ("C", 2), ("D", 5), ("D", 2)]
+    sizes_sql = "SELECT k.prompt, g.size FROM groups g JOIN tasks k ON k.id = g.task_id WHERE g.run_id = :r ORDER BY g.id"
+    for batch_size, (imported, already) in ((3, (17, 0)), (3, (0, 17)), (5, (0, 17)), (500, (0, 17))):
+        stats = import_file(store, run, path, tok, batch_size=batch_size)
+        assert (stats.rows, stats.imported, stats.already, stats.bad) == (17, imported, already, []), batch_size
+        # Batches of 3: A A A (one prompt: carried) | A B B (A A A A written, B B carried) | B B C |
+        # C D D | D D D | D D: D's 7 rows are carried to the end, one group.
+        assert rows(store, sizes_sql, r=run) == [("A", 4), ("B", 4), ("C", 2), ("D", 7)]
+    # A run of one prompt longer than a group may hold is split (here at 5 rows, in batches of 3)
+    monkeypatch.setattr(importer, "MAX_GROUP_ROWS", 4)
+    other = store.create_run("imported-split")
+    assert import_file(store, other, path, tok, batch_size=3).imported == 17
+    assert rows(store, sizes_sql, r=other) == [("A", 4), ("B", 4), ("C", 2), ("D", 5), ("D", 2)]
 
 
 def test_unreadable_files_are_refused(store, tmp_path, tok):
@@ -142,5 +148,40 @@ def test_the_import_command(store, db_url, tmp_path, model_cache):
     done = subprocess.run(REFLEXDB + ["import", str(path), "-c", str(cfg), "--url", db_url],
                           env=child_env(db_url, tmp_path, model_cache), capture_output=True, text=True, timeout=180)
     assert done.returncode == 1, done.stderr
-    assert "imported 1 of 2 rows as 1 groups into run 'imp'; 1 bad rows skipped" in done.stdout
+    assert "imported 1 new of 2 rows as 1 groups into run 'imp'; 1 bad rows skipped" in done.stdout
     assert f"{path}:2: not JSON" in done.stderr
+
+
+def test_the_import_command_on_bad_files_leaves_no_run(store, db_url, tmp_path, model_cache):
+    """A missing file, a .csv, bytes that are not UTF-8: one line, no traceback, no empty run left
+    behind; a re-run says how many rows it had already."""
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(yaml.safe_dump({"run": "imp2", "model": "tiny"}))
+    env = child_env(db_url, tmp_path, model_cache)
+
+    def imp(path, *extra):
+        return subprocess.run(REFLEXDB + ["import", str(path), "-c", str(cfg), "--url", db_url, *extra], env=env,
+                              capture_output=True, text=True, timeout=180)
+
+    (tmp_path / "x.csv").write_text("prompt,completion\nWhat is 2+2?,4\n")
+    for path, message in ((tmp_path / "missing.jsonl", "does not exist"), (tmp_path / "x.csv", "use .jsonl or .parquet")):
+        done = imp(path)
+        assert done.returncode == 2 and message in done.stderr and "Traceback" not in done.stderr, done.stderr
+    assert rows(store, "SELECT count(*) FROM runs WHERE name = 'imp2'") == [(0,)]
+    # Latin-1 bytes on line 2 only: that line is a bad row, named FILE:LINE; the others are imported
+    path = tmp_path / "mixed.jsonl"
+    good = json.dumps({"prompt": "What is 2+2?", "completion": "4", "reward": 1}).encode() + b"\n"
+    path.write_bytes(good + b'{"prompt": "caf\xe9", "completion": "x"}\n' + good.replace(b"4", b"5"))
+    done = imp(path)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert f"{path}:2: not UTF-8 (byte 0xe9 at column 16)" in done.stderr
+    assert "imported 2 new of 3 rows as 1 groups into run 'imp2'; 1 bad rows skipped" in done.stdout
+    again = imp(path, "--batch-size", "1")  # another batch size: nothing twice, and it says so
+    assert "imported 0 new of 3 rows as 0 groups into run 'imp2'; 2 already imported" in again.stdout, again.stderr
+    assert rows(store, "SELECT count(*) FROM trajectories t JOIN runs r ON r.id = t.run_id WHERE r.name = 'imp2'") == [(2,)]
+    # A file of bad rows only creates no run
+    (tmp_path / "bad.jsonl").write_bytes(b"\xff\xfe\n{bad\n")
+    cfg.write_text(yaml.safe_dump({"run": "imp3", "model": "tiny"}))
+    done = imp(tmp_path / "bad.jsonl")
+    assert done.returncode == 1 and "(no run was created)" in done.stdout, done.stdout
+    assert rows(store, "SELECT count(*) FROM runs WHERE name = 'imp3'") == [(0,)]

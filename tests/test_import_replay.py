@@ -208,7 +208,7 @@ def test_offline_training_on_an_imported_file_with_the_commands(store, db_url, t
     done = subprocess.run(REFLEXDB + ["import", str(path), "-c", str(cfg)], env=env, capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "imported 8 of 8 rows as 2 groups" in done.stdout
+    assert "imported 8 new of 8 rows as 2 groups" in done.stdout
     learned = subprocess.run(REFLEXDB + ["learn", "-c", str(cfg)], env=env, capture_output=True, text=True,
                              timeout=600)
     assert learned.returncode == 0, learned.stderr[-3000:]
