@@ -176,7 +176,7 @@ class Config(_Section):
             except UnknownMethod:
                 section = None
             if section is None:
-                problems.append(f"{name}: unknown key")
+                problems.append(f"{name}: unknown key" + _suggest(name, (name,)))
                 continue
             raw = extra[name]
             if isinstance(raw, BaseModel):
@@ -267,11 +267,39 @@ def _allowed_range(loc: tuple, root: Any = None) -> str | None:
     return ", ".join(bounds) or None
 
 
+def _model_at(loc: tuple, root: Any = None) -> Any:
+    """The pydantic model of the section at ``loc`` (None past a leaf or a free-form mapping)."""
+    model: Any = root or Config
+    for part in loc:
+        fields = getattr(model, "model_fields", None)
+        if not fields or part not in fields:
+            return None
+        model = fields[part].annotation
+    return model if hasattr(model, "model_fields") else None
+
+
+def _suggest(key: str, loc: tuple, root: Any = None, prefix: str = "") -> str:
+    """`` (did you mean learner.lr?)`` for a misspelt key: the nearest sibling key, if one is close."""
+    import difflib
+
+    model = _model_at(loc[:-1], root)
+    if model is None:
+        return ""
+    names = list(model.model_fields)
+    if model is Config:  # a top-level key may also name a method's section
+        from reflexdb.trainer.methods import METHODS, method_names
+
+        names += [m for m in method_names() if getattr(METHODS.get(m), "config", None) is not None]
+    close = difflib.get_close_matches(str(loc[-1]), names, n=1, cutoff=0.6)
+    parent = prefix + "".join(f"{p}." for p in loc[:-1])
+    return f" (did you mean {parent}{close[0]}?)" if close else ""
+
+
 def _describe(err: dict, root: Any = None, prefix: str = "") -> str:
     key = prefix + ".".join(str(p) for p in err["loc"]) or "(top level)"
     kind = err["type"]
     if kind == "extra_forbidden":
-        return f"{key}: unknown key"
+        return f"{key}: unknown key" + _suggest(key, tuple(err["loc"]), root, prefix)
     if kind == "missing":
         return f"{key}: required"
     if not err["loc"]:  # a check across keys (model validator): its message names the keys
@@ -289,8 +317,18 @@ def _unknown_sections(data: dict[str, Any]) -> list[str]:
     return [k for k in data if k not in Config.model_fields and getattr(METHODS.get(k), "config", None) is None]
 
 
-def parse_config(data: dict[str, Any], source: str = "config") -> Config:
-    """Validate a config mapping; raise :class:`ConfigError` listing every problem by key."""
+def _from_set(problem: str, overridden: list[str]) -> str:
+    """``--set learner.lr: ...`` when the problem's key (or a section above it) came from ``--set``."""
+    key = problem.split(":", 1)[0]
+    for dotted in overridden:
+        if key == dotted or key.startswith(dotted + "."):
+            return f"--set {problem}"
+    return problem
+
+
+def parse_config(data: dict[str, Any], source: str = "config", overridden: list[str] | None = None) -> Config:
+    """Validate a config mapping; raise :class:`ConfigError` listing every problem by key (a key set
+    by ``--set``, one of ``overridden``, is named as such)."""
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: expected a mapping of keys to values at the top level")
     try:
@@ -298,7 +336,9 @@ def parse_config(data: dict[str, Any], source: str = "config") -> Config:
     except ValidationError as exc:
         described = [_describe(e) for e in exc.errors()]
         if not any("unknown key" in d for d in described):  # the sections check did not run: field errors first
-            described = [f"{k}: unknown key" for k in _unknown_sections(data)] + described
+            described = [f"{k}: unknown key" + _suggest(k, (k,)) for k in _unknown_sections(data)] + described
+        if overridden:  # a problem in a --set value names --set, not the file
+            described = [_from_set(d, overridden) for d in described]
         problems = "\n  ".join(described)
         raise ConfigError(f"invalid {source}:\n  {problems}") from None
 
@@ -327,7 +367,7 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Co
         rel = Path(tasks["path"]).expanduser()
         if not rel.is_absolute() and (p.parent / rel).exists():  # next to the config file first
             tasks["path"] = str((p.parent / rel).resolve())
-    return parse_config(data, str(p))
+    return parse_config(data, str(p), list(overrides or {}))
 
 
 def parse_overrides(items: list[str] | None) -> dict[str, Any]:
@@ -372,8 +412,10 @@ def markdown_reference() -> str:
         "",
         "One YAML file describes a run; `reflexdb collect --config FILE` (and the learner) read it. It is",
         "validated before anything starts: an unknown key, a wrong type or a value out of range stops with",
-        "a message naming the key and the allowed range. The whole file is stored with the run",
-        "(`runs.config`, password masked).",
+        "a message naming the key and the allowed range (and, for a misspelt key, the nearest one). The",
+        "whole file is stored with the run (`runs.config`, password masked). `reflexdb check FILE [--set",
+        "KEY=VALUE ...]` runs the same validation, and checks the prompt template, the reward and the tasks",
+        "too, with no database and no model. It then prints the config resolved, with every default filled in.",
         "",
     ]
 
