@@ -11,6 +11,7 @@ import typer
 
 from reflexdb import Store, drill
 from reflexdb.config import load_config, parse_overrides
+from reflexdb.db import name_process
 from reflexdb.retry import DbRetry
 
 
@@ -22,6 +23,7 @@ def run_collector(config_path: Path, *, max_groups: int | None = None, max_secon
     if name:
         changes["collector.name"] = name
     cfg = load_config(config_path, changes)  # validated before anything starts
+    name_process("collect", cfg.run)
     from .runner import Collector
 
     echo = lambda msg: typer.echo(f"[collect] {msg}", err=True)  # noqa: E731
@@ -41,6 +43,7 @@ def run_eval(config_path: Path, *, checkpoint: str, split: str, k: int | None, m
              url: str | None, as_json: bool = False, overrides: list[str] | None = None, attempts: int = 1) -> None:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     cfg = load_config(config_path, parse_overrides(overrides))
+    name_process("eval", cfg.run)
     from .evaluate import evaluate
 
     store = Store.open(url or cfg.database_url, create_schema=True)

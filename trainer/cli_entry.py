@@ -11,6 +11,7 @@ import typer
 
 from reflexdb import Store, drill
 from reflexdb.config import load_config, parse_overrides
+from reflexdb.db import name_process
 from reflexdb.retry import DbRetry
 
 
@@ -19,6 +20,7 @@ def run_learner(config_path: Path, *, max_steps: int | None = None, max_seconds:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     drill.phase("start")
     cfg = load_config(config_path, parse_overrides(overrides))  # validated before anything starts
+    name_process("learn", cfg.run)
     if cfg.learner.device == "cpu":
         os.environ.setdefault("DS_ACCELERATOR", "cpu")  # say so, instead of DeepSpeed's "unable to detect" warning
     from .learner import Learner

@@ -1,0 +1,151 @@
+"""``reflexdb runs``: the runs a database holds — list, show one, delete one."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import typer
+
+from . import screen
+
+URL_OPTION = typer.Option(None, "--url", envvar="REFLEXDB_DATABASE_URL", help="PostgreSQL URL (default: config.toml, then embedded).")
+
+app = typer.Typer(help="The runs in the experience database: list (the default), show NAME, delete NAME --yes.",
+                  invoke_without_command=True)
+
+
+def _size(n: int | None) -> str:
+    n = float(n or 0)
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if n < 1024 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return ""  # pragma: no cover
+
+
+def _pass(version, value) -> str:
+    return "-" if value is None else f"{float(value):.3f} (v{version})"
+
+
+def _rows(store, name: str | None) -> list[dict]:
+    from reflexdb.sqlfile import load_queries
+
+    q = load_queries("runs.sql")
+    with store.transaction() as conn:
+        cur = conn.execute(q["list_runs"], {"name": name})
+        cols = [d.name for d in cur.description]
+        return [dict(zip(cols, row)) for row in cur.fetchall()]
+
+
+def _one(store, name: str) -> dict:
+    from reflexdb.errors import NotFound
+
+    rows = _rows(store, name)
+    if not rows:
+        names = [r["name"] for r in _rows(store, None)]
+        import difflib
+
+        close = difflib.get_close_matches(name, names, n=1)
+        raise NotFound(f"no run named {name!r}" + (f" (did you mean {close[0]!r}?)" if close else "")
+                       + ("; `reflexdb runs` lists them" if names else "; the database holds no run"))
+    return rows[0]
+
+
+@app.callback()
+def runs(ctx: typer.Context, url: str = URL_OPTION) -> None:
+    """List the runs: name, method, learner steps, latest policy version, trajectories, their
+    estimated size, and held-out pass@1 at the first and the last version evaluated."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from reflexdb import Store
+
+    with Store.open(url) as store:
+        rows = _rows(store, None)
+    if not rows:
+        typer.echo("no runs yet: `reflexdb run examples/arithmetic-grpo.yaml` makes one")
+        return
+    table = [(r["name"], r["algorithm"] or "-", r["steps"] if r["steps"] is not None else "-",
+              f"v{r['latest_version']}" if r["latest_version"] is not None else "-", f"{r['trajectories']:,}",
+              _size(r["size_bytes"]), _pass(r["first_version"], r["first_pass_at_1"]),
+              _pass(r["last_version"], r["last_pass_at_1"])) for r in rows]
+    typer.echo(screen.format_table(["run", "method", "steps", "latest", "trajectories", "size ≈",
+                                    "held-out pass@1 first", "last"], table))
+
+
+@app.command()
+def show(name: str = typer.Argument(..., help="The run's name."), url: str = URL_OPTION) -> None:
+    """One run: its config's main keys, what it holds by origin, and every held-out evaluation."""
+    from reflexdb import Store
+    from reflexdb.sqlfile import load_queries
+
+    q = load_queries("runs.sql")
+    with Store.open(url) as store:
+        r = _one(store, name)
+        with store.transaction() as conn:
+            evals = conn.execute(q["run_evals"], {"run_id": r["id"]}).fetchall()
+            origins = conn.execute(q["run_origins"], {"run_id": r["id"]}).fetchall()
+            live = conn.execute(q["run_processes"], {"name": name}).fetchall()
+    cfg = r["config"] or {}
+    fields = {
+        "run": f"{r['name']} (id {r['id']}), created {r['created_at']:%Y-%m-%d %H:%M:%S %Z}",
+        "method": f"{r['algorithm']}; model {cfg.get('model', '?')}; environment "
+                  f"{(cfg.get('environment') or {}).get('name', '?')}; tasks {(cfg.get('tasks') or {}).get('source', '?')}",
+        "learner": f"{r['steps'] if r['steps'] is not None else 0} steps, latest version "
+                   + (f"v{r['latest_version']}" if r["latest_version"] is not None else "none"),
+        "data": f"{r['trajectories']:,} trajectories in {r['groups']:,} training groups, ≈ {_size(r['size_bytes'])}"
+                + (f"; last written {r['last_write']:%Y-%m-%d %H:%M:%S %Z}" if r["last_write"] else ""),
+        "running now": ", ".join(f"{who} (pid {pid})" for _, who, _, pid in live) or "nothing",
+    }
+    width = max(map(len, fields))
+    for k, v in fields.items():
+        typer.echo(f"{k + ':':<{width + 1}} {v}")
+    if origins:
+        typer.echo("\n" + screen.format_table(["group kind", "origin", "trajectories", "mean reward"],
+                                              [(k, o, f"{n:,}", "-" if m is None else f"{float(m):.3f}")
+                                               for k, o, n, m in origins]))
+    typer.echo("\n" + (screen.format_table(["version", "attempts", "held-out pass@1", "samples", "tasks", "evaluated at"],
+                                           [(f"v{v}", a, f"{float(p):.3f}", n, t, f"{at:%Y-%m-%d %H:%M}")
+                                            for v, a, p, n, t, at in evals])
+                       if evals else f"no held-out evaluation yet: `reflexdb eval -c CONFIG` (run {name!r})"))
+
+
+@app.command()
+def delete(
+    name: str = typer.Argument(..., help="The run's name."),
+    yes: bool = typer.Option(False, "--yes", help="Delete without asking (required when stdin is not a terminal)."),
+    keep_files: bool = typer.Option(False, "--keep-files", help="Delete the rows only; keep checkpoints and the FAISS index."),
+    url: str = URL_OPTION,
+) -> None:
+    """Delete a run: every row of it (tasks, groups, trajectories, steps, versions, ...), its
+    checkpoints and its FAISS index. Refused while a process of the run (collect, learn, eval,
+    import) is connected or a collector of it reported in the last 2 minutes."""
+    from reflexdb import Store
+    from reflexdb.errors import ReflexdbError
+    from reflexdb.index import default_directory
+    from reflexdb.settings import home
+    from reflexdb.sqlfile import load_queries
+
+    q = load_queries("runs.sql")
+    with Store.open(url) as store:
+        r = _one(store, name)
+        with store.transaction() as conn:
+            live = conn.execute(q["run_processes"], {"name": name}).fetchall()
+        if live:
+            who = ", ".join(f"{w} (pid {pid}{f' on {h}' if h else ''})" for _, w, h, pid in live)
+            raise ReflexdbError(f"run {name!r} is in use: {who}; stop it first (Ctrl-C or SIGTERM stops cleanly)")
+        cfg = r["config"] or {}
+        ckpt = Path((cfg.get("learner") or {}).get("checkpoint_dir") or home() / "checkpoints" / name).expanduser()
+        index_files = sorted(default_directory(store).glob(f"run-{r['id']}.*"))
+        what = (f"run {name!r}: {r['trajectories']:,} trajectories, {r['steps'] or 0} steps"
+                + ("" if keep_files else f", {ckpt}" if ckpt.exists() else ""))
+        if not yes:
+            typer.confirm(f"delete {what}?", abort=True)
+        with store.transaction() as conn:
+            conn.execute(q["delete_run"], {"run_id": r["id"]})
+    if not keep_files:
+        if ckpt.exists():
+            shutil.rmtree(ckpt)
+        for f in index_files:
+            f.unlink(missing_ok=True)
+    typer.echo(f"deleted {what}" + ("; files kept" if keep_files else ""))

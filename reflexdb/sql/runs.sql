@@ -1,0 +1,73 @@
+-- `reflexdb runs`: what each run holds (reflexdb/cli/runs.py), loaded by name.
+
+-- name: list_runs
+-- One row per run (all runs, or the one named by :name when it is not NULL). size_bytes estimates
+-- the run's share of the per-trajectory tables (trajectories, turns, token payloads, embeddings,
+-- in proportion to its trajectories): exact sizes would read every row. Held-out pass@1 is the mean
+-- correctness of the run's eval groups on eval-split tasks with one attempt (`reflexdb eval`,
+-- `reflexdb run`) at the first and the last policy version evaluated.
+WITH per_run AS (
+    SELECT r.id, r.name, r.algorithm, r.created_at, r.config,
+           (SELECT max(s.step) FROM learner_steps s WHERE s.run_id = r.id) AS steps,
+           (SELECT max(p.version) FROM policy_versions p WHERE p.run_id = r.id) AS latest_version,
+           (SELECT count(*) FROM trajectories t WHERE t.run_id = r.id) AS trajectories,
+           (SELECT count(*) FROM groups g WHERE g.run_id = r.id AND g.kind <> 'eval') AS groups,
+           (SELECT max(t.created_at) FROM trajectories t WHERE t.run_id = r.id) AS last_write
+    FROM runs r
+    WHERE %(name)s::text IS NULL OR r.name = %(name)s::text
+), evals AS (
+    SELECT g.run_id, g.policy_version, avg(t.correct::int) AS pass_at_1, count(*) AS samples
+    FROM groups g JOIN tasks k ON k.id = g.task_id JOIN trajectories t ON t.group_id = g.id
+    WHERE g.kind = 'eval' AND k.split = 'eval' AND coalesce((g.meta ->> 'attempts')::int, 1) = 1
+      AND g.run_id IN (SELECT id FROM per_run)
+    GROUP BY 1, 2
+), totals AS (
+    SELECT (SELECT count(*) FROM trajectories) AS trajectories,
+           pg_total_relation_size('trajectories') + pg_total_relation_size('turns')
+           + pg_total_relation_size('token_payloads') + pg_total_relation_size('embeddings') AS bytes
+)
+SELECT r.id, r.name, r.algorithm, r.created_at, r.steps, r.latest_version, r.trajectories, r.groups, r.last_write,
+       CASE WHEN tot.trajectories > 0 THEN (tot.bytes * r.trajectories / tot.trajectories)::bigint ELSE 0 END
+           AS size_bytes,
+       (SELECT e.policy_version FROM evals e WHERE e.run_id = r.id ORDER BY e.policy_version LIMIT 1) AS first_version,
+       (SELECT e.pass_at_1 FROM evals e WHERE e.run_id = r.id ORDER BY e.policy_version LIMIT 1) AS first_pass_at_1,
+       (SELECT e.policy_version FROM evals e WHERE e.run_id = r.id ORDER BY e.policy_version DESC LIMIT 1)
+           AS last_version,
+       (SELECT e.pass_at_1 FROM evals e WHERE e.run_id = r.id ORDER BY e.policy_version DESC LIMIT 1) AS last_pass_at_1,
+       r.config
+FROM per_run r CROSS JOIN totals tot
+ORDER BY r.id;
+
+-- name: run_evals
+-- Held-out pass@1 of a run by policy version and attempts (`reflexdb eval --attempts K`): every
+-- evaluation of eval-split tasks, its samples pooled when a version was evaluated more than once.
+SELECT g.policy_version, coalesce((g.meta ->> 'attempts')::int, 1) AS attempts, avg(t.correct::int) AS pass_at_1,
+       count(*) AS samples, count(DISTINCT g.task_id) AS tasks, max(t.created_at) AS at
+FROM groups g JOIN tasks k ON k.id = g.task_id JOIN trajectories t ON t.group_id = g.id
+WHERE g.run_id = %(run_id)s AND g.kind = 'eval' AND k.split = 'eval'
+GROUP BY 1, 2 ORDER BY 1, 2;
+
+-- name: run_origins
+-- A run's trajectories by origin and group kind.
+SELECT g.kind, t.origin, count(*) AS trajectories, avg(t.reward) AS mean_reward
+FROM trajectories t JOIN groups g ON g.id = t.group_id
+WHERE t.run_id = %(run_id)s
+GROUP BY 1, 2 ORDER BY 1, 2;
+
+-- name: run_processes
+-- Live database sessions of a run's processes (collect, learn, eval, import name themselves in
+-- application_name: `reflexdb <role> <run>`), and collectors whose heartbeat is recent.
+SELECT 'session' AS kind, a.application_name AS who, a.client_addr::text AS host, a.pid::text AS pid
+FROM pg_stat_activity a
+WHERE a.pid <> pg_backend_pid()
+  AND a.application_name IN (SELECT left('reflexdb ' || role || ' ' || %(name)s::text, 63)
+                             FROM unnest(ARRAY['collect', 'learn', 'eval', 'import']) role)
+UNION ALL
+SELECT 'collector', c.name, c.host, c.pid::text
+FROM collectors c JOIN runs r ON r.id = c.run_id
+WHERE r.name = %(name)s::text AND c.status = 'running' AND c.last_seen > now() - interval '2 minutes';
+
+-- name: delete_run
+-- Every row of the run (its tasks, groups, trajectories, steps, versions, collectors, ... go with it:
+-- each foreign key to runs cascades).
+DELETE FROM runs WHERE id = %(run_id)s;
