@@ -1,13 +1,8 @@
-"""`reflexdb eval`, the learner_eligible view, and `reflexdb ui`."""
+"""`reflexdb eval` and the learner_eligible view."""
 
 from __future__ import annotations
 
 import os
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
 
 import numpy as np
 import pytest
@@ -92,30 +87,3 @@ def test_learner_eligible_view(store):
     store.set_settings(run, {"learner.max_staleness": 2, "learner.max_reuse": 2})
     v = view()
     assert v[old.group_id][:2] == (True, "ok") and v[used.group_id][:2] == (True, "ok")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def test_ui_serves_the_tracking_store(tmp_path):
-    port = _free_port()
-    env = dict(os.environ, REFLEXDB_HOME=str(tmp_path / "home"))
-    (tmp_path / "home").mkdir()
-    proc = subprocess.Popen([sys.executable, "-m", "reflexdb.cli.main", "ui", "--port", str(port)], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=2) as resp:
-                    assert resp.status == 200
-                    break
-            except OSError:
-                assert proc.poll() is None and time.monotonic() < deadline, "MLflow UI did not start"
-                time.sleep(0.5)
-    finally:
-        os.killpg(proc.pid, 15)
-        proc.wait(30)
