@@ -13,7 +13,7 @@ import typer
 
 from reflexdb.errors import ReflexdbError
 
-from . import collect, db, evaluate, export, importing, learn, query, run, similar, ui
+from . import check, collect, db, evaluate, export, importing, learn, query, run, runs, similar, ui
 
 app = typer.Typer(
     name="reflexdb",
@@ -23,6 +23,7 @@ app = typer.Typer(
     add_completion=False,
 )
 app.add_typer(db.app, name="db")
+app.add_typer(runs.app, name="runs")
 app.command("sql")(query.sql)
 app.command("psql")(query.psql)
 app.command("similar")(similar.similar)
@@ -33,6 +34,7 @@ app.command("learn")(learn.learn)
 app.command("eval")(evaluate.eval_command)
 app.command("ui")(ui.ui)
 app.command("run")(run.run)
+app.command("check")(check.check)
 
 
 @app.callback()
