@@ -20,7 +20,7 @@ app = typer.Typer(
     help="Asynchronous off-policy RL for language models around a PostgreSQL experience database.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
-    add_completion=False,
+    add_completion=True,  # --install-completion / --show-completion for bash, zsh, fish, PowerShell
 )
 app.add_typer(db.app, name="db")
 app.add_typer(runs.app, name="runs")
@@ -37,9 +37,18 @@ app.command("run")(run.run)
 app.command("check")(check.check)
 
 
+def _version(value: bool) -> None:
+    if value:
+        from reflexdb import __version__
+
+        typer.echo(f"reflexdb {__version__}")
+        raise typer.Exit()
+
+
 @app.callback()
 def _root(
     debug: bool = typer.Option(False, "--debug", envvar="REFLEXDB_DEBUG", help="Show tracebacks on errors."),
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version and exit."),
 ) -> None:
     if debug:
         os.environ["REFLEXDB_DEBUG"] = "1"
@@ -50,6 +59,7 @@ QUIET_DEFAULTS = {
     "HF_HUB_DISABLE_PROGRESS_BARS": "1",  # transformers' "Loading weights" / "Writing model shards" bars
     "MLFLOW_LOGGING_LEVEL": "WARNING",  # "Creating initial MLflow database tables ..."
     "TOKENIZERS_PARALLELISM": "false",  # the fork warning of the tokenizers library
+    "TQDM_DISABLE": "1",  # transformers' one-time "Converting and de-quantizing GGUF tensors" bar
 }
 
 

@@ -13,15 +13,30 @@ URL_OPTION = typer.Option(None, "--url", envvar="REFLEXDB_DATABASE_URL", help="P
 
 def sql(
     query: str = typer.Argument(..., help="SQL to run (quote it)."),
+    variables: list[str] = typer.Option(None, "--set-var", "-v", help="A psql-style variable: -v run=arithmetic-grpo replaces :'run' (a quoted literal), :\"run\" (an identifier) and :run (verbatim), as psql does (repeatable)."),
     write: bool = typer.Option(False, "--write", help="Allow changes (default: read-only transaction)."),
     url: str = URL_OPTION,
-    max_width: int = typer.Option(60, "--max-width", help="Truncate cells wider than this (0: never)."),
+    max_width: int = typer.Option(60, "--max-width", help="Truncate cells wider than this (0: never; --json and --csv never truncate)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the rows as a JSON array of objects."),
+    as_csv: bool = typer.Option(False, "--csv", help="Print the rows as CSV with a header line."),
 ) -> None:
-    """Run SQL and print the result as a table (read-only unless --write)."""
+    """Run SQL and print the result as a table (read-only unless --write); the cookbook's queries
+    paste as they are, their variables given with -v."""
+    from reflexdb.errors import ReflexdbError
+    from reflexdb.psqlvars import parse_assignments, substitute
+
+    if as_json and as_csv:
+        raise ReflexdbError("give --json or --csv, not both")
+    query = substitute(query, parse_assignments(variables))
     result = admin.run_sql(url, query, write=write)
-    typer.echo(screen.format_table(result.columns, result.rows, max_width=max_width))
+    if as_json:
+        typer.echo(screen.format_json(result.columns, result.rows))
+    elif as_csv:
+        typer.echo(screen.format_csv(result.columns, result.rows), nl=False)
+    else:
+        typer.echo(screen.format_table(result.columns, result.rows, max_width=max_width))
     if result.status:
-        typer.echo(result.status)
+        typer.echo(result.status, err=as_json or as_csv)
 
 
 def psql(

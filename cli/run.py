@@ -8,7 +8,10 @@ import typer
 
 
 def run(
-    config: Path = typer.Argument(..., help="Run config (YAML), e.g. examples/arithmetic-grpo.yaml."),
+    config: Path = typer.Argument(None, help="Run config (YAML), e.g. examples/arithmetic-grpo.yaml (or -c FILE).",
+                                  show_default=False),
+    config_option: Path = typer.Option(None, "--config", "-c", help="The run config, as collect, learn and eval take it."),
+    url: str = typer.Option(None, "--url", envvar="REFLEXDB_DATABASE_URL", help="PostgreSQL URL for every process (default: the config's database_url, then config.toml, then embedded)."),
     max_steps: int = typer.Option(None, "--max-steps", min=1, help="Learner steps in total (default: learner.max_steps)."),
     max_seconds: float = typer.Option(None, "--max-seconds", min=0, help="Start no new learner step after this many seconds (default: learner.max_seconds)."),
     collectors: int = typer.Option(1, "--collectors", min=1, max=64, help="Collector processes to start."),
@@ -16,7 +19,17 @@ def run(
     overrides: list[str] = typer.Option(None, "--set", help="Override a config key in every process: --set learner.lr=1e-5 (repeatable; the value is YAML)."),
 ) -> None:
     """Evaluate, train (`reflexdb collect` + `reflexdb learn` processes), evaluate again, and say where to look."""
-    from reflexdb.config import load_config, parse_overrides
+    import os
+
+    from reflexdb.config import ConfigError, load_config, parse_overrides
+
+    if config is None and config_option is None:
+        raise ConfigError("reflexdb run: give the run config: `reflexdb run CONFIG` or `reflexdb run -c CONFIG`")
+    if config is not None and config_option is not None and config != config_option:
+        raise ConfigError(f"reflexdb run: two configs given ({config} and -c {config_option}); give one")
+    config = config or config_option
+    if url:  # the children read it from their environment (never from a command line: it may hold a password)
+        os.environ["REFLEXDB_DATABASE_URL"] = url
 
     from .launch import run as launch
     from .launch import summary

@@ -53,6 +53,50 @@ def format_table(columns: list[str], rows: list[tuple], *, max_width: int = 60) 
     return "\n".join(lines)
 
 
+def _plain(value):
+    """A cell as JSON / CSV take it: numbers stay numbers, arrays lists, times ISO 8601."""
+    if isinstance(value, Decimal):
+        return int(value) if value == value.to_integral_value() else float(value)
+    if isinstance(value, (dt.datetime, dt.date, dt.time)):
+        return value.isoformat()
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, (bytes, memoryview)):
+        return bytes(value).hex()
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    return str(value)  # uuid, interval, range, ...
+
+
+def format_json(columns: list[str], rows: list[tuple]) -> str:
+    """The rows as a JSON array of objects (``reflexdb sql --json``)."""
+    import json
+
+    return json.dumps([dict(zip(columns, map(_plain, row))) for row in rows], ensure_ascii=False)
+
+
+def format_csv(columns: list[str], rows: list[tuple]) -> str:
+    """The rows as CSV with a header line (``reflexdb sql --csv``); arrays and objects as JSON."""
+    import csv
+    import io
+    import json
+
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    if columns:
+        writer.writerow(columns)
+    for row in rows:
+        cells = [_plain(v) for v in row]
+        writer.writerow(["" if v is None else json.dumps(v) if isinstance(v, (list, dict)) else v for v in cells])
+    return out.getvalue()
+
+
 def psql(url: str | None, args: list[str]) -> int:
     """Run psql (from PATH, else the embedded server's) on the database; return its exit code."""
     full = admin.libpq_url_for(url)  # a clear error if unreachable

@@ -24,6 +24,9 @@ from sqlalchemy import text
 
 from reflexdb import GroupIn, TaskIn, TurnIn, replay, work
 from reflexdb.db import libpq_url
+from reflexdb.errors import ReflexdbError
+from reflexdb.psqlvars import substitute as _substitute
+from reflexdb.psqlvars import variables
 from reflexdb.collector.workflows.nexgrpo_replay import replay_group as make_replay_group
 from reflexdb.replay import ReplayRequestIn
 
@@ -55,33 +58,15 @@ def parse_cookbook(source: str) -> dict[str, str]:
     return queries
 
 
-# A psql variable reference, a string literal, or a comment (left alone). ``::`` casts never match:
-# the first colon is followed by another colon, the second is preceded by one.
-_TOKENS = re.compile(
-    r"(?<!:):'(?P<quoted>[A-Za-z_]\w*)'"
-    r"|(?P<literal>'(?:[^']|'')*')"
-    r"|(?P<comment>--[^\n]*)"
-    r"|(?<!:):(?P<plain>[A-Za-z_]\w*)"
-)
-
-
 def psql_variables(sql: str) -> set[str]:
-    return {m["quoted"] or m["plain"] for m in _TOKENS.finditer(sql) if m["quoted"] or m["plain"]}
+    return variables(sql)
 
 
 def substitute(sql: str, values: dict[str, object]) -> str:
-    """Replace psql variables the way psql does: ``:'x'`` by a quoted literal, ``:x`` verbatim."""
-
-    def repl(m: re.Match) -> str:
-        if m["quoted"]:
-            return "'" + str(values[m["quoted"]]).replace("'", "''") + "'"
-        if m["plain"]:
-            value = values[m["plain"]]
-            assert isinstance(value, int), f":{m['plain']} takes a number, got {value!r}"
-            return str(value)
-        return m[0]
-
-    return _TOKENS.sub(repl, sql)
+    """``reflexdb sql -v``'s substitution (reflexdb/psqlvars.py), with numbers where the cookbook says so."""
+    for name in ("trajectory_id", "step"):
+        assert name not in values or isinstance(values[name], int), f":{name} takes a number, got {values[name]!r}"
+    return _substitute(sql, values)
 
 
 QUERIES = parse_cookbook(COOKBOOK.read_text())
@@ -89,6 +74,9 @@ DOCUMENTED_VARIABLES = {"run", "trajectory_id", "step"}
 
 
 def test_substitution_leaves_casts_literals_and_comments_alone():
+    with pytest.raises(ReflexdbError, match=r"uses :step, which is not set: pass -v step=VALUE"):
+        _substitute("SELECT :step", {})
+    assert _substitute('SELECT 1 AS :"col" /* :x */', {"col": 'a"b'}) == 'SELECT 1 AS "a""b" /* :x */'
     sql = ("SELECT x::float8, y::numeric(4, 1) FROM t -- :step stays\n"
            "WHERE a = :'run' AND b = :step AND c = ':step' AND d = 'it''s :x' AND e[1:2] = :trajectory_id")
     assert psql_variables(sql) == {"run", "step", "trajectory_id"}

@@ -108,6 +108,20 @@ def test_generate_shapes_and_types(tiny):
             assert s.confidence == pytest.approx(math.exp(s.logprobs.mean()), rel=1e-6)
 
 
+def test_generation_prints_no_library_warning(tiny, caplog):
+    """transformers >= 5.24 renamed the KV cache argument (`past_key_values` -> `cache`): the engine
+    uses the name its transformers takes, so a clean run prints no deprecation warning."""
+    import logging
+    import warnings
+
+    tiny._cache_kw = None  # as on a fresh engine
+    with warnings.catch_warnings(record=True) as caught, caplog.at_level(logging.WARNING):
+        warnings.simplefilter("always")
+        tiny.generate(CHATS, n=2, params=SamplingParams(max_new_tokens=4, seed=0))
+    said = [str(w.message) for w in caught] + [r.getMessage() for r in caplog.records]
+    assert not [m for m in said if "deprecated" in m], said
+
+
 def test_logprobs_and_embedding_match_score_with_padding_and_early_stops(tiny):
     prompts = [CHATS[0], CHATS[1], "plain text prompt", [1, 2, 3]]  # four lengths: left padding
     first = tiny.generate(prompts, n=2, params=SamplingParams(max_new_tokens=10, seed=1))

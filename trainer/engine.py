@@ -20,7 +20,9 @@ never written again (:func:`clean_partial_files` removes what a killed or failed
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import io
 import logging
 import os
 import shutil
@@ -76,7 +78,9 @@ def _init_process_group(device: str, deepspeed) -> None:
         if not launched:
             os.environ["MASTER_PORT"] = str(_free_port())
         try:
-            deepspeed.init_distributed(dist_backend=backend)
+            # DeepSpeed print()s "DeepSpeed deepspeed_shm_comm_op built successfully" here: not for people
+            with contextlib.redirect_stdout(io.StringIO()):
+                deepspeed.init_distributed(dist_backend=backend)
             return
         except Exception as exc:  # torch.distributed.DistNetworkError on a port taken meanwhile
             if launched or "EADDRINUSE" not in str(exc) or attempt == 4:

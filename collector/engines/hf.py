@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import gc
 import importlib.util
+import inspect
 import logging
 import re
 from collections import OrderedDict
@@ -165,6 +166,7 @@ class HFEngine:
         self.keep_kv_tokens = keep_kv_tokens
         self._kv: OrderedDict[tuple[int, ...], list] = OrderedDict()
         self._kv_tokens = 0
+        self._cache_kw: str | None = None  # the forward's name for the KV cache (set on first use)
         try:
             self._model = AutoModelForCausalLM.from_pretrained(location, dtype=self.dtype)
             self._tokenizer = AutoTokenizer.from_pretrained(location)
@@ -231,8 +233,13 @@ class HFEngine:
     def _forward(self, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor, Any]:
         """One forward pass; returns the last position's float32 logits `[B, V]`, its final-norm
         hidden state `[B, D]` and the KV cache."""
+        if self._cache_kw is None:  # transformers >= 5.24 names the KV cache `cache`, older ones `past_key_values`
+            self._cache_kw = "cache" if "cache" in inspect.signature(self._model.forward).parameters else "past_key_values"
+        if "cache" in kwargs and self._cache_kw != "cache":
+            kwargs[self._cache_kw] = kwargs.pop("cache")
         out = self._model(**kwargs, use_cache=True, output_hidden_states=True, logits_to_keep=1)
-        return out.logits[:, -1].float(), out.hidden_states[-1][:, -1].float(), out.past_key_values
+        cache = out["cache"] if self._cache_kw == "cache" else out["past_key_values"]  # no deprecation warning
+        return out.logits[:, -1].float(), out.hidden_states[-1][:, -1].float(), cache
 
     @torch.inference_mode()
     def _generate_chunk(
@@ -325,7 +332,7 @@ class HFEngine:
                 rows, mask, next_pos, tok = rows[idx], mask[idx], next_pos[idx], tok[idx]
             mask = torch.cat([mask, torch.ones((len(rows), 1), dtype=mask.dtype, device=dev)], dim=1)
             logits, hidden, cache = self._forward(
-                input_ids=tok[:, None], attention_mask=mask, position_ids=next_pos[:, None], past_key_values=cache
+                input_ids=tok[:, None], attention_mask=mask, position_ids=next_pos[:, None], cache=cache
             )
             next_pos = next_pos + 1
 
@@ -441,7 +448,7 @@ class HFEngine:
         mask = torch.cat([pmask, smask], dim=1)
         self.prefill_tokens += sum(len(x) for x in suffixes)
         logits, hidden, cache = self._forward(input_ids=sids, attention_mask=mask, position_ids=spos,
-                                              past_key_values=cache)
+                                              cache=cache)
         return logits, hidden, cache, mask
 
     # -- constrained decoding (json_schema) ----------------------------------------------------
