@@ -138,10 +138,22 @@ def evaluate(cfg: Config, store: Store, checkpoint: str = "latest", *, split: st
     workflow = make_workflow("eval", ctx, tasks=tasks, k=k,
                              meta={"checkpoint": str(path), "label": label, "attempts": attempts})
     per_task = []
-    while claimed := workflow.claim(max(1, cfg.collector.tasks_per_batch)):
-        for group in workflow.collect(claimed):
-            store.write_group(group)
-            per_task.append(sum(bool(t.correct) for t in group.trajectories))
+    import sys
+
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    # a bar on a terminal (stderr), nothing in a log or a pipe
+    with Progress(TextColumn(escape(f"[eval] {label}")), BarColumn(), MofNCompleteColumn(), TextColumn("tasks"),
+                  TimeElapsedColumn(), console=Console(file=sys.stderr), transient=True,
+                  disable=not sys.stderr.isatty()) as progress:
+        bar = progress.add_task("eval", total=len(tasks))
+        while claimed := workflow.claim(max(1, cfg.collector.tasks_per_batch)):
+            for group in workflow.collect(claimed):
+                store.write_group(group)
+                per_task.append(sum(bool(t.correct) for t in group.trajectories))
+                progress.advance(bar)
     p1 = sum(c / k for c in per_task) / len(per_task)
     pk = sum(pass_at_k(k, c, k) for c in per_task) / len(per_task)
     tracker = Tracker(cfg, run_name=f"{cfg.run}-eval-{label}")
@@ -152,6 +164,9 @@ def evaluate(cfg: Config, store: Store, checkpoint: str = "latest", *, split: st
     suffix = "" if attempts == 1 else f"_{attempts}_attempts"
     tracker.log_metrics({f"eval/pass_at_1{suffix}": p1, f"eval/pass_at_{k}{suffix}": pk, f"eval/pass_at_k{suffix}": pk,
                          "eval/tasks": float(len(per_task))}, version or 0)
+    # ... and into the learner's run, at the learner step of that version: one page for the run
+    if version is not None:  # a checkpoint directory outside the run has no step
+        tracker.log_to_learner({f"eval/pass_at_1{suffix}": p1}, store.get_policy(run_id, version).step if version else 0)
     tracker.close()
     engine.close()
     return EvalResult(label, version, split, len(per_task), k, p1, pk, tracker.run_id)

@@ -53,13 +53,22 @@ class Tracker:
             mlflow.create_experiment(experiment, artifact_location=(home() / "mlartifacts").as_uri())
         mlflow.set_experiment(experiment)
         self.client = mlflow.tracking.MlflowClient()
+        exp = mlflow.get_experiment_by_name(experiment)
+        if (exp.tags or {}).get("mlflow.experimentKind") is None:
+            # MLflow 3's UI opens an experiment of this kind in its model-training view (runs, metric
+            # charts), not the GenAI view (traces)
+            try:
+                self.client.set_experiment_tag(exp.experiment_id, "mlflow.experimentKind", "custom_model_development")
+            except Exception as exc:  # an older MLflow, a read-only store: the UI works without it
+                log.debug("could not tag the experiment's kind: %s", exc)
         if resume_run_id:
             self.run_id = resume_run_id
             self.client.update_run(resume_run_id, status="RUNNING")
         else:
             exp = mlflow.get_experiment_by_name(experiment)
             run = self.client.create_run(exp.experiment_id, run_name=run_name or f"{cfg.run}-learner",
-                                         tags={"reflexdb.run": cfg.run, "reflexdb.algorithm": cfg.algorithm})
+                                         tags={"reflexdb.run": cfg.run, "reflexdb.algorithm": cfg.algorithm,
+                                               "reflexdb.role": "eval" if run_name else "learner"})
             self.run_id = run.info.run_id
         self.cfg = cfg
 
@@ -78,8 +87,54 @@ class Tracker:
         if batch:
             self.client.log_batch(self.run_id, metrics=batch)
 
+    def learner_run_id(self) -> str | None:
+        """The newest learner run of this reflexdb run's experiment (None before a learner started)."""
+        exp = self.mlflow.get_experiment_by_name(f"reflexdb/{self.cfg.run}")
+        if exp is None:
+            return None
+        for query in ("tags.`reflexdb.role` = 'learner'", f"attributes.run_name = '{self.cfg.run}-learner'"):
+            try:
+                found = self.client.search_runs([exp.experiment_id], filter_string=query, max_results=1,
+                                                order_by=["attributes.start_time DESC"])
+            except Exception:  # a run name MLflow's filter grammar cannot quote: no learner run found
+                found = []
+            if found:
+                return found[0].info.run_id
+        return None
+
+    def log_to_learner(self, metrics: dict[str, float], step: int) -> None:
+        """Also log ``metrics`` (held-out pass@1) into the learner's run, at ``step``, so one page
+        shows them beside the loss and the reward. Nothing when no learner run exists yet."""
+        try:
+            run_id = self.learner_run_id()
+            if run_id is not None and run_id != self.run_id:
+                Tracker.log_metrics(_Into(self, run_id), metrics, step)
+        except Exception as exc:  # tracking must never fail an evaluation
+            log.warning("could not log into the learner's MLflow run: %s", exc)
+
+    def log_evaluations(self, store, run_id: int) -> None:
+        """Log the held-out evaluations the database already holds (``reflexdb eval`` before this
+        learner run existed, e.g. the base model's in ``reflexdb run``) into this run."""
+        from reflexdb.sqlfile import load_queries
+
+        try:
+            with store.transaction() as conn:
+                rows = conn.execute(load_queries("runs.sql")["evals_by_step"], {"run_id": run_id}).fetchall()
+            for step, attempts, p1 in rows:
+                suffix = "" if attempts == 1 else f"_{attempts}_attempts"
+                self.log_metrics({f"eval/pass_at_1{suffix}": float(p1)}, int(step))
+        except Exception as exc:  # tracking must never take the learner down
+            log.warning("could not copy the run's evaluations into MLflow: %s", exc)
+
     def close(self, status: str = "FINISHED") -> None:
         try:
             self.client.set_terminated(self.run_id, status=status)
         except Exception as exc:  # tracking must never take the learner down
             log.warning("could not close the MLflow run: %s", exc)
+
+
+class _Into:
+    """A tracker's client aimed at another MLflow run (``Tracker.log_metrics`` reads these two)."""
+
+    def __init__(self, tracker: Tracker, run_id: str):
+        self.client, self.run_id = tracker.client, run_id

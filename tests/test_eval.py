@@ -46,6 +46,20 @@ def test_eval_stores_eval_groups_and_logs_to_mlflow(store, tmp_path, monkeypatch
     assert "eval/pass_at_k" in run.data.metrics and run.data.params["eval.k"] == "3"
 
 
+def test_eval_shows_a_progress_bar_on_a_terminal_only(store, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("REFLEXDB_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("REFLEXDB_MODEL_CACHE", os.environ.get("REFLEXDB_MODEL_CACHE", str(tmp_path / "models")))
+    cfg = parse_config({"run": "bar", "model": "tiny", "collector": {"sampling": {"max_new_tokens": 4}}})
+    evaluate(cfg, store, "base", k=2, max_tasks=2, echo=lambda m: None)
+    assert "[eval] base" not in capsys.readouterr().err  # a log or a pipe: no bar
+    import sys
+
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True, raising=False)
+    evaluate(cfg, store, "base", k=2, max_tasks=2, echo=lambda m: None)
+    err = capsys.readouterr().err
+    assert "[eval] base" in err and "2/2" in err and "tasks" in err
+
+
 @pytest.mark.parametrize("environment, used", [
     ({"name": "tool_python", "max_tool_calls": 1, "timeout_s": 2.0, "cpu_s": 2}, "tool_python"),  # tool use, no rollback
     ({"name": "multi_attempt", "max_attempts": 3}, "single"),  # one attempt: the plain prompt

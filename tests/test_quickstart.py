@@ -77,6 +77,13 @@ def test_quickstart_short_mode_end_to_end(store, db_url, tmp_path, model_cache):
     assert len(client.get_metric_history(learner.info.run_id, "reward/pass_at_1")) == 3
     for label in ("base", "v3"):
         assert "eval/pass_at_1" in runs[f"quickstart-short-eval-{label}"].data.metrics
+    # ... and the learner's run shows held-out pass@1 too, before (step 0) and after (step 3)
+    assert [m.step for m in client.get_metric_history(learner.info.run_id, "eval/pass_at_1")] == [0, 3]
+    assert exp.tags.get("mlflow.experimentKind") == "custom_model_development"
+    # A clean run prints no library chatter: no warnings, no deprecations, no library progress bars.
+    chatter = [line for line in err.splitlines()
+               if re.search(r"Warning|deprecated|built successfully|it/s\]|Converting and de-quantizing", line)]
+    assert not chatter, chatter
     # The suggested queries run.
     for q in queries:
         res = subprocess.run(REFLEXDB + ["sql", q], env=env, capture_output=True, text=True, timeout=120)

@@ -210,6 +210,8 @@ class Learner:
                 self.db(lambda: self._roll_back_after(0))
             self.tracker = Tracker(self.cfg) if self.main else NullTracker()
             self.tracker.log_config()
+            if self.main:  # evaluations made before this run existed (reflexdb run: the base model's)
+                self.tracker.log_evaluations(self.store, self.run_id)
             if latest is None:
                 self.publish()  # version 0: the base model, so collectors and resume have a start
             else:  # versions without any learner state (recorded by another writer): start from the base
@@ -360,6 +362,11 @@ class Learner:
         self.bad_in_row = self.bad_in_row + 1 if skipped else 0
         self.step_no += 1
         metrics = self.metrics(batch, groups, stats, grad_norm, entropy, t_batch, time.monotonic() - t0)
+        # The loss of a group-normalised step averages to about 0 by construction (the advantages of a
+        # group sum to 0): the size of the learning signal is the advantages' magnitude, not the loss.
+        a = adv.detach().abs()[batch.valid] if batch.valid.any() else adv.new_zeros(1)
+        metrics["advantage/abs_mean"] = float(a.mean())
+        metrics["advantage/nonzero_frac"] = float((a > 1e-12).float().mean())
         if skipped:
             self.echo(f"step {self.step_no}: non-finite loss, step skipped ({self.bad_in_row} in a row)")
         if self.main:

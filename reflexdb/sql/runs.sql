@@ -47,6 +47,18 @@ FROM groups g JOIN tasks k ON k.id = g.task_id JOIN trajectories t ON t.group_id
 WHERE g.run_id = %(run_id)s AND g.kind = 'eval' AND k.split = 'eval'
 GROUP BY 1, 2 ORDER BY 1, 2;
 
+-- name: evals_by_step
+-- Held-out pass@1 of a run by the learner step of the version evaluated (version 0: step 0), for
+-- the learner's MLflow run.
+SELECT coalesce(p.step, 0) AS step, e.attempts, e.pass_at_1
+FROM (SELECT g.policy_version, coalesce((g.meta ->> 'attempts')::int, 1) AS attempts,
+             avg(t.correct::int) AS pass_at_1
+      FROM groups g JOIN tasks k ON k.id = g.task_id JOIN trajectories t ON t.group_id = g.id
+      WHERE g.run_id = %(run_id)s AND g.kind = 'eval' AND k.split = 'eval'
+      GROUP BY 1, 2) e
+LEFT JOIN policy_versions p ON p.run_id = %(run_id)s AND p.version = e.policy_version
+ORDER BY 1, 2;
+
 -- name: run_origins
 -- A run's trajectories by origin and group kind.
 SELECT g.kind, t.origin, count(*) AS trajectories, avg(t.reward) AS mean_reward
