@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import typer
 
-from reflexdb import admin
+from reflexdb.lazy import lazy
+
+admin = lazy("reflexdb.admin")  # imported when a command runs, not when the CLI starts
 
 app = typer.Typer(help="Create, migrate and inspect the experience database.", no_args_is_help=True)
 

@@ -7,8 +7,6 @@ from pathlib import Path
 
 import typer
 
-from reflexdb.export import export as run_export
-
 from .query import URL_OPTION
 
 
@@ -27,6 +25,8 @@ def export(
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
                   transient=True, disable=not sys.stderr.isatty()) as progress:
         task = progress.add_task(f"exporting to {out}", total=None)
+        from reflexdb.export import export as run_export
+
         stats = run_export(url, source, out, fmt=fmt, batch_size=batch_size, chat=chat,
                            on_batch=lambda n: progress.update(task, description=f"exporting to {out}: {n:,} rows"))
     typer.echo(f"wrote {stats.rows:,} rows ({len(stats.columns)} columns) to {stats.path}")

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import typer
 
-from reflexdb import admin
+from reflexdb.lazy import lazy
+
 
 from . import screen
+
+admin = lazy("reflexdb.admin")  # imported when a command runs, not when the CLI starts
 
 URL_OPTION = typer.Option(None, "--url", envvar="REFLEXDB_DATABASE_URL", help="PostgreSQL URL (default: embedded).")
 

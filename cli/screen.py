@@ -12,10 +12,12 @@ import shutil
 import subprocess
 from decimal import Decimal
 
-import numpy as np
-from sqlalchemy.engine import make_url
+from reflexdb.lazy import lazy
 
-from reflexdb import admin, embedded
+# imported when a table is printed or psql started, not when the CLI starts
+np = lazy("numpy")
+admin = lazy("reflexdb.admin")
+embedded = lazy("reflexdb.embedded")
 
 
 def _cell(value, max_width: int) -> str:
@@ -101,6 +103,8 @@ def psql(url: str | None, args: list[str]) -> int:
     """Run psql (from PATH, else the embedded server's) on the database; return its exit code."""
     full = admin.libpq_url_for(url)  # a clear error if unreachable
     exe = shutil.which("psql") or str(embedded.psql_path())
+    from sqlalchemy.engine import make_url
+
     parsed = make_url(full)
     env = dict(os.environ)
     if parsed.password:  # not on psql's command line, where `ps` shows it to every user

@@ -4,11 +4,6 @@ from __future__ import annotations
 
 import typer
 
-from reflexdb import Store
-from reflexdb.db import database_url
-from reflexdb.index import SIMILAR_COLUMNS, similar_trajectories
-from reflexdb.settings import resolve_target
-
 from . import screen
 from .query import URL_OPTION
 
@@ -23,6 +18,11 @@ def similar(
 
     Catches up the run's FAISS index from the database first (see docs/faiss.md).
     """
+    from reflexdb import Store
+    from reflexdb.db import database_url
+    from reflexdb.index import SIMILAR_COLUMNS, similar_trajectories
+    from reflexdb.settings import resolve_target
+
     # resolve_target normalises postgres:// URLs to the psycopg driver (or starts the embedded server).
     with Store.open(database_url(resolve_target(url))) as store:
         result = similar_trajectories(store, trajectory_id, k)

@@ -14,7 +14,6 @@ under the model's own.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 
 def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, *, temperature: float = 1.0,
@@ -34,7 +33,7 @@ def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, *, temperature: 
     logits = logits.float()
     if temperature != 1.0 and temperature > 0:
         logits = logits / temperature
-    logp_all = F.log_softmax(logits, dim=-1)  # [B, T, V]
+    logp_all = torch.nn.functional.log_softmax(logits, dim=-1)  # [B, T, V]
     logprobs = logp_all.gather(-1, targets[:, :, None]).squeeze(-1)  # [B, T]
     entropy = None
     if with_entropy:

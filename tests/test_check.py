@@ -90,3 +90,15 @@ def test_tasks_template_and_reward_are_checked(tmp_path):
     assert "tasks.template: unknown prompt template 'nope'" in done.stderr
     assert "collector.reward: unknown reward function 'nope'" in done.stderr
     assert "tasks (train_size 500, eval_size 8, level 1): found only" in done.stderr
+
+
+def test_check_imports_neither_torch_nor_the_database_stack():
+    """What keeps `reflexdb check` under a second (benchmarks/cli_latency.py measures it): torch, the
+    store's SQLAlchemy and psycopg, and FAISS are imported only by commands that use them."""
+    code = ("import sys; sys.argv = ['reflexdb', 'check', '-q', sys.argv[1]]\n"
+            "from reflexdb.cli.main import main\n"
+            "try:\n    main()\nexcept SystemExit:\n    pass\n"
+            "print(sorted(m for m in ('torch', 'sqlalchemy', 'psycopg', 'faiss', 'transformers') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code, str(EXAMPLES[0])], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == "[]", done.stdout

@@ -32,13 +32,15 @@ normalisation, in order (``apply_advantage_transforms``). ``group_index`` holds 
 from __future__ import annotations
 
 import functools
-from typing import Callable, Hashable, Literal, Sequence
+from typing import TYPE_CHECKING, Callable, Hashable, Literal, Sequence
 
 import torch
-from torch import Tensor
+
+if TYPE_CHECKING:  # annotations only: torch itself may be imported lazily (reflexdb check)
+    from torch import Tensor
 
 AdvantageScale = Literal["group", "none"]
-AdvantageTransform = Callable[[Tensor, Tensor, Tensor], Tensor]
+AdvantageTransform = Callable[["Tensor", "Tensor", "Tensor"], "Tensor"]
 
 ADVANTAGE_TRANSFORMS: dict[str, Callable[..., Tensor]] = {}
 
@@ -53,7 +55,7 @@ def group_index(group_ids: Tensor | Sequence[Hashable]) -> tuple[Tensor, int]:
         ``(index [B] int64 in 0..n−1, n)``, numbered in order of first appearance for sequences,
         in sorted label order for tensors.
     """
-    if isinstance(group_ids, Tensor):
+    if isinstance(group_ids, torch.Tensor):
         _, index = torch.unique(group_ids, return_inverse=True)
         return index.reshape(-1), int(index.max().item()) + 1 if index.numel() else 0
     numbers: dict[Hashable, int] = {}

@@ -15,12 +15,16 @@ unfiltered tokens or by non-empty rows for every family got DAPO and Dr.GRPO wro
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from collections.abc import Sequence
 
 from pydantic import BaseModel
-from torch import Tensor
 
 from .registry import LossSpec
+
+if TYPE_CHECKING:  # annotations only: torch itself may be imported lazily (reflexdb check)
+    from torch import Tensor
 
 
 def micro_batch_weights(

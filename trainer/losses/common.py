@@ -9,10 +9,12 @@ Reference: docs/losses.md, METHODS.md §0.
 
 from __future__ import annotations
 
-from typing import Literal, NamedTuple
+from typing import TYPE_CHECKING, Literal, NamedTuple
 
-import torch
-from torch import Tensor
+from reflexdb.lazy import torch  # imported on first use (reflexdb check never computes)
+
+if TYPE_CHECKING:  # annotations only: torch itself may be imported lazily (reflexdb check)
+    from torch import Tensor
 
 AggMode = Literal["seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm"]
 AGG_MODES: tuple[str, ...] = ("seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm")

@@ -11,12 +11,16 @@ batch assembly and reward shaping, not part of the loss. CLEANER uses this loss 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from pydantic import Field
-from torch import Tensor
 
 from . import params as P
 from .common import AggMode, PolicyLossOutput, as_bool_mask
 from .grpo import grpo_loss
+
+if TYPE_CHECKING:  # annotations only: torch itself may be imported lazily (reflexdb check)
+    from torch import Tensor
 
 
 def overlong_filter(mask: Tensor, truncated: Tensor) -> Tensor:

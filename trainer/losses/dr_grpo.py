@@ -11,11 +11,15 @@ objective): the GRPO surrogate without its response-length and question-difficul
 
 from __future__ import annotations
 
-from torch import Tensor
+from typing import TYPE_CHECKING
+
 
 from . import params as P
 from .common import PolicyLossOutput
 from .grpo import grpo_loss
+
+if TYPE_CHECKING:  # annotations only: torch itself may be imported lazily (reflexdb check)
+    from torch import Tensor
 
 
 def dr_grpo_loss(

@@ -10,8 +10,9 @@ clip-higher and overlong filter): ``dr_grpo.py``, ``dapo.py``.
 
 from __future__ import annotations
 
-import torch
-from torch import Tensor
+from typing import TYPE_CHECKING
+
+from reflexdb.lazy import torch  # imported on first use (reflexdb check never computes)
 
 from . import params as P
 from .common import (
@@ -25,6 +26,9 @@ from .common import (
     kl_term,
     masked_log_ratio,
 )
+
+if TYPE_CHECKING:  # annotations only: torch itself may be imported lazily (reflexdb check)
+    from torch import Tensor
 
 
 def grpo_loss(

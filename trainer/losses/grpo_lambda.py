@@ -28,12 +28,10 @@ is the paper's form, kept for tests and the benchmark.
 from __future__ import annotations
 
 import math
-from typing import Literal, NamedTuple
+from typing import TYPE_CHECKING, Literal, NamedTuple
 
-import torch
-import torch.nn.functional as F
+from reflexdb.lazy import torch  # imported on first use (reflexdb check never computes)
 from pydantic import Field
-from torch import Tensor
 
 from . import params as P
 from .common import (
@@ -47,6 +45,9 @@ from .common import (
     masked_log_ratio,
     masked_mean,
 )
+
+if TYPE_CHECKING:  # annotations only: torch itself may be imported lazily (reflexdb check)
+    from torch import Tensor
 
 TraceStyle = Literal["recent", "both"]
 UpdateStyle = Literal["trace", "weight"]
@@ -102,10 +103,11 @@ def trace_matrix(
     gamma: float = 1.0,
     style: TraceStyle = "recent",
     floor: float = 0.0,
-    dtype: torch.dtype = torch.float64,
+    dtype: torch.dtype | None = None,
     device: torch.device | str | None = None,
 ) -> Tensor:
-    """The paper's trace matrix W ``[T, T]`` (App. A.3 Eq. 17 ``both``, Eq. 18 ``recent``).
+    """The paper's trace matrix W ``[T, T]`` (App. A.3 Eq. 17 ``both``, Eq. 18 ``recent``), in
+    ``dtype`` (default float64).
 
     Lower-triangular, ones on the diagonal; below it ``max(ε, c^{t−j})`` (recent) or
     ``max(ε, c^{t−j}, c^{j})`` (both), ``c = γλ``. The appendix writes the recent exponent as
@@ -113,6 +115,7 @@ def trace_matrix(
     minus column), as in Eq. 1/2 and METHODS.md §4.
     """
     c = _check_trace_args(lam, gamma, floor, style)
+    dtype = dtype or torch.float64
     t = torch.arange(T, device=device)[:, None]  # [T, 1]
     j = torch.arange(T, device=device)[None, :]  # [1, T]
     base = torch.tensor(c, dtype=dtype, device=device)
@@ -173,14 +176,14 @@ def discounted_cumsum(x: Tensor, c: float) -> Tensor:
     L = max(1, min(T, 1 + int(_LOG_MAX_RESCALE / -math.log(c))))  # block length
     n = -(-T // L)  # number of blocks
     lead = x.shape[:-1]
-    xb = F.pad(x, (0, n * L - T)).reshape(*lead, n, L)  # [..., n, L]
+    xb = torch.nn.functional.pad(x, (0, n * L - T)).reshape(*lead, n, L)  # [..., n, L]
     i = torch.arange(L, dtype=torch.float64, device=x.device)
     up = torch.pow(c, -i).to(x.dtype)  # [L]  c^{−i}
     down = torch.pow(c, i).to(x.dtype)  # [L]  c^{i}
     G = down * torch.cumsum(xb * up, dim=-1)  # [..., n, L]  Σ_{i'≤i} c^{i−i'} x_{i'} within the block
     if n > 1:
         H = _geometric_scan(G[..., -1], c**L)  # [..., n]  F at each block end
-        carry = F.pad(H[..., :-1], (1, 0))  # [..., n]  F at the previous block's end (0 for block 0)
+        carry = torch.nn.functional.pad(H[..., :-1], (1, 0))  # [..., n]  F at the previous block's end (0 for block 0)
         G = G + torch.pow(c, i + 1).to(x.dtype) * carry[..., None]  # [..., n, L]
     return G.reshape(*lead, n * L)[..., :T]
 
@@ -190,7 +193,7 @@ def _geometric_scan(g: Tensor, q: float) -> Tensor:
     n = g.shape[-1]
     H, shift, qs = g, 1, q
     while shift < n and qs > 0.0:
-        H = H + qs * F.pad(H[..., :-shift], (shift, 0))  # adds lags [shift, 2·shift)
+        H = H + qs * torch.nn.functional.pad(H[..., :-shift], (shift, 0))  # adds lags [shift, 2·shift)
         shift, qs = 2 * shift, qs * qs
     return H
 
@@ -255,11 +258,11 @@ def trace_sum(
     if style == "recent" and K >= T:
         return Fx  # no floor inside the sequence: S_t = F_t (Eq. 1; the subtracted term is c^{t+1} F_{−1} = 0)
     m = torch.clamp(max_lag, max=K - 1)  # [T]  last exponential lag
-    F_pad = F.pad(Fx, (1, 0))  # [..., T+1]  F_pad[..., i+1] = F_i, F_pad[..., 0] = F_{−1} = 0
+    F_pad = torch.nn.functional.pad(Fx, (1, 0))  # [..., T+1]  F_pad[..., i+1] = F_i, F_pad[..., 0] = F_{−1} = 0
     coef = torch.pow(torch.tensor(c, dtype=torch.float64, device=dev), (m + 1).to(torch.float64)).to(dt)  # [T]
     S = Fx - coef * F_pad.index_select(-1, t - m)  # [..., T]  exponential lags 0..m_t (Eq. 1 for recent, ε = 0)
     if K < T:  # some lags sit on the floor (Eq. 17/18: max(ε, ·))
-        P_pad = F.pad(x.cumsum(-1), (1, 0))  # [..., T+1]  P_pad[..., i+1] = P_i
+        P_pad = torch.nn.functional.pad(x.cumsum(-1), (1, 0))  # [..., T+1]  P_pad[..., i+1] = P_i
         on_floor = max_lag >= K  # [T]
         hi = torch.clamp(t - K + 1, min=0)  # index of P_{t−K}
         lo = t - max_lag  # index of P_{t−M_t−1}
@@ -269,7 +272,7 @@ def trace_sum(
     if style == "both":
         j = torch.arange(T, dtype=torch.float64, device=dev)
         w_early = torch.pow(c, j).clamp(min=floor).to(dt)  # [T]  Eq. 17: max(ε, c^j)
-        Q_pad = F.pad(torch.cumsum(w_early * x, dim=-1), (1, 0))  # [..., T+1]
+        Q_pad = torch.nn.functional.pad(torch.cumsum(w_early * x, dim=-1), (1, 0))  # [..., T+1]
         S = S + Q_pad.index_select(-1, t - max_lag)  # Q_{⌈t/2⌉−1}: columns j < ⌈t/2⌉
     return S
 

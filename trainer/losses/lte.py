@@ -21,15 +21,17 @@ on-policy half is ``grpo`` with ``agg: token-mean``; the off-policy half is the 
 
 from __future__ import annotations
 
-from typing import Literal, NamedTuple
+from typing import TYPE_CHECKING, Literal, NamedTuple
 
-import torch
+from reflexdb.lazy import torch  # imported on first use (reflexdb check never computes)
 from pydantic import Field
-from torch import Tensor
 
 from . import params as P
 from .common import aggregate, as_bool_mask, broadcast_advantages, masked_log_ratio
 from .grpo import grpo_loss
+
+if TYPE_CHECKING:  # annotations only: torch itself may be imported lazily (reflexdb check)
+    from torch import Tensor
 
 Denominator = Literal["one", "behaviour"]
 

@@ -9,10 +9,9 @@ R3L's RL loss (R3L.md Eq. 12 and Algorithm 1 line 38) is this with the pivotal m
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
-import torch
-from torch import Tensor
+from reflexdb.lazy import torch  # imported on first use (reflexdb check never computes)
 
 from . import params as P
 from .common import (
@@ -24,6 +23,9 @@ from .common import (
     masked_log_ratio,
     policy_ratio_stats,
 )
+
+if TYPE_CHECKING:  # annotations only: torch itself may be imported lazily (reflexdb check)
+    from torch import Tensor
 
 
 class PGLossOutput(NamedTuple):

@@ -17,8 +17,12 @@ amplified advantages of ``trainer/advantages.positive_amplification`` (Eq. 11).
 
 from __future__ import annotations
 
-import torch
-from torch import Tensor
+from typing import TYPE_CHECKING
+
+from reflexdb.lazy import torch  # imported on first use (reflexdb check never computes)
+
+if TYPE_CHECKING:  # annotations only: torch itself may be imported lazily (reflexdb check)
+    from torch import Tensor
 
 
 def pivotal_mask(loss_mask: Tensor, pivot_token: Tensor) -> Tensor:

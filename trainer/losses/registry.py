@@ -32,10 +32,9 @@ from __future__ import annotations
 import inspect
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, NamedTuple
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
 from pydantic import BaseModel, ValidationError, create_model
-from torch import Tensor
 
 from .common import AGG_MODES, as_bool_mask
 from .dapo import DAPOParams, dapo_loss, overlong_filter
@@ -47,6 +46,9 @@ from .gspo import GSPOParams, gspo_loss
 from .opmd import OPMDParams, opmd_loss
 from .params import LossParams
 from .sft import SFTParams, sft_loss
+
+if TYPE_CHECKING:  # annotations only: torch itself may be imported lazily (reflexdb check)
+    from torch import Tensor
 
 LossFn = Callable[..., NamedTuple]
 

@@ -7,13 +7,15 @@ the reflect and retry sets (R3L.md Algorithm 1 line 39) is the same function.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
-import torch
-from torch import Tensor
+from reflexdb.lazy import torch  # imported on first use (reflexdb check never computes)
 
 from . import params as P
 from .common import AggMode, aggregate, as_bool_mask
+
+if TYPE_CHECKING:  # annotations only: torch itself may be imported lazily (reflexdb check)
+    from torch import Tensor
 
 
 class SFTLossOutput(NamedTuple):
