@@ -33,6 +33,11 @@ GSM8K = Path(os.environ.get("REFLEXDB_SHARED") or ROOT.parent / "shared") / "dat
 SETTINGS = {
     "level7": {"tasks.level": 7},
     "level8": {"tasks.level": 8},
+    # easier levels, for groups where some episodes are solved (the pilot's all-fail groups gave no gradient)
+    "level4": {"tasks.level": 4},
+    "level6": {"tasks.level": 6},
+    "levels2_8": {"tasks.level": [2, 8]},
+    "levels4_6_8": {"tasks.level": [4, 6, 8]},
     "gsm8k": {"tasks.source": "file", "tasks.path": str(GSM8K), "tasks.train_size": 200, "tasks.eval_size": 20,
               "collector.sampling.max_new_tokens": 256},
 }
@@ -41,6 +46,14 @@ SUMMARY = """
 SELECT count(*), count(*) FILTER (WHERE raw_tool_calls > 0), sum(raw_tool_calls), sum(raw_tool_errors),
        sum(rollbacks), sum(recovered), sum(shallow), sum(deep), avg(reward), count(*) FILTER (WHERE origin = 'purified')
 FROM cleaner_tool_errors v JOIN runs u ON u.id = v.run_id WHERE u.name = :run
+"""
+# training groups by how many of their episodes are solved: only a mixed group carries a gradient
+GROUPS = """
+SELECT count(*) FILTER (WHERE solved = 0), count(*) FILTER (WHERE solved > 0 AND solved < n),
+       count(*) FILTER (WHERE solved = n)
+FROM (SELECT v.group_id, count(*) AS n, count(*) FILTER (WHERE v.correct) AS solved
+      FROM cleaner_tool_errors v JOIN runs u ON u.id = v.run_id
+      WHERE u.name = :run AND v.group_kind = 'fresh' GROUP BY v.group_id) g
 """
 CALLS = """
 SELECT c ->> 'status', count(*), avg((c ->> 'seconds')::float)
@@ -88,6 +101,7 @@ def measure(name: str, groups: int, store, seed: int, overrides: dict) -> dict:
     with store.engine.connect() as conn:
         (n, with_code, calls, errors, rollbacks, recovered, shallow, deep, reward, purified), = conn.execute(
             text(SUMMARY), {"run": run}).all()
+        none, mixed, every = conn.execute(text(GROUPS), {"run": run}).one()
         statuses = [(s, c, float(sec)) for s, c, sec in conn.execute(text(CALLS), {"run": run})]
         kinds = [tuple(r) for r in conn.execute(text(ERRORS), {"run": run})]
         examples = [tuple(r) for r in conn.execute(text(EXAMPLES), {"run": run, "n": 4})]
@@ -102,6 +116,7 @@ def measure(name: str, groups: int, store, seed: int, overrides: dict) -> dict:
         "errors_per_episode": errors / n if n else None, "rollbacks": rollbacks, "recovered": recovered,
         "recovery_rate": recovered / rollbacks if rollbacks else None, "shallow": shallow, "deep": deep,
         "purified_episodes": purified, "pass_at_1": reward,
+        "groups_none_mixed_all": [none, mixed, every],
         "statuses": [{"status": s, "count": c, "mean_s": round(sec, 4)} for s, c, sec in statuses],
         "error_kinds": [{"kind": k, "count": c} for k, c in kinds],
         "rollback_examples": [{"trajectory_id": i, "replacement": r, "similarity": s, "error": e, "failed_code": f,
@@ -136,6 +151,7 @@ def main() -> None:
         print(f"{r['setting']:8} episodes {r['episodes']:3}  code {r['code_rate']:.2f}  calls ok {r['calls_ok']}/"
               f"{r['sandbox_calls']}  errors/episode {r['errors_per_episode']:.2f}  rollbacks {r['rollbacks']} "
               f"recovered {r['recovered']} (shallow {r['shallow']}, deep {r['deep']})  pass@1 {r['pass_at_1']:.3f}  "
+              f"groups none/mixed/all {'/'.join(map(str, r['groups_none_mixed_all']))}  "
               f"{r['seconds']} s", flush=True)
         for e in r["error_kinds"][:5]:
             print(f"    {e['count']:3} × {e['kind']}", flush=True)
