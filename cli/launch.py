@@ -46,6 +46,8 @@ from reflexdb.db import database_url
 from reflexdb.settings import resolve_target
 from reflexdb.store import Store
 
+from .children import die_with_parent
+
 CLI = [sys.executable, "-m", "reflexdb.cli.main"]
 
 
@@ -60,16 +62,6 @@ class RunResult:
     before: dict | None = None  # reflexdb eval --json of the starting checkpoint
     after: dict | None = None
     queries: list[str] = field(default_factory=list)
-
-
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
-    """Ask the kernel to SIGTERM this child when the launcher dies (Linux prctl PR_SET_PDEATHSIG)."""
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)
-    except Exception:
-        pass
 
 
 def _threads(share: int = 1) -> str:
@@ -115,7 +107,7 @@ class Launcher:
         """Start a child; its stdout goes to our stderr (libraries print there) unless captured."""
         kw.setdefault("stdout", sys.stderr)
         cmd = CLI + args + ["-c", str(self.config)] + [f"--set={o}" for o in self.overrides]
-        proc = subprocess.Popen(cmd, env=self._env(threads), start_new_session=True, preexec_fn=_die_with_parent,
+        proc = subprocess.Popen(cmd, env=self._env(threads), start_new_session=True, preexec_fn=die_with_parent,
                                 **kw)
         self.children.append(proc)
         return proc

@@ -106,7 +106,7 @@ def show(name: str = typer.Argument(..., help="The run's name."), url: str = URL
                                                for k, o, n, m in origins]))
     typer.echo("\n" + (screen.format_table(["version", "attempts", "held-out pass@1", "samples", "tasks", "evaluated at"],
                                            [(f"v{v}", a, f"{float(p):.3f}", n, t, f"{at:%Y-%m-%d %H:%M}")
-                                            for v, a, p, n, t, at in evals])
+                                            for v, a, p, n, t, at, _ in evals])
                        if evals else f"no held-out evaluation yet: `reflexdb eval -c CONFIG` (run {name!r})"))
 
 

@@ -20,6 +20,8 @@ import typer
 
 from reflexdb.errors import ReflexdbError
 
+from .children import die_with_parent
+
 #: how long the server may take to answer its first request
 READY_TIMEOUT_S = 120.0
 
@@ -64,16 +66,6 @@ def _stop_group(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
     proc.poll()
 
 
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
-    """Linux: the server gets SIGTERM if this command dies without cleaning up (SIGKILL)."""
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except Exception:
-        pass
-
-
 def ui(
     port: int = typer.Option(5000, "--port", min=1, max=65535, help="Port to serve on."),
     host: str = typer.Option("127.0.0.1", "--host", help="Address to bind (127.0.0.1: this machine only)."),
@@ -95,7 +87,7 @@ def ui(
            "--workers", str(workers)]
     # its own process group, ours to stop; and told to stop if this process is killed outright
     proc = subprocess.Popen(cmd, env=env, stdout=sys.stderr, start_new_session=True,  # its chatter on stderr
-                            preexec_fn=_die_with_parent)
+                            preexec_fn=die_with_parent)
 
     stopping = {"signal": None}
 

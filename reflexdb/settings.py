@@ -136,6 +136,20 @@ def _dsn_to_url(dsn: str) -> str:
 _PASSWORD_PARAM = re.compile(r"""(\bpassword\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s&;]*)""", re.IGNORECASE)
 
 
+def _userinfo(tail: str) -> tuple[str, str | None, str]:
+    """A URL's part after ``://`` as (user, password or None, the rest from the '@' on).
+
+    By hand rather than through a URL parser, which may split an unencoded '@' in a password
+    elsewhere than libpq does and print the rest: the credentials end at the last '@' before the query.
+    """
+    query = tail.find("?")
+    at = tail.rfind("@", 0, query if query >= 0 else len(tail))
+    if at < 0 or ":" not in tail[:at]:
+        return "", None, tail
+    user, password = tail[:at].split(":", 1)
+    return user, password, tail[at:]
+
+
 def mask_url(url: str) -> str:
     """The URL or DSN with every password replaced by ``***`` (safe to print and log).
 
@@ -144,15 +158,11 @@ def mask_url(url: str) -> str:
     """
     if "://" not in url:  # a key/value DSN, or something that is no URL at all
         return _PASSWORD_PARAM.sub(r"\1***", url)
-    # By hand rather than through a URL parser, which may split an unencoded '@' in a password
-    # elsewhere than libpq does and print the rest: the credentials end at the last '@' before the query.
     head, _, tail = url.partition("://")
-    head = head.replace("+psycopg", "", 1)
-    query = tail.find("?")
-    at = tail.rfind("@", 0, query if query >= 0 else len(tail))
-    if at >= 0 and ":" in tail[:at]:
-        tail = tail[:at].split(":", 1)[0] + ":***" + tail[at:]
-    return f"{head}://" + _PASSWORD_PARAM.sub(r"\1***", tail)
+    user, password, rest = _userinfo(tail)
+    if password is not None:
+        tail = f"{user}:***{rest}"
+    return head.replace("+psycopg", "", 1) + "://" + _PASSWORD_PARAM.sub(r"\1***", tail)
 
 
 def scrub(text: str, url: str) -> str:
@@ -162,11 +172,7 @@ def scrub(text: str, url: str) -> str:
 
     secrets = [m.group(2).strip("'") for m in _PASSWORD_PARAM.finditer(url)]
     if "://" in url:
-        tail = url.partition("://")[2]
-        query = tail.find("?")
-        at = tail.rfind("@", 0, query if query >= 0 else len(tail))
-        if at >= 0 and ":" in tail[:at]:
-            secrets.append(tail[:at].split(":", 1)[1])
+        secrets.append(_userinfo(url.partition("://")[2])[1])
     # the whole value, decoded too, and the words of a quoted one (a parse error may quote a fragment)
     parts = {x for s in secrets if s for x in (s, unquote(s), *(w for w in s.split() if len(w) >= 4))}
     for secret in sorted(parts, key=len, reverse=True):

@@ -119,8 +119,8 @@ class Tracker:
 
         try:
             with store.transaction() as conn:
-                rows = conn.execute(load_queries("runs.sql")["evals_by_step"], {"run_id": run_id}).fetchall()
-            for step, attempts, p1 in rows:
+                rows = conn.execute(load_queries("runs.sql")["run_evals"], {"run_id": run_id}).fetchall()
+            for _, attempts, p1, _, _, _, step in rows:
                 suffix = "" if attempts == 1 else f"_{attempts}_attempts"
                 self.log_metrics({f"eval/pass_at_1{suffix}": float(p1)}, int(step))
         except Exception as exc:  # tracking must never take the learner down

@@ -40,19 +40,12 @@ ORDER BY r.id;
 
 -- name: run_evals
 -- Held-out pass@1 of a run by policy version and attempts (`reflexdb eval --attempts K`): every
--- evaluation of eval-split tasks, its samples pooled when a version was evaluated more than once.
-SELECT g.policy_version, coalesce((g.meta ->> 'attempts')::int, 1) AS attempts, avg(t.correct::int) AS pass_at_1,
-       count(*) AS samples, count(DISTINCT g.task_id) AS tasks, max(t.created_at) AS at
-FROM groups g JOIN tasks k ON k.id = g.task_id JOIN trajectories t ON t.group_id = g.id
-WHERE g.run_id = %(run_id)s AND g.kind = 'eval' AND k.split = 'eval'
-GROUP BY 1, 2 ORDER BY 1, 2;
-
--- name: evals_by_step
--- Held-out pass@1 of a run by the learner step of the version evaluated (version 0: step 0), for
--- the learner's MLflow run.
-SELECT coalesce(p.step, 0) AS step, e.attempts, e.pass_at_1
+-- evaluation of eval-split tasks, its samples pooled when a version was evaluated more than once;
+-- with the learner step of the version (version 0: step 0), where the learner's MLflow run logs it.
+SELECT e.policy_version, e.attempts, e.pass_at_1, e.samples, e.tasks, e.at, coalesce(p.step, 0) AS step
 FROM (SELECT g.policy_version, coalesce((g.meta ->> 'attempts')::int, 1) AS attempts,
-             avg(t.correct::int) AS pass_at_1
+             avg(t.correct::int) AS pass_at_1, count(*) AS samples, count(DISTINCT g.task_id) AS tasks,
+             max(t.created_at) AS at
       FROM groups g JOIN tasks k ON k.id = g.task_id JOIN trajectories t ON t.group_id = g.id
       WHERE g.run_id = %(run_id)s AND g.kind = 'eval' AND k.split = 'eval'
       GROUP BY 1, 2) e
