@@ -463,7 +463,7 @@ class Drill:
             for t, ts, n, mr in self.sql("""
                 SELECT t.id, t.times_sampled, count(c.step_id), :mr FROM trajectories t
                 LEFT JOIN consumption c ON c.trajectory_id = t.id WHERE t.run_id = :r
-                GROUP BY t.id HAVING t.times_sampled <> count(c.step_id) OR count(c.step_id) > :mr""",
+                GROUP BY t.id, t.times_sampled HAVING t.times_sampled <> count(c.step_id) OR count(c.step_id) > :mr""",
                                          r=run, mr=L.get("max_reuse", 1))]
 
         steps = [s for (s,) in self.sql("SELECT step FROM learner_steps WHERE run_id = :r ORDER BY 1", r=run)]

@@ -50,6 +50,76 @@ def status(url: str = URL_OPTION) -> None:
         typer.echo("rows:")
         for table, n in info.counts.items():
             typer.echo(f"  {table:<16} {n:>12,}")
+    if info.runs:
+        typer.echo("size per run (its partitions: trajectories, turns, token_bytes, embeddings, consumption):")
+        width = max(len(name) for name, *_ in info.runs)
+        for name, _, size, trajectories in info.runs:
+            typer.echo(f"  {name:<{width}} {size / 2**20:>10,.1f} MiB {trajectories:>12,} trajectories")
+
+
+@app.command()
+def archive(
+    run: str = typer.Argument(..., help="The run's name."),
+    output: str = typer.Option(..., "-o", "--output", help="A new (or empty) directory for the archive."),
+    url: str = URL_OPTION,
+) -> None:
+    """Write a run to Parquet (one file per table, a manifest with SHA-256s), check every file
+    against the database row by row, then delete the run's rows. Refused while a collector,
+    learner, eval or import of the run is connected. `reflexdb db restore DIR` brings it back."""
+    from pathlib import Path
+
+    from reflexdb import Store
+    from reflexdb.archive import archive as write_archive
+
+    with Store.open(url) as store:
+        result = write_archive(store, run, Path(output),
+                               on_table=lambda t, n: typer.echo(f"  {t:<16} {n:>12,} rows", err=True))
+    typer.echo(f"archived run {run!r} ({sum(result.rows.values()):,} rows, {result.bytes / 2**20:,.1f} MiB) to "
+               f"{result.directory}; verified, and deleted from the database")
+
+
+@app.command()
+def restore(
+    directory: str = typer.Argument(..., help="A directory written by `reflexdb db archive`."),
+    url: str = URL_OPTION,
+) -> None:
+    """Insert an archived run back, with its original ids, in one transaction."""
+    from pathlib import Path
+
+    from reflexdb import Store
+    from reflexdb.archive import restore as read_archive
+
+    with Store.open(url) as store:
+        result = read_archive(store, Path(directory))
+    typer.echo(f"restored run {result.run!r} (id {result.run_id}, {sum(result.rows.values()):,} rows) from "
+               f"{result.directory}")
+
+
+@app.command()
+def replica(
+    stop: bool = typer.Option(False, "--stop", help="Stop the replica (its data directory stays)."),
+    directory: str = typer.Option(None, "--dir", help="The replica's data directory (default: $REFLEXDB_HOME/pgdata-replica)."),
+) -> None:
+    """Start a streaming read replica of the embedded server (copied the first time with
+    pg_basebackup) and print the REFLEXDB_READ_URL that sends `reflexdb sql` and `reflexdb export`
+    to it. For an external server, set up a standby with its own tools (docs/operations.md)."""
+    from pathlib import Path
+
+    from reflexdb import replica as rep
+    from reflexdb.errors import ReflexdbError
+    from reflexdb.settings import resolve_target
+
+    if not resolve_target(None).embedded:
+        raise ReflexdbError("reflexdb db replica copies the embedded server, but REFLEXDB_DATABASE_URL (or "
+                            "config.toml) names another server: make a standby with that server's tools and set "
+                            "REFLEXDB_READ_URL to it (docs/operations.md, Read replica)")
+    path = Path(directory) if directory else None
+    if stop:
+        typer.echo("replica stopped" if rep.stop(path) else "replica was not running")
+        return
+    url = rep.start(replica=path)
+    typer.echo(f"replica streaming from the embedded server, hot standby at {url}")
+    typer.echo(f"export {rep.ENV_READ_URL}='{url}'")
 
 
 @app.command()

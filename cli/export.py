@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from .query import URL_OPTION
+from .query import READ_URL_OPTION
 
 
 def export(
@@ -16,7 +16,7 @@ def export(
     fmt: str = typer.Option(None, "--format", help="parquet or jsonl (default: from the suffix)."),
     chat: bool = typer.Option(False, "--chat", help="Trajectory rows: a 'messages' column instead of 'prompt'/'completion'."),
     batch_size: int = typer.Option(1000, "--batch-size", min=1, help="Rows read and written at a time (bounds memory)."),
-    url: str = URL_OPTION,
+    url: str = READ_URL_OPTION,
 ) -> None:
     """Export a view, table or query to Parquet or JSONL, streamed in batches. Rows with a
     trajectory_id also get prompt/completion (or messages), token ids and log-probs."""
@@ -26,7 +26,8 @@ def export(
                   transient=True, disable=not sys.stderr.isatty()) as progress:
         task = progress.add_task(f"exporting to {out}", total=None)
         from reflexdb.export import export as run_export
+        from reflexdb.replica import read_url
 
-        stats = run_export(url, source, out, fmt=fmt, batch_size=batch_size, chat=chat,
+        stats = run_export(read_url(url), source, out, fmt=fmt, batch_size=batch_size, chat=chat,
                            on_batch=lambda n: progress.update(task, description=f"exporting to {out}: {n:,} rows"))
     typer.echo(f"wrote {stats.rows:,} rows ({len(stats.columns)} columns) to {stats.path}")

@@ -12,13 +12,16 @@ from . import screen
 admin = lazy("reflexdb.admin")  # imported when a command runs, not when the CLI starts
 
 URL_OPTION = typer.Option(None, "--url", envvar="REFLEXDB_DATABASE_URL", help="PostgreSQL URL (default: embedded).")
+# Analysis commands read from a replica when REFLEXDB_READ_URL names one (reflexdb/replica.py).
+READ_URL_OPTION = typer.Option(None, "--url", help="PostgreSQL URL (default: REFLEXDB_READ_URL, a read replica, for "
+                                                   "reads; else REFLEXDB_DATABASE_URL; else embedded).")
 
 
 def sql(
     query: str = typer.Argument(..., help="SQL to run (quote it)."),
     variables: list[str] = typer.Option(None, "--set-var", "-v", help="A psql-style variable: -v run=arithmetic-grpo replaces :'run' (a quoted literal), :\"run\" (an identifier) and :run (verbatim), as psql does (repeatable)."),
-    write: bool = typer.Option(False, "--write", help="Allow changes (default: read-only transaction)."),
-    url: str = URL_OPTION,
+    write: bool = typer.Option(False, "--write", help="Allow changes (default: read-only transaction; always on the primary, never REFLEXDB_READ_URL)."),
+    url: str = READ_URL_OPTION,
     max_width: int = typer.Option(60, "--max-width", help="Truncate cells wider than this (0: never; --json and --csv never truncate)."),
     as_json: bool = typer.Option(False, "--json", help="Print the rows as a JSON array of objects."),
     as_csv: bool = typer.Option(False, "--csv", help="Print the rows as CSV with a header line."),
@@ -27,11 +30,12 @@ def sql(
     paste as they are, their variables given with -v."""
     from reflexdb.errors import ReflexdbError
     from reflexdb.psqlvars import parse_assignments, substitute
+    from reflexdb.replica import read_url
 
     if as_json and as_csv:
         raise ReflexdbError("give --json or --csv, not both")
     query = substitute(query, parse_assignments(variables))
-    result = admin.run_sql(url, query, write=write)
+    result = admin.run_sql(read_url(url, write=write), query, write=write)
     if as_json:
         typer.echo(screen.format_json(result.columns, result.rows))
     elif as_csv:

@@ -122,6 +122,7 @@ def delete(
     import) is connected or a collector of it reported in the last 2 minutes."""
     from reflexdb import Store
     from reflexdb.errors import ReflexdbError
+    from reflexdb import admin
     from reflexdb.index import default_directory
     from reflexdb.settings import home
     from reflexdb.sqlfile import load_queries
@@ -129,11 +130,10 @@ def delete(
     q = load_queries("runs.sql")
     with Store.open(url) as store:
         r = _one(store, name)
-        with store.transaction() as conn:
-            live = conn.execute(q["run_processes"], {"name": name}).fetchall()
+        live = admin.run_processes(store, name)
         if live:
-            who = ", ".join(f"{w} (pid {pid}{f' on {h}' if h else ''})" for _, w, h, pid in live)
-            raise ReflexdbError(f"run {name!r} is in use: {who}; stop it first (Ctrl-C or SIGTERM stops cleanly)")
+            raise ReflexdbError(f"run {name!r} is in use: {', '.join(live)}; stop it first (Ctrl-C or SIGTERM stops "
+                                "cleanly)")
         cfg = r["config"] or {}
         ckpt = Path((cfg.get("learner") or {}).get("checkpoint_dir") or home() / "checkpoints" / name).expanduser()
         index_files = sorted(default_directory(store).glob(f"run-{r['id']}.*"))

@@ -14,6 +14,7 @@ from . import embedded, migrate, roles, schema
 from .db import database_url, libpq_url, make_engine
 from .errors import ReflexdbError
 from .settings import mask_url, resolve_target
+from .sqlfile import load_queries
 
 
 def _engine(url: str | None):
@@ -78,6 +79,7 @@ def downgrade(url: str | None, revision: str) -> tuple[str | None, str | None]:
 class Status:
     fields: dict[str, str]
     counts: dict[str, int] = field(default_factory=dict)
+    runs: list[tuple[str, int, int, int]] = field(default_factory=list)  # name, id, bytes, trajectories
 
 
 def status(url: str | None) -> Status:
@@ -95,6 +97,9 @@ def status(url: str | None) -> Status:
             if names:
                 sql = " UNION ALL ".join(f"SELECT '{n}', count(*) FROM {n}" for n in names)
                 counts = dict(conn.execute(text(sql)).all())
+            runs = []
+            if conn.execute(text("SELECT to_regproc('run_partitions_size')")).scalar() is not None:  # >= 0015
+                runs = [tuple(r) for r in conn.execute(text(load_queries("runs.sql")["run_sizes"]))]
     finally:
         engine.dispose()
     head = migrate.head_revision()
@@ -112,7 +117,7 @@ def status(url: str | None) -> Status:
         fields["data directory"] = str(target.pgdata)
     fields["schema revision"] = rev
     fields["data size"] = size
-    return Status(fields, counts)
+    return Status(fields, counts, runs)
 
 
 def stop_embedded() -> bool:
@@ -166,3 +171,12 @@ def libpq_url_for(url: str | None) -> str:
 
 def bin_dir() -> str:
     return str(embedded.psql_path().parent)
+
+
+def run_processes(store, name: str) -> list[str]:
+    """The processes of run ``name`` that make it "in use" (``reflexdb runs delete`` and ``reflexdb
+    db archive`` refuse then): connected sessions of its collect, learn, eval or import, and
+    collectors with a recent heartbeat, each as ``who (pid P on host)``."""
+    with store.transaction() as conn:
+        live = conn.execute(load_queries("runs.sql")["run_processes"], {"name": name}).fetchall()
+    return [f"{w} (pid {pid}{f' on {h}' if h else ''})" for _, w, h, pid in live]

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import re
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import date, datetime
@@ -38,7 +39,7 @@ _SQL = re.compile(r"^\s*(select|with|values|table)\b", re.IGNORECASE)
 # PostgreSQL type OIDs -> Arrow type names (pg_type; arrays are their element's list).
 _SCALARS = {16: "bool", 20: "int64", 21: "int64", 23: "int64", 26: "int64", 700: "float64", 701: "float64",
             1700: "float64", 25: "string", 1043: "string", 1042: "string", 19: "string", 114: "json", 3802: "json",
-            1184: "timestamp_tz", 1114: "timestamp", 1082: "date", 2950: "string", 1186: "string"}
+            1184: "timestamp_tz", 1114: "timestamp", 1082: "date", 2950: "string", 1186: "string", 17: "binary"}
 _ARRAYS = {1000: "bool", 1016: "int64", 1005: "int64", 1007: "int64", 1021: "float64", 1022: "float64",
            1231: "float64", 1009: "string", 1015: "string"}
 
@@ -83,13 +84,17 @@ def _plain(value: Any) -> Any:
         return value.tolist()
     if isinstance(value, Decimal):
         return float(value)
+    if isinstance(value, uuid.UUID):
+        return str(value)
+    if isinstance(value, memoryview):
+        return bytes(value)
     return value
 
 
 def _arrow_type(oid: int):
     import pyarrow as pa
 
-    base = {"bool": pa.bool_(), "int64": pa.int64(), "float64": pa.float64(), "string": pa.string(),
+    base = {"bool": pa.bool_(), "int64": pa.int64(), "float64": pa.float64(), "string": pa.string(), "binary": pa.binary(),
             "json": pa.string(), "timestamp_tz": pa.timestamp("us", tz="UTC"), "timestamp": pa.timestamp("us"),
             "date": pa.date32()}
     if oid in _SCALARS:
@@ -113,10 +118,14 @@ def _add_trajectories(conn, rows: list[dict], chat: bool) -> None:
     ids = sorted({int(r["trajectory_id"]) for r in rows if r.get("trajectory_id") is not None})
     payloads, turns = {}, {}
     if ids:
-        for tid, p, c, lp in conn.execute(
-                "SELECT trajectory_id, prompt_ids, response_ids, logprobs FROM token_payloads "
-                "WHERE trajectory_id = ANY(%s)", (ids,)).fetchall():
-            payloads[int(tid)] = (_plain(p), _plain(c), _plain(lp))
+        from .store import payload_arrays
+
+        # token_bytes, not the view token_payloads: numpy decodes the little-endian bytes at memory
+        # speed, where the view would decode every element in SQL.
+        for tid, *raw in conn.execute(
+                "SELECT trajectory_id, prompt_ids, response_ids, logprobs FROM token_bytes "
+                "WHERE trajectory_id = ANY(%s)", (ids,), binary=True).fetchall():
+            payloads[int(tid)] = tuple(_plain(a) for a in payload_arrays(raw))
         for tid, role, text, start in conn.execute(
                 "SELECT trajectory_id, role, text, token_start FROM turns WHERE trajectory_id = ANY(%s) "
                 "ORDER BY trajectory_id, turn_index", (ids,)).fetchall():
@@ -173,11 +182,15 @@ def _json_default(value: Any) -> Any:
 
 
 def export(url: str | None, source: str, path: Path, *, fmt: str | None = None, batch_size: int = 1000,
-           chat: bool = False, on_batch: Callable[[int], None] | None = None) -> ExportStats:
+           chat: bool = False, on_batch: Callable[[int], None] | None = None,
+           with_trajectories: bool = True) -> ExportStats:
     """Export ``source`` (a view or table name, or a query) to ``path``; see the module docstring.
 
     Args:
         on_batch: called with the rows written so far after each batch (a progress display).
+        with_trajectories: add each trajectory's text and tokens to a result with a
+            ``trajectory_id`` column (``False``: the columns of the result only, as ``reflexdb db
+            archive`` writes tables).
 
     Raises:
         ExportError: bad source, format or path; a query error (nothing is left at ``path``).
@@ -207,7 +220,7 @@ def export(url: str | None, source: str, path: Path, *, fmt: str | None = None, 
                     if cur.description is None:
                         raise ExportError("export: the query returns no rows to export (not a SELECT?)")
                     columns = [d.name for d in cur.description]
-                    with_traj = "trajectory_id" in columns
+                    with_traj = with_trajectories and "trajectory_id" in columns
                     import pyarrow as pa
 
                     fields = [(d.name, _arrow_type(d.type_code)) for d in cur.description]

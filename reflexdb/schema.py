@@ -6,9 +6,10 @@ both together.
 
 Layout rules:
 - Narrow, scannable rows (``trajectories``, ``groups``) are separate from wide payloads
-  (``token_payloads``, ``embeddings``) so views that scan outcomes never touch token arrays.
-- Arrays are native PostgreSQL arrays (``int4[]``, ``float4[]``, ``bool[]``): compact on disk
-  (no per-element overhead for fixed-width types) and queryable with ``unnest``/``array_length``.
+  (``token_bytes``, ``embeddings``) so views that scan outcomes never touch token arrays.
+- Per-token arrays are little-endian ``bytea`` (``token_bytes``): written and read as one block
+  each; the views ``token_payloads`` and ``trajectory_tokens`` give them back as ``int4[]``,
+  ``real[]`` and ``bool[]``. Embedding vectors are native ``float4[]``.
 - Every column is queryable: no pickled blobs. ``meta`` columns are JSONB for small extras.
 """
 
@@ -35,7 +36,7 @@ from sqlalchemy import (
     func,
     text,
 )
-from sqlalchemy.dialects.postgresql import ARRAY, JSONB, REAL, UUID
+from sqlalchemy.dialects.postgresql import ARRAY, BYTEA, JSONB, REAL, UUID
 
 from .origins import NAMES
 
@@ -58,6 +59,10 @@ ORIGINS = NAMES
 ROLES = ("system", "user", "assistant", "tool", "observation")
 #: Values allowed in ``trajectories.finish_reason``.
 FINISH_REASONS = ("stop", "length", "error", "abort")
+#: Rows of ``token_bytes`` up to this many bytes are stored inline and uncompressed, two to a page
+#: (PostgreSQL's default, 2032, would compress or move out of line any response over ~150 tokens;
+#: 8160, one row a page, left half of most pages empty for responses of 300 tokens: measured, 0015).
+TOAST_TUPLE_TARGET = 4080
 #: Values allowed in ``hints.kind`` (LTE, METHODS.md §2).
 HINT_KINDS = ("concise", "wrong_answers", "concise_wrong_answers")
 
@@ -160,18 +165,28 @@ groups = Table(
     Index(None, "task_id"),
 )
 
+# Partitioned by run (0015): trajectories and the per-trajectory tables (turns, token_bytes,
+# embeddings, consumption) have one partition per run, named <table>_r<run id>, created when the run
+# is (the trigger on runs; sql/functions/create_run_partitions.sql) and dropped with it
+# (drop_run_partitions.sql): a run's rows are scanned, vacuumed and dropped on their own. A key of
+# a partitioned table includes run_id, so the tables that refer to a trajectory carry its run_id.
+PARTITIONED = ("trajectories", "turns", "token_bytes", "embeddings", "consumption")
+_BY_RUN = {"postgresql_partition_by": "LIST (run_id)"}
+
 trajectories = Table(
     "trajectories",
     metadata,
-    Column("id", BigInteger, Identity(), primary_key=True),
+    Column("id", BigInteger, Identity(), nullable=False),
     Column("group_id", BigInteger, ForeignKey("groups.id", ondelete="CASCADE"), nullable=False),
     # run_id and task_id repeat the group's so pool views scan one table.
     Column("run_id", BigInteger, ForeignKey("runs.id", ondelete="CASCADE"), nullable=False),
     Column("task_id", BigInteger, ForeignKey("tasks.id", ondelete="CASCADE"), nullable=False),
     Column("index_in_group", SmallInteger, nullable=False),
     Column("origin", Text, nullable=False, server_default="base"),
-    # Lineage: distilled / guided retry -> base, purified -> raw, replayed -> stored original.
-    Column("parent_trajectory_id", BigInteger, ForeignKey("trajectories.id", ondelete="SET NULL")),
+    # Lineage: distilled / guided retry -> base, purified -> raw, replayed -> stored original. No
+    # foreign key (0015; a partition referring to itself could not be dropped): the store checks that
+    # the parent exists when it writes the row.
+    Column("parent_trajectory_id", BigInteger),
     # R3L retries and LTE hinted rollouts name the reflection / hint that produced them.
     Column("reflection_id", BigInteger),
     Column("hint_id", BigInteger),
@@ -189,7 +204,8 @@ trajectories = Table(
     Column("error", Text),
     Column("meta", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
     _now(),
-    UniqueConstraint("group_id", "index_in_group"),
+    PrimaryKeyConstraint("id", "run_id"),
+    UniqueConstraint("group_id", "index_in_group", "run_id"),
     CheckConstraint(_in("origin", ORIGINS), name="origin"),
     CheckConstraint(_in("finish_reason", FINISH_REASONS), name="finish_reason"),
     CheckConstraint("reward IS NULL OR reward = reward", name="reward_not_nan"),
@@ -200,15 +216,21 @@ trajectories = Table(
                          deferrable=True, initially="DEFERRED"),
     ForeignKeyConstraint(["hint_id"], ["hints.id"], ondelete="SET NULL", use_alter=True),
     Index(None, "task_id", "correct"),
-    Index(None, "run_id", "id"),
     Index(None, "parent_trajectory_id"),
     Index(None, "reflection_id"),
+    **_BY_RUN,
 )
+
+
+def _of_trajectory(ondelete: str = "CASCADE") -> ForeignKeyConstraint:
+    """The composite reference to a trajectory: (trajectory_id, run_id) -> trajectories (id, run_id)."""
+    return ForeignKeyConstraint(["trajectory_id", "run_id"], ["trajectories.id", "trajectories.run_id"],
+                                ondelete=ondelete)
 
 turns = Table(
     "turns",
     metadata,
-    Column("trajectory_id", BigInteger, ForeignKey("trajectories.id", ondelete="CASCADE"), nullable=False),
+    Column("trajectory_id", BigInteger, nullable=False),
     Column("turn_index", SmallInteger, nullable=False),
     Column("role", Text, nullable=False),
     Column("text", Text, nullable=False),
@@ -225,34 +247,54 @@ turns = Table(
     Column("answer", Text),
     Column("correct", Boolean),
     Column("reward", Float),
-    PrimaryKeyConstraint("trajectory_id", "turn_index"),
+    Column("run_id", BigInteger, nullable=False),  # the trajectory's (0015: the partition key)
+    PrimaryKeyConstraint("trajectory_id", "turn_index", "run_id"),
+    _of_trajectory(),
     CheckConstraint(_in("role", ROLES), name="role"),
     CheckConstraint("token_start IS NULL OR (token_start >= 0 AND token_end >= token_start)", name="span"),
+    **_BY_RUN,
 )
 
-token_payloads = Table(
-    "token_payloads",
+# Per-token arrays, one bytea of little-endian values each (0014; docs/store.md, "Payload format"):
+# the server sends a bytea as one block and numpy reads it with frombuffer, where native arrays
+# cost a per-element encode and decode on both sides. People read them as arrays through the views
+# token_payloads and trajectory_tokens (the SQL functions int4_array, float4_array, bool_array).
+# Rows up to toast_tuple_target bytes stay inline and uncompressed (one heap fetch per read).
+token_bytes = Table(
+    "token_bytes",
     metadata,
-    Column("trajectory_id", BigInteger, ForeignKey("trajectories.id", ondelete="CASCADE"), primary_key=True),
-    Column("prompt_ids", ARRAY(Integer), nullable=False),
-    Column("response_ids", ARRAY(Integer), nullable=False),
-    # log pi_beh(o_t) of each response token, as sampled (see docs/store.md); NULL when unknown
-    # (imported trajectories, origin 'imported').
-    Column("logprobs", ARRAY(REAL)),
-    # Policy version that produced each response token (partial rollouts can span versions).
-    Column("token_policy_versions", ARRAY(Integer), nullable=False),
-    Column("loss_mask", ARRAY(Boolean), nullable=False),
+    Column("trajectory_id", BigInteger, nullable=False),
+    Column("prompt_ids", BYTEA, nullable=False),  # int32 LE
+    Column("response_ids", BYTEA, nullable=False),  # int32 LE
+    # log pi_beh(o_t) of each response token, as sampled (see docs/store.md), float32 LE; NULL when
+    # unknown (imported trajectories, origin 'imported').
+    Column("logprobs", BYTEA),
+    # Policy version that produced each response token (partial rollouts can span versions), int32 LE.
+    Column("token_policy_versions", BYTEA, nullable=False),
+    Column("loss_mask", BYTEA, nullable=False),  # one byte per response token, 0 or 1
+    CheckConstraint("length(prompt_ids) % 4 = 0 AND length(response_ids) % 4 = 0", name="whole_int4s"),
+    CheckConstraint("logprobs IS NULL OR length(logprobs) = length(response_ids)", name="logprobs_length"),
+    CheckConstraint("length(token_policy_versions) = length(response_ids)", name="versions_length"),
+    CheckConstraint("4 * length(loss_mask) = length(response_ids)", name="mask_length"),
+    Column("run_id", BigInteger, nullable=False),
+    PrimaryKeyConstraint("trajectory_id", "run_id"),
+    _of_trajectory(),
+    **_BY_RUN,  # each partition is created WITH (toast_tuple_target = TOAST_TUPLE_TARGET)
 )
 
 embeddings = Table(
     "embeddings",
     metadata,
-    Column("trajectory_id", BigInteger, ForeignKey("trajectories.id", ondelete="CASCADE"), primary_key=True),
+    Column("trajectory_id", BigInteger, nullable=False),
     Column("model", Text, nullable=False),
     Column("layer", Integer, nullable=False),
     Column("dim", Integer, nullable=False),
     Column("vector", ARRAY(REAL), nullable=False),
     CheckConstraint("array_length(vector, 1) = dim", name="dim_matches"),
+    Column("run_id", BigInteger, nullable=False),
+    PrimaryKeyConstraint("trajectory_id", "run_id"),
+    _of_trajectory(),
+    **_BY_RUN,
 )
 
 reflections = Table(
@@ -260,7 +302,7 @@ reflections = Table(
     metadata,
     Column("id", BigInteger, Identity(), primary_key=True),
     # The trajectory reflected on (R3L base trajectory).
-    Column("trajectory_id", BigInteger, ForeignKey("trajectories.id", ondelete="CASCADE"), nullable=False),
+    Column("trajectory_id", BigInteger, nullable=False),
     Column("raw_text", Text, nullable=False),
     Column("parsed", JSONB),
     # retry_from_step: the assistant turn the retry restarts from (0 = initial strategy).
@@ -278,7 +320,10 @@ reflections = Table(
         "outcome IS NULL OR outcome IN ('success', 'success_but_inefficient', 'failure')", name="outcome"
     ),
     CheckConstraint("decoding IN ('free', 'json_schema')", name="decoding"),
+    Column("run_id", BigInteger, nullable=False),  # the trajectory's (0015)
+    _of_trajectory(),
     Index(None, "trajectory_id"),
+    Index(None, "run_id"),
 )
 
 hints = Table(
@@ -300,7 +345,7 @@ hints = Table(
 purifications = Table(
     "purifications",
     metadata,
-    Column("trajectory_id", BigInteger, ForeignKey("trajectories.id", ondelete="CASCADE"), nullable=False),
+    Column("trajectory_id", BigInteger, nullable=False),
     Column("turn_index", SmallInteger, nullable=False),
     Column("attempts", SmallInteger, nullable=False),
     Column("recovered", Boolean, nullable=False),
@@ -310,7 +355,10 @@ purifications = Table(
     Column("error_status", Text),  # the failed call's ToolResult status: error | timeout | limit (0013)
     Column("failed_code", Text),
     Column("corrected_code", Text),
+    Column("run_id", BigInteger, nullable=False),  # the trajectory's (0015)
     PrimaryKeyConstraint("trajectory_id", "turn_index"),
+    _of_trajectory(),
+    Index(None, "run_id"),
     CheckConstraint("replacement IS NULL OR replacement IN ('shallow', 'deep')", name="replacement"),
     CheckConstraint("error_status IS NULL OR error_status IN ('error', 'timeout', 'limit')", name="error_status"),
 )
@@ -336,11 +384,14 @@ consumption = Table(
     "consumption",
     metadata,
     Column("step_id", BigInteger, ForeignKey("learner_steps.id", ondelete="CASCADE"), nullable=False),
-    Column("trajectory_id", BigInteger, ForeignKey("trajectories.id", ondelete="CASCADE"), nullable=False),
+    Column("trajectory_id", BigInteger, nullable=False),
     Column("group_id", BigInteger, ForeignKey("groups.id", ondelete="CASCADE"), nullable=False),
-    PrimaryKeyConstraint("step_id", "trajectory_id"),
+    Column("run_id", BigInteger, nullable=False),  # the trajectory's (0015: the partition key)
+    PrimaryKeyConstraint("step_id", "trajectory_id", "run_id"),
+    _of_trajectory(),
     Index(None, "trajectory_id"),
     Index(None, "group_id"),
+    **_BY_RUN,
 )
 
 # One row per collector process: liveness (heartbeat) and the run's collection statistics.
@@ -382,8 +433,8 @@ replay_requests = Table(
     Column("run_id", BigInteger, ForeignKey("runs.id", ondelete="CASCADE"), nullable=False),
     Column("task_id", BigInteger, ForeignKey("tasks.id", ondelete="CASCADE"), nullable=False),
     # y+ (uniform from the positive pool) and b* (the most similar negative that passed the refresh).
-    Column("positive_id", BigInteger, ForeignKey("trajectories.id", ondelete="CASCADE"), nullable=False),
-    Column("negative_id", BigInteger, ForeignKey("trajectories.id", ondelete="CASCADE"), nullable=False),
+    Column("positive_id", BigInteger, nullable=False),
+    Column("negative_id", BigInteger, nullable=False),
     Column("cosine", Float, nullable=False),  # cos(phi(y+), phi(b*))
     Column("negative_confidence", Float),  # b*'s stored (behaviour) confidence
     Column("refreshed_confidence", Float),  # b*'s confidence under the learner's weights at request time
@@ -399,6 +450,8 @@ replay_requests = Table(
     _now(),
     CheckConstraint(_in("status", REPLAY_STATUSES), name="status"),
     CheckConstraint("group_size >= 2", name="group_size"),
+    ForeignKeyConstraint(["positive_id", "run_id"], ["trajectories.id", "trajectories.run_id"], ondelete="CASCADE"),
+    ForeignKeyConstraint(["negative_id", "run_id"], ["trajectories.id", "trajectories.run_id"], ondelete="CASCADE"),
     Index(None, "run_id", "status", "id"),
     Index(None, "group_id"),
 )
@@ -439,7 +492,9 @@ VIEWS = (
     "task_latest_group", "nexgrpo_positive_pool", "nexgrpo_negative_pool", "nexgrpo_retired_tasks",
     "nexgrpo_replay_candidates", "untrained_groups", "episode_turns", "lte_hint_pool",
     "r3l_reflections", "r3l_reflect_set", "r3l_retry_set", "r3l_exploration_groups", "cleaner_tool_errors",
+    "token_payloads", "trajectory_tokens",
 )
 
 #: SQL functions created by migrations from ``reflexdb/sql/functions/<name>.sql`` (the views call them).
-FUNCTIONS = ("run_setting",)
+FUNCTIONS = ("run_setting", "int4_array", "float4_array", "bool_array", "create_run_partitions", "drop_run_partitions",
+             "runs_create_partitions", "run_partitions_size")

@@ -27,7 +27,10 @@ from collections.abc import Iterable, Sequence
 from contextlib import contextmanager
 from typing import Any
 
+import numpy as np
 import psycopg
+import psycopg.adapt
+import psycopg.pq
 from psycopg.types.json import Jsonb
 from sqlalchemy import func, select, text
 from sqlalchemy.dialects.postgresql import insert as pg_insert
@@ -65,13 +68,55 @@ _TRAJ_TYPES = (
     "int8", "int8", "int8", "int8", "int2", "text", "int8", "int8", "int8", "int4", "float8", "bool",
     "bool", "text", "text", "float8", "int2", "int4", "text", "jsonb",
 )
+# The per-trajectory tables carry the trajectory's run_id last (their partition key, 0015).
 _TURN_COLUMNS = ("trajectory_id", "turn_index", "role", "text", "token_start", "token_end", "trainable", "tool_error",
-                 "attempt", "answer", "correct", "reward")
-_TURN_TYPES = ("int8", "int2", "text", "text", "int4", "int4", "bool", "bool", "int2", "text", "bool", "float8")
-_PAYLOAD_COLUMNS = ("trajectory_id", "prompt_ids", "response_ids", "logprobs", "token_policy_versions", "loss_mask")
-_PAYLOAD_TYPES = ("int8", "int4[]", "int4[]", "float4[]", "int4[]", "bool[]")
-_EMBED_COLUMNS = ("trajectory_id", "model", "layer", "dim", "vector")
-_EMBED_TYPES = ("int8", "text", "int4", "int4", "float4[]")
+                 "attempt", "answer", "correct", "reward", "run_id")
+_TURN_TYPES = ("int8", "int2", "text", "text", "int4", "int4", "bool", "bool", "int2", "text", "bool", "float8", "int8")
+_PAYLOAD_COLUMNS = ("trajectory_id", "prompt_ids", "response_ids", "logprobs", "token_policy_versions", "loss_mask",
+                    "run_id")
+_PAYLOAD_TYPES = ("int8", "bytea", "bytea", "bytea", "bytea", "bytea", "int8")
+# token_bytes holds each array as its little-endian bytes (docs/store.md, "Payload format").
+_PAYLOAD_DTYPES = (np.dtype("<i4"), np.dtype("<i4"), np.dtype("<f4"), np.dtype("<i4"), np.dtype(np.bool_))
+_EMBED_COLUMNS = ("trajectory_id", "model", "layer", "dim", "vector", "run_id")
+_EMBED_TYPES = ("int8", "text", "int4", "int4", "float4[]", "int8")
+
+
+RUN_CREATION_LOCK = 0x7265666C  # pg_advisory_xact_lock key: "refl"
+
+
+def lock_run_creation(conn) -> None:
+    """Take the transaction-scoped advisory lock that serialises run creation (``create_run``,
+    ``reflexdb db restore``). A new run's partitions (create_run_partitions) need a lock on ``runs``
+    that every other open insert into ``runs`` holds against it, so two transactions inserting runs
+    at once deadlock; taken before the insert, this lock makes the second wait instead. ``conn`` is
+    a SQLAlchemy or a psycopg connection."""
+    sql = f"SELECT pg_advisory_xact_lock({RUN_CREATION_LOCK})"
+    if isinstance(conn, psycopg.Connection):
+        conn.execute(sql)
+    else:
+        conn.exec_driver_sql(sql)
+
+
+def payload_bytes(array: np.ndarray | None, dtype: np.dtype) -> bytes | None:
+    """A per-token array as stored in ``token_bytes``: its values as ``dtype`` (little-endian), raw."""
+    return None if array is None else np.ascontiguousarray(array, dtype=dtype).tobytes()
+
+
+def payload_arrays(values: Sequence) -> tuple[np.ndarray | None, ...]:
+    """The five ``token_bytes`` columns (bytes-like, or None) as numpy arrays, without a per-element decode.
+
+    Each array views a writable buffer of its own (the bytea loader gives a ``bytearray``).
+    """
+    return tuple(None if v is None else np.frombuffer(v, dtype=d) for v, d in zip(values, _PAYLOAD_DTYPES))
+
+
+class _BytearrayLoader(psycopg.adapt.Loader):
+    """Binary ``bytea`` as a writable ``bytearray``, so that numpy arrays viewing it are writable too."""
+
+    format = psycopg.pq.Format.BINARY
+
+    def load(self, data) -> bytearray:
+        return bytearray(data)
 
 
 def _copy_sql(table: str, columns: Sequence[str]) -> str:
@@ -99,7 +144,7 @@ class _Rows:
         copy_rows(cur, "trajectories", _TRAJ_COLUMNS, _TRAJ_TYPES, self.trajectories)
         if self.turns:
             copy_rows(cur, "turns", _TURN_COLUMNS, _TURN_TYPES, self.turns)
-        copy_rows(cur, "token_payloads", _PAYLOAD_COLUMNS, _PAYLOAD_TYPES, self.payloads)
+        copy_rows(cur, "token_bytes", _PAYLOAD_COLUMNS, _PAYLOAD_TYPES, self.payloads)
         if self.embeddings:
             copy_rows(cur, "embeddings", _EMBED_COLUMNS, _EMBED_TYPES, self.embeddings)
 
@@ -179,9 +224,17 @@ class Store:
             .values(name=name, algorithm=algorithm, config=config or {})
             .on_conflict_do_nothing(index_elements=["name"])
         )
+        existing = select(schema.runs.c.id).where(schema.runs.c.name == name)
         with self.engine.begin() as conn:
+            rid = conn.execute(existing).scalar()
+            if rid is not None:
+                return rid
+            # Inserting a run creates its partitions (trigger), which locks `runs` against every
+            # other open insert into it: two processes creating runs at once would deadlock. One
+            # run is created at a time, in every process (lock_run_creation).
+            lock_run_creation(conn)
             conn.execute(stmt)
-            return conn.execute(select(schema.runs.c.id).where(schema.runs.c.name == name)).scalar_one()
+            return conn.execute(existing).scalar_one()
 
     def run_id(self, name: str) -> int:
         with self.engine.connect() as conn:
@@ -304,7 +357,7 @@ class Store:
         try:
             with self.transaction() as conn:
                 cur = conn.cursor()
-                # BEGIN, SET LOCAL, the attachments' first rows and the first group's INSERT travel
+                # BEGIN, SET LOCAL, the attachments' first rows and one INSERT of every group travel
                 # in one round trip (errors surface when the pipeline syncs, in statement order).
                 with conn.pipeline():
                     if not self.synchronous_commit:
@@ -314,10 +367,13 @@ class Store:
                         for a in g.attachments:
                             a.before(pre)
                     if prepared:
-                        self._insert_group(cur, prepared[0])
+                        self._insert_groups(cur, prepared)
                 drill.phase("write")  # inside the transaction: a kill here must leave nothing
-                # One INSERT per group for its ids; then one COPY per table for all the groups.
-                inserted = [(cur if k == 0 else self._insert_group(cur, p)).fetchall() for k, p in enumerate(prepared)]
+                _check_parents(conn, prepared)
+                # One INSERT for all the groups' ids; then one COPY per table for all the groups.
+                inserted: list[list[tuple]] = [[] for _ in prepared]
+                for k, group_id, tid in (cur.fetchall() if prepared else ()):
+                    inserted[k - 1].append((group_id, tid))
                 ids = [[r[1] for r in rows] for rows in inserted]  # lineage to a Sibling resolves here
                 rows = _Rows()
                 written = [self._group_rows(p, got, rows, ids) for p, got in zip(prepared, inserted)]
@@ -370,15 +426,19 @@ class Store:
                 f"trajectories[{i}].embedding", f"dimension {p.embedding_dim} != the run's embedding dimension {dim}"
             )
 
-    def _insert_group(self, cur: psycopg.Cursor, p: PreparedGroup) -> psycopg.Cursor:
-        """Check the embedding dimension and execute ``insert_group`` (rows: group id, trajectory ids)."""
-        g = p.src
-        self._check_embedding_dim(cur, p)
+    def _insert_groups(self, cur: psycopg.Cursor, prepared: Sequence[PreparedGroup]) -> psycopg.Cursor:
+        """Check the embedding dimensions and execute ``insert_groups`` (rows: the group's position
+        in ``prepared`` from 1, its id, one trajectory id each)."""
+        for p in prepared:
+            self._check_embedding_dim(cur, p)
+        gs = [p.src for p in prepared]
         return cur.execute(
-            Q["insert_group"],
-            {"run_id": g.run_id, "task_id": g.task_id, "workflow": g.workflow, "kind": g.kind,
-             "policy_version": int(g.policy_version), "size": len(p.trajectories), "collector": g.collector,
-             "meta": Jsonb(g.meta), "write_key": g.write_key},
+            Q["insert_groups"],
+            {"run_ids": [g.run_id for g in gs], "task_ids": [g.task_id for g in gs],
+             "workflows": [g.workflow for g in gs], "kinds": [g.kind for g in gs],
+             "versions": [int(g.policy_version) for g in gs], "sizes": [len(p.trajectories) for p in prepared],
+             "collectors": [g.collector for g in gs], "metas": [Jsonb(g.meta) for g in gs],
+             "keys": [g.write_key for g in gs]},
         )
 
     @staticmethod
@@ -402,10 +462,13 @@ class Store:
             ))
             for k, u in enumerate(t.turns):
                 out.turns.append((tid, k, u.role, u.text, u.token_start, u.token_end, u.trainable, u.tool_error,
-                                  u.attempt, u.answer, u.correct, u.reward))
-            out.payloads.append((tid, t.prompt_ids, t.response_ids, t.logprobs, t.token_policy_versions, t.loss_mask))
+                                  u.attempt, u.answer, u.correct, u.reward, g.run_id))
+            out.payloads.append((tid, *(payload_bytes(a, d) for a, d in zip(
+                (t.prompt_ids, t.response_ids, t.logprobs, t.token_policy_versions, t.loss_mask), _PAYLOAD_DTYPES)),
+                g.run_id))
             if t.embedding is not None:
-                out.embeddings.append((tid, g.embedding_model, g.embedding_layer, t.embedding.shape[0], t.embedding))
+                out.embeddings.append((tid, g.embedding_model, g.embedding_layer, t.embedding.shape[0], t.embedding,
+                                       g.run_id))
         return WrittenGroup(group_id, tuple(ids))
 
     # ------------------------------------------------------------------ reading
@@ -427,7 +490,8 @@ class Store:
             missing = [i for i in ids if i not in grows]
             if missing:
                 raise NotFound(f"no group with id {missing[0]}" + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
-            trows = cur.execute(Q["select_trajectories_of_groups"], {"ids": ids}).fetchall()
+            runs = sorted({r[1] for r in grows.values()})  # the partitions to read (run_id: rows' 2nd column)
+            trows = cur.execute(Q["select_trajectories_of_groups"], {"ids": ids, "runs": runs}).fetchall()
             trajs = self._assemble(cur, trows, payloads, turns, embeddings)
         by_group: dict[int, list[Trajectory]] = {}
         for t in trajs:
@@ -457,8 +521,9 @@ class Store:
 
     def _assemble(self, cur, trows, payloads: bool, turns: bool, embeddings: bool) -> list[Trajectory]:
         ids = [r[0] for r in trows]
+        runs = sorted({r[2] for r in trows})  # partition pruning: only these runs' partitions are read
         extra: dict[int, dict[str, Any]] = {i: {} for i in ids}
-        names = _PAYLOAD_COLUMNS[1:]
+        names = _PAYLOAD_COLUMNS[1:6]
         other_half = None
         # fetchall() loads every row in one call (much cheaper than iterating the cursor row by row)
         if payloads and ids:
@@ -470,16 +535,17 @@ class Store:
                 # Every statement takes its own snapshot either way (READ COMMITTED), so what a
                 # read can see is unchanged.
                 half = len(ids) // 2
-                other_half = _in_thread(self._payload_rows, ids[half:])
+                other_half = _in_thread(self._payload_rows, ids[half:], runs)
                 mine = ids[:half]
-            for tid, *arrays in cur.execute(Q["select_payloads"], {"ids": mine}).fetchall():
-                extra[tid].update(zip(names, arrays))
+            for tid, *arrays in _payload_cursor(cur).execute(Q["select_payloads"],
+                                                             {"ids": mine, "runs": runs}).fetchall():
+                extra[tid].update(zip(names, payload_arrays(arrays)))
         if embeddings and ids:
-            for tid, vector in cur.execute(Q["select_embeddings"], {"ids": ids}).fetchall():
+            for tid, vector in cur.execute(Q["select_embeddings"], {"ids": ids, "runs": runs}).fetchall():
                 extra[tid]["embedding"] = vector
         if turns and ids:
             acc: dict[int, list[Turn]] = {}
-            for tid, *fields in cur.execute(Q["select_turns"], {"ids": ids}).fetchall():
+            for tid, *fields in cur.execute(Q["select_turns"], {"ids": ids, "runs": runs}).fetchall():
                 ts = acc.get(tid)
                 if ts is None:
                     ts = acc[tid] = []
@@ -488,14 +554,15 @@ class Store:
                 extra[tid]["turns"] = tuple(ts)
         if other_half is not None:
             for tid, *arrays in other_half():
-                extra[tid].update(zip(names, arrays))
+                extra[tid].update(zip(names, payload_arrays(arrays)))
         # the SELECT's column order is Trajectory's field order
         return [Trajectory(*r, **extra[r[0]]) for r in trows]
 
-    def _payload_rows(self, ids: list[int]) -> list[tuple]:
+    def _payload_rows(self, ids: list[int], runs: list[int]) -> list[tuple]:
         """``select_payloads`` for ``ids`` on a connection of its own (see :meth:`_assemble`)."""
         with self.transaction() as conn:
-            return conn.cursor(binary=True).execute(Q["select_payloads"], {"ids": ids}).fetchall()
+            return _payload_cursor(conn.cursor(binary=True)).execute(Q["select_payloads"],
+                                                                     {"ids": ids, "runs": runs}).fetchall()
 
     def _spare_connection(self) -> bool:
         """Whether the pool has a connection to lend without going into overflow or waiting."""
@@ -647,6 +714,12 @@ class Store:
             return dict(conn.execute(text(sql)).all())
 
 
+def _payload_cursor(cur: psycopg.Cursor) -> psycopg.Cursor:
+    """``cur`` (binary) with ``bytea`` loading as ``bytearray`` (see :func:`payload_arrays`)."""
+    cur.adapters.register_loader("bytea", _BytearrayLoader)
+    return cur
+
+
 #: Reads of at least this many trajectories fetch their payloads on two connections at once.
 _PARALLEL_PAYLOADS_MIN = 128
 
@@ -674,6 +747,26 @@ def _in_thread(fn, *args):
         return box["result"]
 
     return result
+
+
+def _check_parents(conn: psycopg.Connection, prepared: Sequence[PreparedGroup]) -> None:
+    """Every parent given by id (not a :class:`Sibling`) exists. ``trajectories.parent_trajectory_id``
+    has no foreign key since trajectories are partitioned by run (0015): the store checks it here,
+    in the writing transaction; a write without lineage pays nothing.
+
+    Raises:
+        InvalidGroup: naming the first trajectory whose parent does not exist.
+    """
+    given = [(k, i, t.src.parent_trajectory_id) for k, p in enumerate(prepared) for i, t in enumerate(p.trajectories)
+             if t.src.parent_trajectory_id is not None and not isinstance(t.src.parent_trajectory_id, Sibling)]
+    if not given:
+        return
+    found = {r[0] for r in conn.execute(Q["existing_trajectories"], {"ids": sorted({int(x) for *_, x in given})})}
+    for k, i, parent in given:
+        if int(parent) not in found:
+            where = f"trajectories[{i}]" if len(prepared) == 1 else f"groups[{k}].trajectories[{i}]"
+            raise InvalidGroup(f"{where}.parent_trajectory_id",
+                               f"refers to a row that does not exist (no trajectory with id {int(parent)})")
 
 
 def _fk_field(exc: psycopg.errors.ForeignKeyViolation) -> str:

@@ -14,10 +14,12 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+import faiss
 from reflexdb import NotFound, ReflexdbError
 from reflexdb import index as index_mod
+from reflexdb.config import ConfigError, FaissConfig, parse_config
 from reflexdb.db import connect_raw
-from reflexdb.index import EmbeddingIndex, Neighbor, database_identity
+from reflexdb.index import EmbeddingIndex, Neighbor, build_ivf, database_identity
 from .factories import make_group, setup_run
 from .processes import REFLEXDB
 
@@ -85,8 +87,8 @@ def insert_group_raw(conn, run: int, task: int, vectors: list[np.ndarray]) -> li
             (gid, run, task, i),
         ).fetchone()[0]
         conn.execute(
-            "INSERT INTO embeddings (trajectory_id, model, layer, dim, vector) VALUES (%s, 'test', -1, %s, %b)",
-            (tid, v.shape[0], np.asarray(v, dtype=np.float32)),
+            "INSERT INTO embeddings (trajectory_id, model, layer, dim, vector, run_id) VALUES (%s, 'test', -1, %s, %b, %s)",
+            (tid, v.shape[0], np.asarray(v, dtype=np.float32), run),
         )
         ids.append(tid)
     return ids
@@ -219,7 +221,7 @@ def test_deletions_are_reflected(store, db_url, reflexdb_home):
     new[3] = 1.0
     sql(db_url, "DELETE FROM embeddings WHERE trajectory_id = %s", (tid,))
     assert index.catch_up() == 0 and tid not in index
-    sql(db_url, "INSERT INTO embeddings VALUES (%s, 'test', -1, %s, %b)", (tid, DIM, new))
+    sql(db_url, "INSERT INTO embeddings VALUES (%s, 'test', -1, %s, %b, %s)", (tid, DIM, new, run))
     assert index.catch_up() == 1
     [[best]] = index.search(new, 1)
     assert best.trajectory_id == tid and best.cosine == pytest.approx(1.0)
@@ -364,6 +366,205 @@ def test_search_trajectory_before_catch_up_reads_the_table(store, reflexdb_home)
     tids, vectors = table_vectors(store, old)
     _, [query] = table_vectors(store, [new[0]])
     assert_matches_numpy(index.search_trajectory(new[0], 4), numpy_top_k(tids, vectors, query, 4))
+
+
+# ---------------------------------------------------------------------------- approximate search (IVF)
+
+#: A small IVF setup: switch at 2,000 vectors, 16 lists, 4 of them probed, retrain at 2,500.
+ANN = FaissConfig(ann_threshold=2000, nlist=16, nprobe=4, retrain_growth=1.25)
+ANN_DIM = 32
+
+
+def write_clustered(store, run: int, tasks: list[int], rng: np.random.Generator, n_groups: int,
+                    centres: np.ndarray) -> list[int]:
+    """Groups of 8 whose vectors cluster as trajectory embeddings do: each group around one of
+    ``centres`` (a topic) plus a group offset, each sample a little noise on that; return ids."""
+    groups = []
+    for g in range(n_groups):
+        group = make_group(rng, run, tasks[g % len(tasks)], size=8, dim=ANN_DIM, T=4, P=2)
+        middle = centres[rng.integers(len(centres))] + 0.5 * rng.standard_normal(ANN_DIM)
+        for t in group.trajectories:
+            t.embedding = (middle + 0.3 * rng.standard_normal(ANN_DIM)).astype(np.float32)
+        groups.append(group)
+    return [tid for start in range(0, n_groups, 50)
+            for written in store.write_groups(groups[start : start + 50]) for tid in written.trajectory_ids]
+
+
+def sidecar(index: EmbeddingIndex) -> dict:
+    return json.loads(index.sidecar_path.read_text())
+
+
+def test_unrestricted_search_switches_to_ivf_restricted_stays_exact(store, reflexdb_home, tmp_path):
+    rng = np.random.default_rng(20)
+    run, tasks = setup_run(store)
+    centres = rng.standard_normal((40, ANN_DIM))
+    ids = write_clustered(store, run, tasks, rng, 240, centres)
+    index = EmbeddingIndex.open(store, run, config=ANN)
+    assert index.catch_up() == 1920
+    assert not index.approximate and sidecar(index)["kind"] == "exact"  # below the threshold: exact
+
+    ids += write_clustered(store, run, tasks, rng, 10, centres)
+    assert index.catch_up() == 80  # 2,000 vectors: trained and switched
+    meta = sidecar(index)
+    assert index.approximate and meta["kind"] == "ivf" and meta["trained_size"] == 2000
+    assert meta["index"].startswith("IVF16,")
+
+    # unrestricted: recall@10 against exact cosine
+    tids, vectors = table_vectors(store, ids)
+    anchors = rng.choice(tids, 100, replace=False)
+    found = [{h.trajectory_id for h in index.search_trajectory(int(t), 10)} for t in anchors]
+    truth = [set(numpy_top_k(tids, vectors, vectors[tids == t][0], 10, exclude=[t])[0]) for t in anchors]
+    assert np.mean([len(f & e) / 10 for f, e in zip(found, truth)]) >= 0.95
+    queries = rng.standard_normal((5, ANN_DIM)).astype(np.float32)
+    faiss.normalize_L2(queries)
+    _, probed = index._index.search(queries, 10, params=faiss.SearchParametersIVF(nprobe=ANN.nprobe))
+    assert [[h.trajectory_id for h in hits] for hits in index.search(queries, 10)] == probed.tolist()
+
+    # restricted: identical to an exact index (same ids, bit-identical cosines) on both paths
+    exact = EmbeddingIndex.open(store, run, tmp_path / "exact", config=FaissConfig())
+    exact.catch_up()
+    assert not exact.approximate
+    trajs = store.read_trajectories(ids, payloads=False, turns=False)
+    failures = [t.id for t in trajs if t.task_id == tasks[0] and not t.correct]
+    queries = rng.standard_normal((30, ANN_DIM)).astype(np.float32)
+    for limit in (10**6, 0):  # brute force over the subset; selector over every IVF list
+        index.brute_force_max = exact.brute_force_max = limit
+        for subset in (failures, tids[::2]):
+            assert index.search(queries, 8, restrict_to=subset) == exact.search(queries, 8, restrict_to=subset)
+            for t in anchors[:10]:
+                hits = index.search_trajectory(int(t), 5, restrict_to=subset)
+                assert hits == exact.search_trajectory(int(t), 5, restrict_to=subset)
+        sub = np.isin(tids, failures)
+        assert_matches_numpy(index.search(queries[0], 5, restrict_to=failures)[0],
+                             numpy_top_k(tids[sub], vectors[sub], queries[0], 5))
+
+
+def test_ivf_restricted_paths_bit_identical_for_large_batches(tmp_path):
+    """Past FAISS's BLAS threshold: the IVF selector scan and the brute force still agree."""
+    rng = np.random.default_rng(21)
+    vectors = rng.standard_normal((3000, 512)).astype(np.float32)
+    faiss.normalize_L2(vectors)
+    ids = np.arange(1, 3001, dtype=np.int64)
+    index = EmbeddingIndex(None, 0, tmp_path, {}, index=build_ivf(ids, vectors, ANN), config=ANN,
+                           trained_size=3000)
+    queries = rng.standard_normal((400, 512)).astype(np.float32)
+    index.brute_force_max = 10**6
+    brute = index.search(queries, 8, restrict_to=ids[::2])
+    index.brute_force_max = 0
+    assert index.search(queries, 8, restrict_to=ids[::2]) == brute
+
+
+def test_gpu_copy_serves_unrestricted_search_until_the_index_changes(tmp_path, monkeypatch):
+    """The plumbing around gpu_copy, with a CPU clone standing in for the GPU (none here)."""
+    rng = np.random.default_rng(23)
+    vectors = rng.standard_normal((2100, ANN_DIM)).astype(np.float32)
+    faiss.normalize_L2(vectors)
+    ids = np.arange(1, 2101, dtype=np.int64)
+    copies = []
+
+    def fake_gpu_copy(index):
+        copies.append(faiss.clone_index(index))
+        return copies[-1]
+
+    monkeypatch.setattr(index_mod, "gpu_copy", fake_gpu_copy)
+    index = EmbeddingIndex(None, 0, tmp_path, {}, index=build_ivf(ids[:2000], vectors[:2000], ANN), config=ANN,
+                           trained_size=2000)
+    first = index.search(vectors[:3], 5)
+    assert index.search(vectors[:3], 5) == first and len(copies) == 1  # one copy, reused
+    index.search(vectors[0], 5, restrict_to=ids[:100])
+    assert len(copies) == 1  # restricted search stays on the CPU index
+    index._add(ids[2000:], vectors[2000:])
+    [[hit]] = index.search(vectors[2050], 1)
+    assert hit.trajectory_id == 2051 and len(copies) == 2  # a change drops the copy; a new one is made
+
+
+def test_ivf_is_persisted_caught_up_and_rebuilt(store, db_url, reflexdb_home, monkeypatch):
+    rng = np.random.default_rng(22)
+    run, tasks = setup_run(store)
+    centres = rng.standard_normal((40, ANN_DIM))
+    ids = write_clustered(store, run, tasks, rng, 250, centres)
+    index = EmbeddingIndex.open(store, run, config=ANN)
+    index.catch_up()
+    assert index.approximate
+    anchors = [int(t) for t in rng.choice(ids, 30, replace=False)]
+    subset = ids[::3]
+
+    def results(idx: EmbeddingIndex) -> tuple:
+        return ([idx.search_trajectory(t, 10) for t in anchors],
+                [idx.search_trajectory(t, 10, restrict_to=subset) for t in anchors])
+
+    before = results(index)
+
+    # Reopened: the trained IVF index is loaded, not retrained; catch-ups add to its lists.
+    real_train = index_mod.train_ivf
+    monkeypatch.setattr(index_mod, "train_ivf", lambda *a, **k: pytest.fail("retrained"))
+    reopened = EmbeddingIndex.open(store, run, config=ANN)
+    assert reopened.approximate and isinstance(reopened._index, faiss.IndexIVFFlat) and len(reopened) == 2000
+    assert results(reopened) == before and reopened.catch_up() == 0
+    new = write_clustered(store, run, tasks, rng, 10, centres)
+    assert reopened.catch_up() == 80  # 2,080 < 1.25 x 2,000: no retraining
+    assert sidecar(reopened)["trained_size"] == 2000 and all(t in reopened for t in new)
+    _, new_vectors = table_vectors(store, new)
+    for t, v in zip(new, new_vectors):  # a vector's own list is the first one probed
+        assert reopened.search(v, 1)[0][0].trajectory_id == t
+
+    # Deleted rows are removed.
+    gone = ids[:8]
+    sql(db_url, "DELETE FROM groups WHERE id = (SELECT group_id FROM trajectories WHERE id = %s)", (gone[0],))
+    assert reopened.catch_up() == 0 and len(reopened) == 2072
+    assert not any(t in reopened for t in gone)
+    returned = {h.trajectory_id for hits in reopened.search(np.asarray(new_vectors), 50) for h in hits}
+    assert not returned & set(gone)
+    assert len(EmbeddingIndex.open(store, run, config=ANN)) == 2072  # persisted
+
+    # Grown 1.25 times since training: retrained on everything.
+    monkeypatch.setattr(index_mod, "train_ivf", real_train)
+    write_clustered(store, run, tasks, rng, 60, centres)
+    assert reopened.catch_up() == 480
+    assert sidecar(reopened)["trained_size"] == 2552 and reopened.approximate
+    after = results(reopened)
+
+    # Files lost: rebuilt from PostgreSQL, trained on the same vectors, so the same results.
+    reopened.path.unlink()
+    reopened.sidecar_path.unlink()
+    rebuilt = EmbeddingIndex.open(store, run, config=ANN)
+    assert len(rebuilt) == 0
+    assert rebuilt.catch_up() == 2552
+    assert rebuilt.approximate and sidecar(rebuilt)["trained_size"] == 2552
+    assert results(rebuilt) == after
+
+
+@pytest.mark.parametrize("section,expected", [
+    ({"nprobe": 0}, "faiss.nprobe: Input should be greater than or equal to 1"),
+    ({"ann_threshold": "many"}, "faiss.ann_threshold: Input should be a valid integer"),
+    ({"retrain_growth": 1.0}, "faiss.retrain_growth: Input should be greater than 1"),
+    ({"train_per_list": 10}, "faiss.train_per_list: Input should be greater than or equal to 39"),
+    ({"nlist": 16, "nprobe": 32}, "faiss.nprobe (32) is more than faiss.nlist (16)"),
+    ({"ann_treshold": 5}, "faiss.ann_treshold: unknown key (did you mean faiss.ann_threshold?)"),
+])
+def test_faiss_config_errors_name_the_field(section, expected):
+    with pytest.raises(ConfigError) as err:
+        parse_config({"run": "r", "faiss": section})
+    assert expected in str(err.value)
+
+
+def test_index_reads_the_runs_faiss_section(store, reflexdb_home):
+    run = store.create_run("configured", config={"run": "configured", "faiss": {"ann_threshold": 5000, "nprobe": 8}})
+    index = EmbeddingIndex.open(store, run)
+    assert (index.config.ann_threshold, index.config.nprobe) == (5000, 8)
+    assert EmbeddingIndex.open(store, setup_run(store)[0]).config == FaissConfig()  # no section: defaults
+    assert EmbeddingIndex.open(store, run, config=ANN).config == ANN  # given: used as it is
+    bad = store.create_run("bad", config={"faiss": {"nprobe": 0}})
+    with pytest.raises(ConfigError, match="faiss.nprobe: Input should be greater than or equal to 1"):
+        EmbeddingIndex.open(store, bad)
+
+
+def test_vectors_decode_from_arrays_and_bytes():
+    v = np.array([1.5, -2.0, 3.25], dtype=np.float32)
+    raw = v.astype("<f4").tobytes()
+    for value in (v, raw, memoryview(raw), bytearray(raw)):
+        out = index_mod._as_vector(value)
+        assert out.dtype == np.float32 and np.array_equal(out, v)
 
 
 # ---------------------------------------------------------------------------- the CLI

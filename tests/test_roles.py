@@ -68,7 +68,7 @@ def test_a_collector_works_under_its_role_and_is_refused_the_rest(roles, store, 
     assert PASSWORD not in out.stdout + out.stderr
     refused = [
         "DELETE FROM trajectories", "DELETE FROM groups", "DELETE FROM tasks", "UPDATE trajectories SET reward = 0",
-        "UPDATE groups SET kind = 'eval'", "UPDATE token_payloads SET logprobs = logprobs",
+        "UPDATE groups SET kind = 'eval'", "UPDATE token_bytes SET logprobs = logprobs",
         "UPDATE embeddings SET dim = dim", "SELECT config FROM runs", "SELECT * FROM learner_steps",
         "SELECT * FROM consumption", "INSERT INTO policy_versions (run_id, version, checkpoint_uri) VALUES (1, 99, 'x')",
         "UPDATE run_settings SET value = '1'", "SELECT * FROM learner_eligible", "TRUNCATE trajectories",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import multiprocessing as mp
 import os
 import signal
@@ -137,7 +138,7 @@ _KILLED_WRITER = textwrap.dedent(
     real_copy = st.copy_rows
     def slow_copy(cur, table, *a, **k):
         real_copy(cur, table, *a, **k)
-        if table == "token_payloads":
+        if table == "token_bytes":
             print("MIDWAY", flush=True)
             time.sleep(60)
     st.copy_rows = slow_copy
@@ -196,7 +197,7 @@ def test_four_processes_write_concurrently(store, db_url):
         assert [t.index_in_group for t in g.trajectories] == list(range(8))
         assert all(t.policy_version == g.policy_version for t in g.trajectories)
     counts = _counts(store)
-    assert counts["trajectories"] == counts["token_payloads"] == counts["embeddings"] == 480
+    assert counts["trajectories"] == counts["token_bytes"] == counts["embeddings"] == 480
 
 
 def test_tasks_are_idempotent_and_ordered(store):
@@ -337,8 +338,14 @@ def test_write_groups_many_in_one_transaction(store):
     run, tasks = setup_run(store)
     rng = np.random.default_rng(3)
     groups = [make_group(rng, run, t, size=s) for t, s in zip(tasks, (2, 5, 3))]
+    listener = connect_raw(store.url, autocommit=True)
+    listener.execute("LISTEN reflexdb_groups")
     written = store.write_groups(groups)
     assert [len(w.trajectory_ids) for w in written] == [2, 5, 3]
+    assert [w.group_id for w in written] == sorted(w.group_id for w in written)
+    notified = [json.loads(n.payload) for n in listener.notifies(timeout=5, stop_after=3)]
+    listener.close()
+    assert notified == [{"run_id": run, "group_id": w.group_id} for w in written]  # one per group, in order
     back = store.read_groups([w.group_id for w in written], embeddings=True)
     for src, w, g in zip(groups, written, back):
         assert [t.id for t in g.trajectories] == list(w.trajectory_ids)

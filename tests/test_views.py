@@ -41,10 +41,10 @@ def populated(store):
     g_all = store.write_group(GroupIn(run_id=run, task_id=t3, policy_version=2, trajectories=[traj(True), traj(True)]))
     with store.engine.begin() as conn:
         conn.execute(text(
-            "INSERT INTO reflections (trajectory_id, raw_text, parsed, pivot, outcome, root_cause, valid) VALUES "
-            "(:t, 'old', '{}', 0, 'failure', 'older cause', true), "
-            "(:t, 'new', '{}', 0, 'failure', 'added instead of multiplied', true), "
-            "(:t, 'bad', NULL, NULL, NULL, 'invalid cause', false)"), {"t": g_none.trajectory_ids[0]})
+            "INSERT INTO reflections (trajectory_id, raw_text, parsed, pivot, outcome, root_cause, valid, run_id) VALUES "
+            "(:t, 'old', '{}', 0, 'failure', 'older cause', true, :r), "
+            "(:t, 'new', '{}', 0, 'failure', 'added instead of multiplied', true, :r), "
+            "(:t, 'bad', NULL, NULL, NULL, 'invalid cause', false, :r)"), {"t": g_none.trajectory_ids[0], "r": run})
     store.record_step(run, 1, 2, list(g_none.trajectory_ids[:2]) + list(g_some.trajectory_ids))
     store.record_step(run, 2, 3, g_all.trajectory_ids[:1])
     return run, g_none, g_some, g_all

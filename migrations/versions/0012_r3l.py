@@ -53,7 +53,8 @@ def upgrade() -> None:
     op.create_check_constraint(op.f("ck_reflections_decoding"), "reflections", "decoding IN ('free', 'json_schema')")
     _fk(deferrable=True, initially="DEFERRED")
     op.create_index(op.f("ix_trajectories_reflection_id"), "trajectories", ["reflection_id"])
-    create_views(("learner_eligible", "untrained_groups", "failures"))  # same columns: CREATE OR REPLACE
+    create_views(("untrained_groups", "failures"))  # same columns: CREATE OR REPLACE
+    create_views(("learner_eligible",), version="0012")  # 0016 changed it: this revision's copy
     create_views(VIEWS)
 
 

@@ -1,21 +1,29 @@
 -- Hot queries of the store, loaded by name (reflexdb.sqlfile.load_queries). Each block starts
 -- with "-- name: <name>" and a line saying what it does. Parameters use psycopg's %(name)s style.
 
--- name: insert_group
--- Insert a group, queue its NOTIFY (delivered at commit) and reserve ids for its trajectories.
-WITH g AS (
+-- name: insert_groups
+-- Insert the groups of one write (one array element per group, in order), queue a NOTIFY per
+-- group (delivered at commit) and reserve ids for their trajectories: one row per trajectory,
+-- (the group's position in the arrays from 1, group id, trajectory id), ids increasing in a group.
+WITH x AS (
+    SELECT *
+    FROM unnest(%(run_ids)s::int8[], %(task_ids)s::int8[], %(workflows)s::text[], %(kinds)s::text[],
+                %(versions)s::int4[], %(sizes)s::int2[], %(collectors)s::text[], %(metas)s::jsonb[],
+                %(keys)s::uuid[])
+         WITH ORDINALITY AS x(run_id, task_id, workflow, kind, policy_version, size, collector, meta, write_key, k)
+), g AS (
     INSERT INTO groups (run_id, task_id, workflow, kind, policy_version, size, collector, meta, write_key)
-    VALUES (%(run_id)s, %(task_id)s, %(workflow)s, %(kind)s, %(policy_version)s, %(size)s,
-            %(collector)s, %(meta)s, %(write_key)s)
-    RETURNING id
+    SELECT run_id, task_id, workflow, kind, policy_version, size, collector, meta, write_key FROM x ORDER BY k
+    RETURNING id, run_id, size
 ), n AS (
-    SELECT pg_notify('reflexdb_groups',
-                     json_build_object('run_id', %(run_id)s::bigint, 'group_id', g.id)::text)
+    SELECT count(pg_notify('reflexdb_groups', json_build_object('run_id', g.run_id, 'group_id', g.id)::text))
     FROM g
+), r AS (  -- the identity assigns ids in the order the SELECT feeds the rows: k's order
+    SELECT id, size, row_number() OVER (ORDER BY id) AS k FROM g
 )
-SELECT g.id, nextval(pg_get_serial_sequence('trajectories', 'id'))
-FROM g, n, generate_series(1, %(size)s)
-ORDER BY 2;
+SELECT r.k, r.id, nextval(pg_get_serial_sequence('trajectories', 'id'))
+FROM r CROSS JOIN n CROSS JOIN generate_series(1, r.size)
+ORDER BY 1, 3;
 
 -- name: groups_by_write_key
 -- Groups an earlier attempt of a write committed (its acknowledgement lost), with their
@@ -36,17 +44,22 @@ RETURNING embedding_dim;
 -- sees a dimension another writer committed while claim_embedding_dim waited for the row lock.
 SELECT embedding_dim FROM runs WHERE id = %(run_id)s;
 
+-- name: existing_trajectories
+-- Which of some trajectory ids exist (the store's check of lineage: parent_trajectory_id has no
+-- foreign key since trajectories are partitioned by run).
+SELECT id FROM trajectories WHERE id = ANY(%(ids)s);
+
 -- name: select_groups
 -- Groups by id.
 SELECT id, run_id, task_id, workflow, kind, policy_version, size, collector, meta, created_at
 FROM groups WHERE id = ANY(%(ids)s);
 
 -- name: select_trajectories_of_groups
--- The trajectories of some groups, in group order.
+-- The trajectories of some groups (of runs %(runs)s: only their partitions are read), in group order.
 SELECT id, group_id, run_id, task_id, index_in_group, origin, parent_trajectory_id, reflection_id,
        hint_id, policy_version, reward, correct, truncated, finish_reason, extracted_answer,
        confidence, num_turns, response_length, times_sampled, error, meta, created_at
-FROM trajectories WHERE group_id = ANY(%(ids)s)
+FROM trajectories WHERE group_id = ANY(%(ids)s) AND run_id = ANY(%(runs)s)
 ORDER BY group_id, index_in_group;
 
 -- name: select_trajectories
@@ -57,19 +70,20 @@ SELECT id, group_id, run_id, task_id, index_in_group, origin, parent_trajectory_
 FROM trajectories WHERE id = ANY(%(ids)s);
 
 -- name: select_payloads
--- Token payloads by trajectory id (read with a binary cursor: arrays load as numpy).
+-- Token payloads by trajectory id (of runs %(runs)s, for partition pruning): little-endian bytea,
+-- one block per array (store.py reads them with numpy.frombuffer).
 SELECT trajectory_id, prompt_ids, response_ids, logprobs, token_policy_versions, loss_mask
-FROM token_payloads WHERE trajectory_id = ANY(%(ids)s);
+FROM token_bytes WHERE trajectory_id = ANY(%(ids)s) AND run_id = ANY(%(runs)s);
 
 -- name: select_embeddings
--- Embedding vectors by trajectory id (binary cursor).
-SELECT trajectory_id, vector FROM embeddings WHERE trajectory_id = ANY(%(ids)s);
+-- Embedding vectors by trajectory id, of runs %(runs)s (binary cursor).
+SELECT trajectory_id, vector FROM embeddings WHERE trajectory_id = ANY(%(ids)s) AND run_id = ANY(%(runs)s);
 
 -- name: select_turns
 -- Turns by trajectory id, in order.
 SELECT trajectory_id, turn_index, role, text, token_start, token_end, trainable, tool_error,
        attempt, answer, correct, reward
-FROM turns WHERE trajectory_id = ANY(%(ids)s)
+FROM turns WHERE trajectory_id = ANY(%(ids)s) AND run_id = ANY(%(runs)s)
 ORDER BY trajectory_id, turn_index;
 
 -- name: eligible_groups
@@ -135,8 +149,8 @@ WITH s AS (
     VALUES (%(run_id)s, %(step)s, %(policy_version)s, %(loss)s, %(metrics)s, %(batch_snapshot)s)
     RETURNING id
 ), c AS (
-    INSERT INTO consumption (step_id, trajectory_id, group_id)
-    SELECT s.id, t.id, t.group_id FROM s, trajectories t WHERE t.id = ANY(%(ids)s)
+    INSERT INTO consumption (step_id, trajectory_id, group_id, run_id)
+    SELECT s.id, t.id, t.group_id, t.run_id FROM s, trajectories t WHERE t.id = ANY(%(ids)s)
     RETURNING trajectory_id
 ), u AS (
     UPDATE trajectories SET times_sampled = times_sampled + 1

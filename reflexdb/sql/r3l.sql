@@ -8,9 +8,10 @@ SELECT nextval(pg_get_serial_sequence('reflections', 'id')) FROM generate_series
 -- name: insert_reflection
 -- One reflection, after its exploration group (it refers to the base episode), with its reserved id.
 INSERT INTO reflections (id, trajectory_id, raw_text, parsed, pivot, outcome, root_cause, valid, error,
-                         decoding, policy_version)
+                         decoding, policy_version, run_id)
 VALUES (%(id)s, %(trajectory_id)s, %(raw_text)s, %(parsed)s, %(pivot)s, %(outcome)s, %(root_cause)s,
-        %(valid)s, %(error)s, %(decoding)s, %(policy_version)s);
+        %(valid)s, %(error)s, %(decoding)s, %(policy_version)s,
+        (SELECT run_id FROM trajectories WHERE id = %(trajectory_id)s));
 
 -- name: available_reflect_set
 -- The oldest pairs of the reflect set the learner may still train on (r3l.sft_max_uses).

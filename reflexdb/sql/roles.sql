@@ -38,13 +38,13 @@ GRANT SELECT ON ALL TABLES IN SCHEMA public TO reflexdb_reader;
 -- (groups, trajectories, payloads, embeddings, turns); read another run's config (runs.config);
 -- touch the learner's tables (learner_steps, consumption, policy_versions beyond reading).
 GRANT SELECT ON alembic_version, policy_versions, run_settings, tasks, groups, trajectories, turns,
-                token_payloads, embeddings, collectors, replay_requests, hints, reflections, purifications,
-                nexgrpo_retired_tasks
+                token_bytes, token_payloads, trajectory_tokens, embeddings, collectors, replay_requests, hints,
+                reflections, purifications, nexgrpo_retired_tasks
     TO reflexdb_collector;
 GRANT SELECT (id, name, algorithm, embedding_dim, embedding_model, created_at) ON runs TO reflexdb_collector;
 GRANT INSERT (name, algorithm, config) ON runs TO reflexdb_collector;
 GRANT UPDATE (embedding_dim, embedding_model) ON runs TO reflexdb_collector;
-GRANT INSERT ON tasks, groups, trajectories, turns, token_payloads, embeddings, collectors, hints, reflections,
+GRANT INSERT ON tasks, groups, trajectories, turns, token_bytes, embeddings, collectors, hints, reflections,
                 purifications
     TO reflexdb_collector;
 GRANT UPDATE (claimed_by, claimed_at, times_collected, times_passed) ON tasks TO reflexdb_collector;
@@ -66,5 +66,5 @@ GRANT INSERT, UPDATE, DELETE ON learner_steps, consumption TO reflexdb_learner;
 GRANT UPDATE (times_sampled) ON trajectories TO reflexdb_learner;
 GRANT INSERT ON policy_versions TO reflexdb_learner;
 GRANT INSERT, UPDATE ON replay_requests TO reflexdb_learner;
-GRANT INSERT ON tasks, groups, trajectories, turns, token_payloads, embeddings TO reflexdb_learner;
+GRANT INSERT ON tasks, groups, trajectories, turns, token_bytes, embeddings TO reflexdb_learner;
 GRANT USAGE ON ALL SEQUENCES IN SCHEMA public TO reflexdb_learner;

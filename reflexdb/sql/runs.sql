@@ -1,9 +1,9 @@
 -- `reflexdb runs`: what each run holds (reflexdb/cli/runs.py), loaded by name.
 
 -- name: list_runs
--- One row per run (all runs, or the one named by :name when it is not NULL). size_bytes estimates
--- the run's share of the per-trajectory tables (trajectories, turns, token payloads, embeddings,
--- in proportion to its trajectories): exact sizes would read every row. Held-out pass@1 is the mean
+-- One row per run (all runs, or the one named by :name when it is not NULL). size_bytes is the
+-- disk size of the run's partitions (trajectories, turns, token_bytes, embeddings, consumption;
+-- indexes and TOAST included), read from the catalog: nothing is scanned. Held-out pass@1 is the mean
 -- correctness of the run's eval groups on eval-split tasks with one attempt (`reflexdb eval`,
 -- `reflexdb run`) at the first and the last policy version evaluated.
 WITH per_run AS (
@@ -21,21 +21,16 @@ WITH per_run AS (
     WHERE g.kind = 'eval' AND k.split = 'eval' AND coalesce((g.meta ->> 'attempts')::int, 1) = 1
       AND g.run_id IN (SELECT id FROM per_run)
     GROUP BY 1, 2
-), totals AS (
-    SELECT (SELECT count(*) FROM trajectories) AS trajectories,
-           pg_total_relation_size('trajectories') + pg_total_relation_size('turns')
-           + pg_total_relation_size('token_payloads') + pg_total_relation_size('embeddings') AS bytes
 )
 SELECT r.id, r.name, r.algorithm, r.created_at, r.steps, r.latest_version, r.trajectories, r.groups, r.last_write,
-       CASE WHEN tot.trajectories > 0 THEN (tot.bytes * r.trajectories / tot.trajectories)::bigint ELSE 0 END
-           AS size_bytes,
+       run_partitions_size(r.id) AS size_bytes,
        (SELECT e.policy_version FROM evals e WHERE e.run_id = r.id ORDER BY e.policy_version LIMIT 1) AS first_version,
        (SELECT e.pass_at_1 FROM evals e WHERE e.run_id = r.id ORDER BY e.policy_version LIMIT 1) AS first_pass_at_1,
        (SELECT e.policy_version FROM evals e WHERE e.run_id = r.id ORDER BY e.policy_version DESC LIMIT 1)
            AS last_version,
        (SELECT e.pass_at_1 FROM evals e WHERE e.run_id = r.id ORDER BY e.policy_version DESC LIMIT 1) AS last_pass_at_1,
        r.config
-FROM per_run r CROSS JOIN totals tot
+FROM per_run r
 ORDER BY r.id;
 
 -- name: run_evals
@@ -73,6 +68,12 @@ FROM collectors c JOIN runs r ON r.id = c.run_id
 WHERE r.name = %(name)s::text AND c.status = 'running' AND c.last_seen > now() - interval '2 minutes';
 
 -- name: delete_run
--- Every row of the run (its tasks, groups, trajectories, steps, versions, collectors, ... go with it:
--- each foreign key to runs cascades).
-DELETE FROM runs WHERE id = %(run_id)s;
+-- Every row of the run: its partitions dropped, then the runs row, whose foreign keys delete its
+-- tasks, groups, steps, versions, collectors, ... (sql/functions/drop_run_partitions.sql).
+SELECT drop_run_partitions(%(run_id)s);
+
+-- name: run_sizes
+-- Disk size of each run's partitions (`reflexdb db status`), largest first.
+SELECT r.name, r.id, run_partitions_size(r.id) AS bytes,
+       (SELECT count(*) FROM trajectories t WHERE t.run_id = r.id) AS trajectories
+FROM runs r ORDER BY 3 DESC, 1;

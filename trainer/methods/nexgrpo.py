@@ -92,7 +92,7 @@ class ReplayHooks:
         if not L.main:
             return
         self.planner = ReplayPlanner(
-            L.store, L.run_id, EmbeddingIndex.open(L.store, L.run_id), conf_low=n.conf_low,
+            L.store, L.run_id, EmbeddingIndex.open(L.store, L.run_id, config=self.cfg.faiss), conf_low=n.conf_low,
             conf_high=n.conf_high, refresh=n.refresh, refresh_candidates=n.refresh_candidates,
             group_size=self.cfg.collector.group_size, rng=np.random.default_rng([self.cfg.seed, L.step_no]))
         self.active = L.db(lambda: _crossed(L.store, L.run_id, n.start_pass_at_1))

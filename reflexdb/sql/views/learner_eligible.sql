@@ -57,5 +57,7 @@ SELECT
 FROM groups g
 JOIN s ON s.run_id = g.run_id
 CROSS JOIN LATERAL (
-    SELECT count(DISTINCT c.step_id)::int AS times_consumed FROM consumption c WHERE c.group_id = g.id
+    -- c.run_id: consumption is partitioned by run (0015); naming the run reads one partition
+    SELECT count(DISTINCT c.step_id)::int AS times_consumed FROM consumption c
+    WHERE c.group_id = g.id AND c.run_id = g.run_id
 ) c;
