@@ -219,6 +219,11 @@ def restore(store, directory: Path) -> ArchiveResult:
             lock_run_creation(conn)  # the run's row creates its partitions (store.lock_run_creation)
             for table, *_ in TABLES:
                 rows[table] = _copy_back(conn, table, directory / f"{table}.parquet")
+                if table == "runs":
+                    conn.execute("SET LOCAL lock_timeout = DEFAULT")
+    except psycopg.errors.LockNotAvailable:
+        raise ArchiveError(f"cannot restore run {name!r} now: other transactions held the tables its partitions "
+                           "refer to; nothing was written, run it again") from None
     except psycopg.errors.UniqueViolation as exc:
         raise ArchiveError(f"cannot restore run {name!r}: {exc.diag.message_primary} ({exc.diag.message_detail}); "
                            "nothing was written") from None

@@ -31,10 +31,12 @@ import numpy as np
 import psycopg
 import psycopg.adapt
 import psycopg.pq
+import sqlalchemy.exc
 from psycopg.types.json import Jsonb
 from sqlalchemy import func, select, text
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import Engine
+from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_random_exponential
 
 from . import drill, migrate, schema
 from .attachments import work_items
@@ -82,19 +84,38 @@ _EMBED_TYPES = ("int8", "text", "int4", "int4", "float4[]", "int8")
 
 
 RUN_CREATION_LOCK = 0x7265666C  # pg_advisory_xact_lock key: "refl"
+RUN_CREATION_LOCK_TIMEOUT = "250ms"  # under deadlock_timeout (1 s): the run creation gives way, never a writer
+RUN_CREATION_RETRY_S = 60.0
 
 
 def lock_run_creation(conn) -> None:
-    """Take the transaction-scoped advisory lock that serialises run creation (``create_run``,
-    ``reflexdb db restore``). A new run's partitions (create_run_partitions) need a lock on ``runs``
-    that every other open insert into ``runs`` holds against it, so two transactions inserting runs
-    at once deadlock; taken before the insert, this lock makes the second wait instead. ``conn`` is
-    a SQLAlchemy or a psycopg connection."""
-    sql = f"SELECT pg_advisory_xact_lock({RUN_CREATION_LOCK})"
-    if isinstance(conn, psycopg.Connection):
-        conn.execute(sql)
-    else:
-        conn.exec_driver_sql(sql)
+    """Prepare a transaction to insert a run (``create_run``, ``reflexdb db restore``).
+
+    Inserting a run creates its partitions (create_run_partitions), and a partition's foreign keys
+    take SHARE ROW EXCLUSIVE locks on the tables they refer to (runs, groups, tasks, hints,
+    reflections, trajectories, learner_steps): the very tables collectors and learners of other runs
+    hold ROW EXCLUSIVE on while they write. Two hazards, two locks:
+
+    - two transactions inserting runs at once deadlock on ``runs``: a transaction-scoped advisory
+      lock, taken before the insert, makes the second one wait instead;
+    - a writer that holds one of those tables and then wants one the run creation took would
+      deadlock with it, and PostgreSQL might abort the writer: ``lock_timeout`` makes the run
+      creation give up first (LockNotAvailable), long before the deadlock check, so the caller
+      retries it and writers never fail.
+
+    ``conn`` is a SQLAlchemy or a psycopg connection."""
+    sqls = (f"SELECT pg_advisory_xact_lock({RUN_CREATION_LOCK})",
+            f"SET LOCAL lock_timeout = '{RUN_CREATION_LOCK_TIMEOUT}'")
+    for sql in sqls:
+        if isinstance(conn, psycopg.Connection):
+            conn.execute(sql)
+        else:
+            conn.exec_driver_sql(sql)
+
+
+def _lock_not_available(exc: BaseException) -> bool:
+    return isinstance(exc, psycopg.errors.LockNotAvailable) or isinstance(
+        getattr(exc, "orig", None), psycopg.errors.LockNotAvailable)
 
 
 def payload_bytes(array: np.ndarray | None, dtype: np.dtype) -> bytes | None:
@@ -225,16 +246,29 @@ class Store:
             .on_conflict_do_nothing(index_elements=["name"])
         )
         existing = select(schema.runs.c.id).where(schema.runs.c.name == name)
-        with self.engine.begin() as conn:
-            rid = conn.execute(existing).scalar()
-            if rid is not None:
-                return rid
-            # Inserting a run creates its partitions (trigger), which locks `runs` against every
-            # other open insert into it: two processes creating runs at once would deadlock. One
-            # run is created at a time, in every process (lock_run_creation).
-            lock_run_creation(conn)
-            conn.execute(stmt)
-            return conn.execute(existing).scalar_one()
+
+        def attempt() -> int:
+            with self.engine.begin() as conn:
+                rid = conn.execute(existing).scalar()
+                if rid is not None:
+                    return rid
+                lock_run_creation(conn)  # one run created at a time; it gives way to writers
+                conn.execute(stmt)
+                return conn.execute(existing).scalar_one()
+
+        try:
+            for tried in Retrying(retry=retry_if_exception(_lock_not_available),
+                                  stop=stop_after_delay(RUN_CREATION_RETRY_S),
+                                  wait=wait_random_exponential(multiplier=0.05, max=2), reraise=True):
+                with tried:
+                    return attempt()
+        except sqlalchemy.exc.OperationalError as exc:
+            if _lock_not_available(exc):
+                raise ReflexdbError(
+                    f"could not create run {name!r}: other transactions kept its tables locked for "
+                    f"{RUN_CREATION_RETRY_S:.0f}s (a long write or a manual LOCK); nothing was written") from None
+            raise
+        raise AssertionError("unreachable")
 
     def run_id(self, name: str) -> int:
         with self.engine.connect() as conn:

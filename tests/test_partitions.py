@@ -126,3 +126,27 @@ def test_runs_created_at_once_by_many_connections_do_not_deadlock(store):
     assert len(set(ids[:4])) == 1 and len(set(ids)) == 5
     for rid in set(ids):
         assert set(_partitions(store, rid)) == {f"{t}_r{rid}" for t in schema.PARTITIONED}
+
+
+def test_a_run_created_while_a_writer_holds_its_tables_gives_way_to_the_writer(store):
+    """A writer (B) holds `hints` (a stage of LTE is written before its group) and next wants
+    `groups`; the run creation (A) takes `groups` for its partition's foreign key, then waits on
+    `hints`. Without a lock timeout on A that is a deadlock, and PostgreSQL might abort the writer;
+    with it A gives up within 250 ms, B goes on, and A's retry succeeds."""
+    import threading
+    import time
+
+    other = Store.open(store.url)
+    created: list = []
+    try:
+        with store.transaction() as conn:
+            conn.execute("LOCK TABLE hints IN ROW EXCLUSIVE MODE")  # B's open insert into hints
+            t = threading.Thread(target=lambda: created.append(other.create_run("while-writing")))
+            t.start()
+            time.sleep(0.1)  # A holds groups' lock and waits on hints
+            conn.execute("LOCK TABLE groups IN ROW EXCLUSIVE MODE")  # B's insert into groups: no deadlock
+        t.join(timeout=60)
+    finally:
+        other.close()
+    [rid] = created
+    assert set(_partitions(store, rid)) == {f"{t}_r{rid}" for t in schema.PARTITIONED}
