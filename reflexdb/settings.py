@@ -16,8 +16,6 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-from sqlalchemy.engine import make_url
-
 from .errors import ReflexdbError
 
 ENV_URL = "REFLEXDB_DATABASE_URL"
@@ -85,6 +83,8 @@ def normalize_url(url: str) -> str:
     make them a URL for the psycopg 3 driver."""
     if "://" not in url:
         return _dsn_to_url(url)
+    from sqlalchemy.engine import make_url  # here, not at the top: the model cache imports this module
+
     try:
         parsed = make_url(url)
     except Exception:

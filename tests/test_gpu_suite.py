@@ -1,0 +1,119 @@
+"""`benchmarks/gpu/suite.py`: its CPU dry run end to end (what CI knows about the GPU path before a
+GPU sees it), and its report, merge and refusal logic on their own."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from .processes import PARENT_ONLY
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu" / "suite.py"
+
+
+def _suite():
+    spec = importlib.util.spec_from_file_location("gpu_suite", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.slow
+def test_dry_run_measures_every_stage_on_the_cpu(model_cache, tmp_path):
+    """The whole suite with the tiny model on the CPU: every stage runs its real code path (the hf
+    engine against score(), DeepSpeed steps in child processes, `reflexdb run` with an embedded
+    PostgreSQL and MLflow, async runs at two staleness bounds) and reports."""
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k not in PARENT_ONLY and k != "REFLEXDB_DATABASE_URL"}
+    env.update(REFLEXDB_MODEL_CACHE=str(model_cache), HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1")
+    out, keep = tmp_path / "out", tmp_path / "keep"
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--dry-run", "--out", str(out), "--results-dir", str(keep),
+                           "--work", str(tmp_path / "work")], env=env, capture_output=True, text=True, timeout=1200)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    r = json.loads((out / "gpu-results.json").read_text())
+    assert r["dry_run"] is True
+    s = r["stages"]
+    assert set(s) == {"probe", "correctness", "faiss", "e2e", "async", "sglang"}
+    assert s["probe"]["status"] == "ok" and s["probe"]["cuda_available"] is False
+    assert all(not m for m in s["probe"]["modules_missing"].values())
+
+    c = s["correctness"]
+    assert c["status"] == "ok" and c["pass"], json.dumps(c["learner"], indent=1)[:4000]
+    fp32, bf16 = c["engine"]
+    assert fp32["dtype"] == "float32" and fp32["max_abs_diff"] <= 1e-3 and fp32["tokens"] > 0
+    assert fp32["embedding_shape_ok"] and fp32["finite"] and fp32["hidden_size"] == 64
+    assert bf16["tolerance"] is None and bf16["max_abs_diff"] > 0  # measured, not assumed
+    steps = {(x["device"], x["dtype"], x["zero"]): x for x in c["learner"]}
+    assert steps[("cpu", "float32", 0)]["reference"]
+    z2 = steps[("cpu", "float32", 2)]
+    assert z2["grad_norm_rel_diff"] <= 1e-3 and z2["update_cosine"] >= 0.999  # ZeRO-2 = ZeRO-0
+    for x in c["learner"]:
+        assert "error" not in x and math.isfinite(x["grad_norm"]) and x["micro_batch"] < x["rows"]
+
+    assert s["faiss"]["status"] == "ok" and s["faiss"]["gpu"] is False and "no GPU support" in s["faiss"]["reason"]
+    assert s["sglang"]["status"] == "not carried"
+
+    e = s["e2e"]
+    assert e["status"] == "ok" and e["steps"] == 2 and e["trajectories"] > 0 and e["trajectories_per_s"] > 0
+    assert e["learner_tokens_per_s"] > 0 and e["eval_versions"] == [0, 2]
+    assert 0 <= e["pass_at_1_before"] <= 1 and 0 <= e["pass_at_1_after"] <= 1
+    a = s["async"]
+    assert a["status"] == "ok" and [x["max_staleness"] for x in a["runs"]] == [0, 2]
+    for x in a["runs"]:
+        assert x["steps"] == 2 and x["seconds_per_step"] > 0 and 0 < x["learner_busy"] <= 1.5
+    assert a["runs"][0]["speedup"] == 1.0 and a["runs"][0]["staleness_mean"] == 0
+
+    md = (out / "gpu-results.md").read_text()
+    for heading in ("Correctness on the device", "Learner step", "End to end", "Async against sync", "FAISS on GPU"):
+        assert heading in md
+    assert (keep / "gpu-results.json").read_text() == (out / "gpu-results.json").read_text()
+
+
+def test_results_of_earlier_calls_are_merged_and_a_stage_measured_again_replaces_its_own(tmp_path):
+    suite = _suite()
+    keep = tmp_path / "keep"
+    first = suite.Results(tmp_path / "a", keep, dry=False)
+    first.put("probe", {"status": "ok", "python": "3.12.3", "cpus": 16, "torch": "2.11.0", "memory_gib": 128.0,
+                        "gpu": {"name": "NVIDIA H200", "memory_gib": 139.8}})
+    first.put("faiss", {"status": "ok", "gpu": False, "reason": "this FAISS has no GPU support"})
+    second = suite.Results(tmp_path / "b", keep, dry=False)
+    second.put("faiss", {"status": "ok", "gpu": True, "n": 1000, "dim": 576, "searches": {
+        "unrestricted IVF": {"cpu_p50_ms": 3.0, "gpu_p50_ms": 0.5, "speedup": 6.0, "cpu_recall": 0.99,
+                             "gpu_recall": 0.99}}})
+    merged = json.loads((tmp_path / "b" / "gpu-results.json").read_text())
+    assert set(merged["stages"]) == {"probe", "faiss"} and merged["stages"]["faiss"]["gpu"] is True
+    md = (tmp_path / "b" / "gpu-results.md").read_text()
+    assert "NVIDIA H200" in md and "| unrestricted IVF | 3.000 | 0.500 | 6.00 |" in md
+    # a dry run never mixes with a GPU run's results
+    assert suite.Results(tmp_path / "c", keep, dry=True).data["stages"] == {}
+
+
+def test_a_failed_stage_is_reported_with_its_error_and_the_others_still_render(tmp_path):
+    suite = _suite()
+    r = suite.Results(tmp_path, None, dry=False)
+    r.put("e2e", {"status": "error", "error": "Traceback ...\nRuntimeError: reflexdb run gpu-e2e-hf exited 1"})
+    r.put("sglang", {"status": "not carried", "reason": "sglang is not installed; " + suite.SGLANG_BLOCKER})
+    md = (tmp_path / "gpu-results.md").read_text()
+    assert "**e2e**: error" in md and "exited 1" in md
+    assert "sglang-kernel 0.4.1 (352.1 MB)" in md
+
+
+def test_unknown_stages_are_refused_with_the_list(tmp_path, capsys):
+    suite = _suite()
+    assert suite.main(["--stages", "probe,warp", "--out", str(tmp_path)]) == 2
+    assert "unknown stage(s) warp; stages: probe, correctness, faiss, e2e, async, sglang" in capsys.readouterr().err
+
+
+def test_a_stage_without_its_modules_is_skipped_naming_them(monkeypatch):
+    suite = _suite()
+    monkeypatch.setitem(suite.NEEDS, "faiss", ("faiss", "no_such_module_here"))
+    plan = suite.Plan(suite.parse(["--dry-run"]))
+    r = suite.run_stage("faiss", plan, Path("."))
+    assert r == {"status": "skipped", "reason": "missing modules: no_such_module_here"}
