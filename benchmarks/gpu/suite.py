@@ -219,14 +219,15 @@ def _md_correctness(r: dict) -> list[str]:
         out += ["", f"bfloat16 behaviour log-probs against float32 `score()`: max |Δ| {_f(b['max_abs_diff'])}, "
                 f"mean |Δ| {_f(b['mean_abs_diff'])}, p99 {_f(b['p99_abs_diff'])} (the tolerance bfloat16 collectors need)."]
     out += ["", "Learner step (DeepSpeed, GRPO, one batch) against the CPU float32 ZeRO-0 step:", "",
-            "| device | dtype | ZeRO | loss | \\|Δ loss\\| | grad norm | rel Δ grad norm | update cosine | update rel err | "
-            "peak GPU GiB | seconds | pass |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+            "| device | dtype | ZeRO | optimizer (master dtype) | loss | \\|Δ loss\\| | grad norm | rel Δ grad norm | "
+            "update cosine | update rel err | peak GPU GiB | seconds | pass |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for c in r["learner"]:
         if c.get("error"):
             out.append(f"| {c['device']} | {c['dtype']} | {c['zero']} | error: {c['error'].splitlines()[-1][:80]} |"
-                       + " |" * 8)
+                       + " |" * 9)
             continue
-        out.append(f"| {c['device']} | {c['dtype']} | {c['zero']} | {_f(c['loss'], 5)} | {_f(c.get('loss_abs_diff'))} | "
+        out.append(f"| {c['device']} | {c['dtype']} | {c['zero']} | {c.get('optimizer', '–')} "
+                   f"({'/'.join(c.get('master_dtypes', []))}) | {_f(c['loss'], 5)} | {_f(c.get('loss_abs_diff'))} | "
                    f"{_f(c['grad_norm'], 5)} | {_f(c.get('grad_norm_rel_diff'))} | {_f(c.get('update_cosine'), 5)} | "
                    f"{_f(c.get('update_rel_err'))} | {_f(c.get('peak_gib'), 2)} | {_f(c['seconds'], 1)} | "
                    f"{'ref' if c.get('reference') else 'yes' if c.get('pass') else 'no'} |")
@@ -476,8 +477,9 @@ def learner_steps_child(args: argparse.Namespace) -> int:
 
 
 def learner_step(device: str, dtype: str, zero: int, model: str, rows: int, micro: int) -> tuple[dict, dict]:
-    """One GRPO step of the product's DeepSpeed engine on the fixed batch: π_old is this forward's
-    log-probs shifted by a fixed pattern (ratios away from 1, some clipped), micro-batches of
+    """One GRPO step of the product's DeepSpeed engine on the fixed batch: π_old is 0.97 times this
+    forward's log-probs plus a fixed pattern (ratios away from 1 that depend on the model's
+    log-probs, some clipped, so the loss compares the devices' forwards too), micro-batches of
     ``micro`` rows accumulated with the learner's weighting (trainer/losses/accumulate.py)."""
     import torch
 
@@ -496,7 +498,7 @@ def learner_step(device: str, dtype: str, zero: int, model: str, rows: int, micr
     valid = ~torch.isnan(rewards)
     mask = (torch.arange(int(T.max()))[None, :] < T[:, None]) & valid[:, None]  # a NULL reward: no loss
     adv = group_advantages(rewards.view(-1, 4), valid=valid.view(-1, 4)).flatten().nan_to_num(0.0)
-    shift = 0.3 * torch.sin(torch.arange(rows)[:, None] * 0.7 + torch.arange(int(T.max()))[None, :] * 1.3)
+    shift = 0.1 * torch.sin(torch.arange(rows)[:, None] * 0.7 + torch.arange(int(T.max()))[None, :] * 1.3)
     spec = get_loss_spec("grpo")
     params = spec.parse({})
     total = spec.normaliser(mask, params)
@@ -513,7 +515,7 @@ def learner_step(device: str, dtype: str, zero: int, model: str, rows: int, micr
         logprobs, _ = engine.token_logprobs(ids[sl], attn[sl], P[sl], T[sl])
         dev = logprobs.device
         m = mask[sl, :Tm]
-        old = logprobs.detach().float() + shift[sl, :Tm].to(dev)
+        old = 0.97 * logprobs.detach().float() + shift[sl, :Tm].to(dev)  # ratio exp(0.03 lp - shift)
         out = spec.call(logprobs.float(), old, adv[sl].to(dev), m.to(dev), params)
         loss = out.loss * (spec.normaliser(m, params) / total)
         engine.backward(loss)
@@ -529,6 +531,12 @@ def learner_step(device: str, dtype: str, zero: int, model: str, rows: int, micr
     info = {"loss": loss_sum, "grad_norm": float(grad_norm) if grad_norm is not None else float("nan"),
             "seconds": seconds, "rows": rows, "micro_batch": micro, "tokens": int(mask.sum()),
             "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else None}
+    # With bfloat16 weights DeepSpeed's optimizer keeps float32 master copies (so a step smaller than
+    # a bfloat16 ulp is kept there, not lost); the update compared above is the bfloat16 copy's.
+    opt = engine.optimizer
+    inner = getattr(opt, "optimizer", opt)
+    info["optimizer"] = f"{type(opt).__name__}({type(inner).__name__})" if inner is not opt else type(opt).__name__
+    info["master_dtypes"] = sorted({str(p.dtype).removeprefix("torch.") for g in inner.param_groups for p in g["params"]})
     with contextlib.suppress(Exception):
         engine.ds.destroy()
     del engine, module
