@@ -116,12 +116,12 @@ class Plan:
         self.step_micro = 4 if self.dry else 8
         # end to end: the quickstart task at a GPU-sized batch (examples/arithmetic-grpo.yaml)
         self.e2e_steps = args.steps or (2 if self.dry else 20)
-        self.e2e_seconds = args.seconds or (120 if self.dry else 240)
+        self.e2e_seconds = args.seconds or (120 if self.dry else 200)
         self.groups_per_step = 2 if self.dry else 16
         self.group_size = 4 if self.dry else 8
         self.eval_samples = 2 if self.dry else 16
         self.async_steps = args.async_steps or (2 if self.dry else 10)
-        self.async_seconds = args.async_seconds or (90 if self.dry else 100)
+        self.async_seconds = args.async_seconds or (90 if self.dry else 75)
         self.staleness = (0, 2) if self.dry else (0, 1, 2)  # max_staleness of the async runs; 0 = synchronous
         self.faiss_n = args.faiss_n or (20_000 if self.dry else 1_000_000)
 
