@@ -709,6 +709,7 @@ def run_facts(home: Path, name: str) -> dict:
 
     os.environ["REFLEXDB_HOME"] = str(home)
     from reflexdb import Store
+    from reflexdb.sqlfile import load_queries
 
     store = Store.open()
     try:
@@ -719,10 +720,9 @@ def run_facts(home: Path, name: str) -> dict:
             traj = c.execute(text("SELECT count(*), extract(epoch FROM min(t.created_at)), "
                                   "extract(epoch FROM max(t.created_at)) FROM trajectories t JOIN groups g "
                                   "ON g.id = t.group_id WHERE t.run_id = :r AND g.kind <> 'eval'"), {"r": rid}).one()
-            evals = c.execute(text("SELECT g.policy_version, avg(t.correct::int) FROM groups g JOIN tasks k ON "
-                                   "k.id = g.task_id JOIN trajectories t ON t.group_id = g.id AND t.run_id = g.run_id "
-                                   "WHERE g.run_id = :r AND g.kind = 'eval' AND k.split = 'eval' GROUP BY 1 ORDER BY 1"),
-                              {"r": rid}).all()
+        with store.transaction() as conn:  # held-out pass@1 by version, as `reflexdb runs` reports it
+            evals = [(r[0], r[2]) for r in conn.execute(load_queries("runs.sql")["run_evals"], {"run_id": rid})
+                     if r[1] == 1]
     finally:
         store.close()
     m = [s[2] for s in steps]
