@@ -145,7 +145,8 @@ class Episode:
         text = "\n\n".join(m["content"] for m in step.feedback)
         role = step.feedback_role or (step.feedback[0]["role"] if len(step.feedback) == 1 else "observation")
         self.turns.append(TurnIn(role if role in ("user", "tool", "observation") else "observation", text, start,
-                                 len(self.ids), False, tool_error=step.tool_error, attempt=self.attempt))
+                                 len(self.ids), False, tool_error=step.tool_error, attempt=self.attempt,
+                                 tool_call=step.tool_call))
         self.messages += step.feedback
 
     def trajectory(self) -> TrajectoryIn:

@@ -29,6 +29,8 @@ class TurnIn:
         attempt: the attempt of a multi-turn episode the turn belongs to (0-based; an assistant
             turn and the environment's feedback on it share it); ``None`` for prompt turns.
         answer, correct, reward: on an assistant turn, the environment's verdict on it.
+        tool_call: on a tool turn, the call's record (status, exit code, wall and CPU time, bytes
+            of output, the code's size and SHA-256: ``ToolResult.record()``; view ``tool_calls``).
     """
 
     role: str
@@ -41,6 +43,7 @@ class TurnIn:
     answer: str | None = None
     correct: bool | None = None
     reward: float | None = None
+    tool_call: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -167,6 +170,7 @@ class Turn:
     answer: str | None = None
     correct: bool | None = None
     reward: float | None = None
+    tool_call: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)

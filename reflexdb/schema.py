@@ -248,6 +248,10 @@ turns = Table(
     Column("correct", Boolean),
     Column("reward", Float),
     Column("run_id", BigInteger, nullable=False),  # the trajectory's (0015: the partition key)
+    # On a tool turn, the call's record (0017): status, exit code, wall and CPU time, peak memory,
+    # bytes of output, the code's size and SHA-256 (collector/sandbox.py, ToolResult.record; view
+    # tool_calls). NULL on other turns.
+    Column("tool_call", JSONB),
     PrimaryKeyConstraint("trajectory_id", "turn_index", "run_id"),
     _of_trajectory(),
     CheckConstraint(_in("role", ROLES), name="role"),
@@ -412,6 +416,10 @@ collectors = Table(
     Column("tokens_generated", BigInteger, nullable=False, server_default=text("0")),
     Column("reward_errors", Integer, nullable=False, server_default=text("0")),
     Column("skipped_rows", Integer, nullable=False, server_default=text("0")),
+    # Groups the store refused for their content (0017): counted and skipped, never a crash; the
+    # last refusal's reason beside it.
+    Column("rejected_groups", Integer, nullable=False, server_default=text("0")),
+    Column("last_rejection", Text),
     Column("started_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Column("last_seen", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Column("stopped_at", DateTime(timezone=True)),
@@ -492,7 +500,7 @@ VIEWS = (
     "task_latest_group", "nexgrpo_positive_pool", "nexgrpo_negative_pool", "nexgrpo_retired_tasks",
     "nexgrpo_replay_candidates", "untrained_groups", "episode_turns", "lte_hint_pool",
     "r3l_reflections", "r3l_reflect_set", "r3l_retry_set", "r3l_exploration_groups", "cleaner_tool_errors",
-    "token_payloads", "trajectory_tokens",
+    "token_payloads", "trajectory_tokens", "tool_calls",
 )
 
 #: SQL functions created by migrations from ``reflexdb/sql/functions/<name>.sql`` (the views call them).

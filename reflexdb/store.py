@@ -72,8 +72,9 @@ _TRAJ_TYPES = (
 )
 # The per-trajectory tables carry the trajectory's run_id last (their partition key, 0015).
 _TURN_COLUMNS = ("trajectory_id", "turn_index", "role", "text", "token_start", "token_end", "trainable", "tool_error",
-                 "attempt", "answer", "correct", "reward", "run_id")
-_TURN_TYPES = ("int8", "int2", "text", "text", "int4", "int4", "bool", "bool", "int2", "text", "bool", "float8", "int8")
+                 "attempt", "answer", "correct", "reward", "tool_call", "run_id")
+_TURN_TYPES = ("int8", "int2", "text", "text", "int4", "int4", "bool", "bool", "int2", "text", "bool", "float8", "jsonb",
+               "int8")
 _PAYLOAD_COLUMNS = ("trajectory_id", "prompt_ids", "response_ids", "logprobs", "token_policy_versions", "loss_mask",
                     "run_id")
 _PAYLOAD_TYPES = ("int8", "bytea", "bytea", "bytea", "bytea", "bytea", "int8")
@@ -496,7 +497,8 @@ class Store:
             ))
             for k, u in enumerate(t.turns):
                 out.turns.append((tid, k, u.role, u.text, u.token_start, u.token_end, u.trainable, u.tool_error,
-                                  u.attempt, u.answer, u.correct, u.reward, g.run_id))
+                                  u.attempt, u.answer, u.correct, u.reward,
+                                  None if u.tool_call is None else Jsonb(u.tool_call), g.run_id))
             out.payloads.append((tid, *(payload_bytes(a, d) for a, d in zip(
                 (t.prompt_ids, t.response_ids, t.logprobs, t.token_policy_versions, t.loss_mask), _PAYLOAD_DTYPES)),
                 g.run_id))

@@ -114,11 +114,13 @@ def _turns(turns: list[TurnIn], n_tokens: int, where: str) -> list[TurnIn]:
             raise InvalidGroup(f"{w}.attempt", f"must lie in [0, 32767], got {turn.attempt}")
         if turn.answer is not None and "\x00" in str(turn.answer):
             raise InvalidGroup(f"{w}.answer", "contains a NUL character")
+        if turn.tool_call is not None and not isinstance(turn.tool_call, dict):
+            raise InvalidGroup(f"{w}.tool_call", f"must be a dict or None, got {type(turn.tool_call).__name__}")
         out.append(TurnIn(turn.role, turn.text, turn.token_start, turn.token_end, trainable, bool(turn.tool_error),
                           None if turn.attempt is None else int(turn.attempt),
                           None if turn.answer is None else str(turn.answer),
                           None if turn.correct is None else bool(turn.correct),
-                          _finite(turn.reward, f"{w}.reward")))
+                          _finite(turn.reward, f"{w}.reward"), turn.tool_call))
     return out
 
 

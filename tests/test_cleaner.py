@@ -430,9 +430,21 @@ def test_a_collector_killed_mid_episode_leaves_nothing_and_the_task_is_collected
 # ---------------------------------------------------------------- hand-made data (the view, the cookbook)
 
 
+TOOL_ERROR = "Error:\n```\nTraceback (most recent call last):\nNameError: name 'x' is not defined\n```"
+
+
+def tool_record(failed: bool) -> dict:
+    """A call's record as the sandbox writes it (ToolResult.record): a failed call took 0.1 s."""
+    import hashlib
+
+    return {"status": "error" if failed else "ok", "exit_code": 1 if failed else 0, "detail": None,
+            "wall_s": 0.1 if failed else 0.03, "cpu_s": 0.02, "memory_peak_mb": 4.5, "output_bytes": 60 if failed else 2,
+            "code_bytes": 8, "code_sha256": hashlib.sha256(b"print(1)").hexdigest()}
+
+
 def tool_trajectory(rng, errors: list[bool], *, origin: str, reward: float, **kw):
     """A hand-made tool episode: per call an assistant turn (5 tokens) and a tool turn (5 tokens,
-    ``tool_error`` as given), then the answer (5 tokens)."""
+    ``tool_error`` and the call's record as given), then the answer (5 tokens)."""
     from reflexdb import TurnIn
 
     from .factories import make_trajectory
@@ -440,7 +452,8 @@ def tool_trajectory(rng, errors: list[bool], *, origin: str, reward: float, **kw
     turns, k = [TurnIn("user", "What is 48291 * 7713?")], 0
     for failed in errors:
         turns += [TurnIn("assistant", "```python\nprint(1)\n```", k, k + 5, True),
-                  TurnIn("tool", "Error: boom" if failed else "Output: 1", k + 5, k + 10, False, tool_error=failed)]
+                  TurnIn("tool", TOOL_ERROR if failed else "Output: 1", k + 5, k + 10, False, tool_error=failed,
+                         tool_call=tool_record(failed))]
         k += 10
     turns.append(TurnIn("assistant", "\\boxed{1}", k, k + 5, True))
     return make_trajectory(rng, T=k + 5, reward=reward, correct=reward == 1.0, turns=turns, origin=origin, dim=None,

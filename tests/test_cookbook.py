@@ -471,6 +471,20 @@ def check_cleaner_rollbacks(d, rows):
         "NameError: name 'x' is not defined", "print(x)", "x = 5\nprint(x)")
 
 
+def check_slowest_calls(d, rows):
+    # the CLEANER run's 15 tool turns (X: 2 + 1 + 1 + 4 + 1, Y: 4 + 2), the 8 failed ones (0.1 s)
+    # first, by trajectory and turn
+    assert len(rows) == 15 and [r["status"] for r in rows] == ["error"] * 8 + ["ok"] * 7
+    assert rows[0]["wall_s"] == 0.1 and rows[-1]["wall_s"] == 0.03 and rows[0]["code"] == "d287bb7f9d15"
+    assert [(r["trajectory_id"], r["turn_index"]) for r in rows[:8]] == sorted((r["trajectory_id"], r["turn_index"])
+                                                                             for r in rows[:8])
+
+
+def check_common_errors(d, rows):
+    # failed calls: X 1 (ep 1 raw) + 4 (ep 3 raw) + 1 (ep 3 purified), Y 2 (ep 1 raw): 8 in 4 trajectories
+    assert [tuple(r.values()) for r in rows] == [("error", "", "NameError: name 'x' is not defined", 8, 4, 0.1)]
+
+
 # heading -> (variables, columns in order, check of the rows)
 EXPECTED = {
     "Worst failures of the last hour": (_vars(), [
@@ -537,6 +551,11 @@ EXPECTED = {
     "What failed and what fixed it": (_cleaner_vars(), [
         "trajectory_id", "turn_index", "error_status", "error", "attempts", "recovered", "similarity", "replacement",
         "failed_code", "corrected_code"], check_cleaner_rollbacks),
+    "The slowest tool calls": (_cleaner_vars(), [
+        "trajectory_id", "turn_index", "status", "detail", "wall_s", "cpu_s", "memory_mb", "output_bytes", "code",
+        "call"], check_slowest_calls),
+    "The most common tool errors": (_cleaner_vars(), [
+        "status", "detail", "error", "calls", "trajectories", "mean_wall_s"], check_common_errors),
 }
 
 
@@ -637,11 +656,15 @@ def test_the_storage_migrations_change_no_query_result(store, db_url, data):
     def timeless(rows: list[dict]) -> list[str]:
         return sorted(repr({k: v for k, v in r.items() if k not in clock}) for r in rows)
 
+    # what revision 0017 added (the tool calls' records and their view) does not exist at 0013
+    since_0017 = {"The slowest tool calls", "The most common tool errors", "tool_calls"}
+
     def results() -> dict[str, list[str]]:
         out = {}
         for title, sql in QUERIES.items():
-            out[title] = timeless(run_read_only(db_url, substitute(sql, EXPECTED[title][0](data)))[1])
-        for view in [v for v in schema.VIEWS if v != "trajectory_tokens"]:
+            if title not in since_0017:
+                out[title] = timeless(run_read_only(db_url, substitute(sql, EXPECTED[title][0](data)))[1])
+        for view in [v for v in schema.VIEWS if v not in {"trajectory_tokens", *since_0017}]:
             out[view] = timeless(run_read_only(db_url, f"SELECT * FROM {view}")[1])
         return out
 

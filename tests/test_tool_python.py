@@ -218,3 +218,34 @@ def test_the_one_shot_template_puts_a_worked_exchange_before_the_question():
     assert code_block(msgs[2]["content"]) == "print(372 * 419)" and str(372 * 419) in msgs[3]["content"]
     assert msgs[4]["content"].endswith("\\boxed{155868}.") and msgs[-1]["content"] == TASK.prompt
     assert get_template("tool_python").messages(TASK.prompt)[1:] == [{"role": "user", "content": TASK.prompt}]
+
+
+def test_tool_calls_are_recorded_with_their_turns(tokenizer, store):
+    """Each call's record is stored with its tool turn and read back through the view tool_calls;
+    a call printing a NUL byte (which stopped the collector before issue 33) is stored with U+FFFD."""
+    import hashlib
+
+    from reflexdb import TaskIn
+
+    code = "import sys\nsys.stdout.buffer.write(b'a\\x00b')\nprint(1 / 0)"
+    engine = Scripted(tokenizer, [f"```python\n{code}\n```", "```python\nprint(7)\n```", "\\boxed{7}"])
+    make_env = environment_factory("tool_python", parse_options("tool_python", FAST), get_reward("math"), "tool_python")
+    [[t]] = Rollout(engine, make_env, lambda: SamplingParams(max_new_tokens=32), 0).run([TASK], 1)
+    tools = [u for u in t.turns if u.role == "tool"]
+    assert [u.tool_call["status"] for u in tools] == ["error", "ok"] and tools[0].tool_error
+    assert tools[0].tool_call["code_sha256"] == hashlib.sha256(code.encode()).hexdigest()
+    run_id = store.create_run("tool-calls")
+    [task_id] = store.add_tasks(run_id, [TaskIn(TASK.prompt, TASK.ground_truth)])
+    w = store.write_group(GroupIn(run_id=run_id, task_id=task_id, policy_version=0, trajectories=[t]))
+    with store.transaction() as conn:
+        rows = conn.execute("SELECT status, exit_code, detail, wall_s > 0, cpu_s > 0, memory_peak_mb > 0, output_bytes, "
+                            "code_bytes, code_sha256, tool_error, call_text LIKE '%%sys.stdout%%', run "
+                            "FROM tool_calls WHERE trajectory_id = %s ORDER BY turn_index", (w.trajectory_ids[0],)).fetchall()
+    first, second = (tuple(r) for r in rows)
+    assert first[:2] == ("error", 1) and first[2] is None and first[3:6] == (True, True, True)
+    assert first[7:] == (len(code), hashlib.sha256(code.encode()).hexdigest(), True, True, "tool-calls")
+    assert first[6] > 3  # the NUL and the traceback were printed
+    assert second[:2] == ("ok", 0) and second[6] == 2 and second[9] is False
+    [read] = store.read_groups([w.group_id])
+    assert "a\ufffdb" in [u for u in read.trajectories[0].turns if u.role == "tool"][0].text
+    assert read.trajectories[0].turns[3].tool_call["status"] == "error"

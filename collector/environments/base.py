@@ -46,6 +46,7 @@ class Step:
         feedback_role: the role the feedback turn is stored with when it is not the message's
             (``tool`` for a tool's output shown to the model as a user message).
         tool_error: the feedback is a tool call's failed execution (``turns.tool_error``).
+        tool_call: the call's record, stored with the feedback turn (``turns.tool_call``).
     """
 
     feedback: list[dict[str, str]] = field(default_factory=list)
@@ -59,6 +60,7 @@ class Step:
     meta: dict[str, Any] = field(default_factory=dict)
     feedback_role: str | None = None
     tool_error: bool = False
+    tool_call: dict[str, Any] | None = None
 
 
 class Environment(Protocol):

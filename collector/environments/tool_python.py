@@ -8,10 +8,12 @@ is graded whatever it holds. A truncated turn (``finish_reason = length``) with 
 still calls the tool with what was written. The prompt format is ``collector/tasks/tool_use.py``.
 
 Reward: the reward function's value of the answering turn (0/1 for ``math``); an episode has at
-most ``max_tool_calls + 1`` assistant turns, the last one always graded. Each call's result is in the episode's ``meta.tool_calls`` (code,
-status, seconds) and the tool's turn is stored with role ``tool`` and ``tool_error`` set when the
-call failed: the definition of a failed execution is :attr:`ToolResult.failed` (non-zero exit, an
-uncaught exception, a signal, the wall-clock timeout, a CPU, output or file limit).
+most ``max_tool_calls + 1`` assistant turns, the last one always graded. Each call's result is in
+the episode's ``meta.tool_calls`` (status, exit code, wall and CPU seconds) and the tool's turn is
+stored with role ``tool``, ``tool_error`` set when the call failed, and the call's whole record
+in ``tool_call`` (:meth:`ToolResult.record`; view ``tool_calls``): the definition of a failed
+execution is :attr:`ToolResult.failed` (non-zero exit, an uncaught exception, a signal, the
+wall-clock timeout, a CPU, memory, output, code-size or file limit).
 
 The sandbox is created and checked once per process, when the first episode is made (a machine
 where it cannot be created stops the collector with one line; nothing runs unsandboxed). The
@@ -59,16 +61,20 @@ class ToolPython:
 
         max_tool_calls: int = Field(4, ge=0, le=32, description="Most code calls in an episode; the turn after the last one must answer.")
         timeout_s: float = Field(4.0, gt=0, le=600, description="Wall-clock limit of one call, seconds.")
-        cpu_s: int = Field(4, ge=1, le=600, description="CPU-time limit of one call, seconds.")
-        memory_mb: int = Field(256, ge=32, le=65536, description="Address-space limit of one call, MB.")
-        processes: int = Field(16, ge=1, le=4096, description="Most processes (and threads) of one call.")
+        cpu_s: float = Field(4.0, gt=0, le=600, description="CPU time of one call, all its processes together, seconds.")
+        memory_mb: int = Field(256, ge=32, le=65536, description="Memory of one call, MB: all its processes, shared memory, memfd and /tmp files together (a cgroup); also each process's address space.")
+        processes: int = Field(16, ge=1, le=4096, description="Most processes and threads of one call.")
+        cpus: float = Field(1.0, gt=0, le=256, description="CPUs one call may use at once (a cgroup quota).")
+        scratch_mb: int = Field(16, ge=1, le=4096, description="Size of the call's /tmp, its only writable place, MB (counted in memory_mb too).")
+        code_bytes: int = Field(1024 * 1024, ge=1024, le=64 * 1024 * 1024, description="Largest code a call may run, bytes (UTF-8); more is a 'limit' tool error, never run.")
         output_bytes: int = Field(65536, ge=256, le=64 * 1024 * 1024, description="Most bytes of output a call may print; more stops it.")
         observation_chars: int = Field(1000, ge=64, le=100000, description="Most characters of a call's output or error shown to the model.")
         concurrency: int = Field(4, ge=1, le=256, description="Most calls run at once (across the episodes of a turn).")
 
         def limits(self) -> SandboxLimits:
             return SandboxLimits(timeout_s=self.timeout_s, cpu_s=self.cpu_s, memory_mb=self.memory_mb,
-                                 processes=self.processes, output_bytes=self.output_bytes)
+                                 processes=self.processes, output_bytes=self.output_bytes,
+                                 scratch_mb=self.scratch_mb, code_bytes=self.code_bytes, cpus=self.cpus)
 
     def __init__(self, task: EnvTask, options: Options | None = None, *, reward_fn, template):
         self.task, self.reward_fn, self.template = task, reward_fn, template
@@ -120,21 +126,23 @@ class ToolPython:
         CLEANER's lookahead (collector/saar.py) shows errors it may roll back. ``last``: no call is
         left after it; ``note``: a line added after the result."""
         if result is None:
-            shown, failed = tool_use.NO_CODE, True
+            shown, failed, record = tool_use.NO_CODE, True, None
         else:
             shown = tool_use.observation(result.observation(self.options.observation_chars), result.failed)
-            failed = result.failed
+            failed, record = result.failed, result.record()
         if last:
             shown += "\n" + tool_use.NO_MORE_CALLS.format()
         if note:
             shown += "\n" + note
-        return Step(feedback=[{"role": "user", "content": shown}], done=False, feedback_role="tool", tool_error=failed)
+        return Step(feedback=[{"role": "user", "content": shown}], done=False, feedback_role="tool", tool_error=failed,
+                    tool_call=record)
 
     def _answer(self, text: str, finish_reason: str) -> Step:
         reward, correct, answer, error = judge(self.reward_fn, text, self.task.ground_truth)
         self.history.append((text, finish_reason, None))
         self._done = True
-        calls = [{"turn": i, "status": r.status, "exit_code": r.exit_code, "seconds": round(r.seconds, 4)}
+        calls = [{"turn": i, "status": r.status, "exit_code": r.exit_code, "seconds": round(r.seconds, 4),
+                  "cpu_s": None if r.cpu_s is None else round(r.cpu_s, 4)}
                  for i, (_, _, r) in enumerate(self.history) if r is not None]
         return Step(done=True, answer=answer, correct=correct, reward=reward, episode_reward=reward,
                     episode_correct=None if reward is None else bool(correct), error=error,

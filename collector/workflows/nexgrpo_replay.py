@@ -67,7 +67,7 @@ def replayed_copy(original: Trajectory) -> TrajectoryIn:
         reward=original.reward,
         correct=original.correct,
         turns=[TurnIn(u.role, u.text, u.token_start, u.token_end, u.trainable, u.tool_error, u.attempt, u.answer,
-                      u.correct, u.reward) for u in original.turns],
+                      u.correct, u.reward, u.tool_call) for u in original.turns],
         truncated=original.truncated,
         finish_reason=original.finish_reason,
         extracted_answer=original.extracted_answer,

@@ -219,7 +219,7 @@ def _stitch(b: _Base) -> TrajectoryIn:
     prompt_turns = [TurnIn(u.role, u.text, trainable=False) for u in base.turns if u.token_start is None]
     before = [u for u in base.turns if u.token_start is not None and u.token_end <= cut]
     after = [TurnIn(u.role, u.text, u.token_start + cut, u.token_end + cut, u.trainable, u.tool_error, u.attempt,
-                    u.answer, u.correct, u.reward) for u in retry.turns if u.token_start is not None]
+                    u.answer, u.correct, u.reward, u.tool_call) for u in retry.turns if u.token_start is not None]
     versions = np.concatenate([np.asarray(base.token_policy_versions[:cut]), np.asarray(retry.token_policy_versions)])
     return TrajectoryIn(
         prompt_ids=base.prompt_ids,

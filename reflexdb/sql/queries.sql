@@ -82,7 +82,7 @@ SELECT trajectory_id, vector FROM embeddings WHERE trajectory_id = ANY(%(ids)s) 
 -- name: select_turns
 -- Turns by trajectory id, in order.
 SELECT trajectory_id, turn_index, role, text, token_start, token_end, trainable, tool_error,
-       attempt, answer, correct, reward
+       attempt, answer, correct, reward, tool_call
 FROM turns WHERE trajectory_id = ANY(%(ids)s) AND run_id = ANY(%(runs)s)
 ORDER BY trajectory_id, turn_index;
 
