@@ -8,11 +8,16 @@ Reads top to bottom as the loop it is::
            ask the run's workflows for work in priority order (the method's list,
              collector/workflows/): the first that claims something turns it into groups
            write each group in one transaction (retried while the database is away; groups a
-           workflow returns as a list share one), completing its claim in the same transaction
+           workflow returns as a list share one), completing its claim in the same transaction;
+           a group the store refuses for its content is counted and skipped, its work released
     stop:  SIGINT/SIGTERM once -> finish the in-flight group, then exit 0;
            twice -> abandon it (claims released, nothing written), exit 0
 
-A group is never half-written: each is one transaction.
+A group is never half-written: each is one transaction. Nothing a model writes stops the loop:
+text the store cannot hold is made storable first (:func:`storable_group`), and a group the store
+still refuses for its content is logged with the reason, counted (``collectors.rejected_groups``,
+``last_rejection``) and skipped, the rest of the batch written and the skipped work released for
+another try (docs/sandbox.md, "Nothing a model writes stops a collector").
 """
 
 from __future__ import annotations
@@ -26,12 +31,14 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 import numpy as np
+import psycopg
 
 from reflexdb import GroupIn, Store, TrajectoryIn, drill, work
 from reflexdb.config import Config
-from reflexdb.errors import ClaimLost
+from reflexdb.errors import ClaimLost, InvalidGroup
 from reflexdb.origins import ORIGINS
 from reflexdb.retry import TRANSIENT, DbRetry
+from reflexdb.storable import storable_json, storable_text
 
 from .engines import Engine, Sample, SamplingParams, make_engine
 from .engines.base import checkpoint_path
@@ -45,6 +52,25 @@ from .workflows import Workflow, make_workflow
 from .workflows.base import score_samples
 
 log = logging.getLogger("reflexdb.collect")
+
+#: What the store raises for a group's content (never for the database being away, which DbRetry
+#: rides out): its own validation, and what PostgreSQL refuses in a value (an invalid byte
+#: sequence or escape in text or JSON, a value too large for an index or a column).
+CONTENT_ERRORS = (InvalidGroup, psycopg.errors.DataError, psycopg.errors.ProgramLimitExceeded, UnicodeError)
+
+
+def storable_group(g: GroupIn) -> GroupIn:
+    """``g`` with the text a model or a tool wrote made storable: PostgreSQL text and JSON hold no
+    NUL and no lone surrogate, so each becomes U+FFFD in turns, answers, errors and metadata. The
+    token ids, which are what trains, are untouched. Changes ``g`` in place and returns it."""
+    g.meta = storable_json(g.meta)
+    for t in g.trajectories:
+        t.extracted_answer, t.error, t.meta = storable_text(t.extracted_answer), storable_text(t.error), \
+            storable_json(t.meta)
+        for u in t.turns:
+            u.text, u.answer, u.tool_call = storable_text(u.text), storable_text(u.answer), storable_json(u.tool_call)
+    return g
+
 
 def _sampled_tokens(t: TrajectoryIn) -> int:
     """Tokens the engine sampled for ``t``: its assistant spans (an episode's environment tokens
@@ -65,6 +91,7 @@ class Stats:
     correct: int = 0
     reward_errors: int = 0
     skipped_rows: int = 0
+    rejected: int = 0  # groups the store refused for their content: counted, skipped, never a crash
     kinds: Counter = field(default_factory=Counter)  # groups of each kind other than 'fresh'
     fresh_samples: int = 0  # trajectories of the policy on the plain prompt (origins counted in pass@1)
     started: float = field(default_factory=time.monotonic)
@@ -84,9 +111,10 @@ class Stats:
         if since is not None and self.fresh_samples > since.fresh_samples:
             recent = (f"{(self.correct - since.correct) / (self.fresh_samples - since.fresh_samples):.3f} "
                       f"since the last line, ")
+        rejected = f" | {self.rejected} refused by the store" if self.rejected else ""
         return (f"policy v{version} | groups {self.groups}{replays} | trajectories {self.trajectories} "
                 f"({self.trajectories / dt:.2f}/s) | tokens/s {self.tokens / dt:.1f} | pass@1 {recent}{pass1:.3f} "
-                "overall")
+                f"overall{rejected}")
 
 
 class Collector:
@@ -224,7 +252,8 @@ class Collector:
         for workflow in workflows:
             claimed = workflow.claim(want)
             if claimed:
-                self._write(workflow.collect(claimed))
+                if self._write(workflow.collect(claimed)) and hasattr(workflow, "release"):
+                    self.db(workflow.release)  # the refused groups' work goes back, for another try
                 return True
         return False
 
@@ -299,20 +328,37 @@ class Collector:
         self.stats.reward_errors += sum(t.error is not None for t in trajectories)
         return trajectories
 
-    def _write(self, units: list[GroupIn | list[GroupIn]]) -> None:
+    def _write(self, units: list[GroupIn | list[GroupIn]]) -> int:
         """Write what a workflow returned: each group in its own transaction, or each list of groups
-        (a method's groups that belong together) in one."""
+        (a method's groups that belong together) in one. Returns how many units the store refused
+        for their content (each logged and counted; the others are written all the same)."""
+        refused = 0
         for unit in units:
-            together = unit if isinstance(unit, list) else [unit]
+            together = [storable_group(g) for g in (unit if isinstance(unit, list) else [unit])]
             try:
                 written = self.db(lambda together=together: self.store.write_groups(together, complete_claim=self.name))
             except ClaimLost as exc:  # another collector (or the learner) has its work item: drop ours
                 self.echo(str(exc))
                 continue
+            except CONTENT_ERRORS as exc:  # what the model wrote, not the database: skip it, never stop
+                refused += 1
+                self._refused(together, exc)
+                continue
             for g, w in zip(together, written):
                 drill.journal(f"group {w.group_id} {len(w.trajectory_ids)}")
                 self._count(g)
             drill.phase("written")
+        return refused
+
+    def _refused(self, together: list[GroupIn], exc: Exception) -> None:
+        self.stats.rejected += len(together)
+        tasks = ", ".join(str(g.task_id) for g in together)
+        reason = f"{type(exc).__name__}: {exc}"
+        self.echo(f"the store refused {len(together)} group(s) of task(s) {tasks} for their content, skipped "
+                  f"(the work is released for another try): {reason}")
+        log.warning("group(s) of task(s) %s refused: %s", tasks, reason)
+        for _ in together:
+            self.db(lambda: work.record_rejection(self.store, self.collector_id, reason))
 
     def _count(self, g: GroupIn) -> None:
         # reflexdb/origins.py; a group of kind 'retry' holds a method's auxiliary rows, whose

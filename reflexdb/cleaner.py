@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .sqlfile import load_queries
+from .storable import storable_text
 
 Q = load_queries("cleaner.sql")
 
@@ -56,10 +57,6 @@ class PurificationIn:
     rollback: Rollback
 
 
-def _text(value: str | None) -> str | None:
-    return None if value is None else value.replace("\x00", "\ufffd")  # PostgreSQL text holds no NUL
-
-
 @dataclass(frozen=True)
 class Purifications:
     """The training group's attachment (``reflexdb/attachments.py``): its rollbacks, inserted
@@ -78,8 +75,8 @@ class Purifications:
             cur.execute(Q["insert_purification"], {
                 "trajectory_id": written.trajectory_ids[row.index], "turn_index": row.turn_index,
                 "attempts": r.attempts, "recovered": r.recovered, "similarity": r.similarity,
-                "replacement": r.replacement, "error_text": _text(r.error_text), "error_status": r.error_status,
-                "failed_code": _text(r.failed_code), "corrected_code": _text(r.corrected_code)})
+                "replacement": r.replacement, "error_text": storable_text(r.error_text), "error_status": r.error_status,
+                "failed_code": storable_text(r.failed_code), "corrected_code": storable_text(r.corrected_code)})
 
 
 __all__ = ["PurificationIn", "Purifications", "Rollback"]

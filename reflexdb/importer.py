@@ -41,6 +41,7 @@ from typing import Any
 
 from .errors import ReflexdbError
 from .records import GroupIn, TaskIn, TrajectoryIn, TurnIn
+from .schema import ROLES
 
 _NAMESPACE = uuid.UUID("6f1c1b8e-3f6a-4a53-9d2e-2b1f1f0c9a10")
 #: consecutive rows of one prompt kept in one group across batches; a longer run is split here
@@ -120,6 +121,8 @@ def read_rows(path: Path, batch_size: int) -> Iterator[list[tuple[int, Any]]]:
                     out.append((no, json.loads(text)))
                 except json.JSONDecodeError as exc:
                     out.append((no, BadRow(f"not JSON ({exc.msg} at column {exc.colno})")))
+                except (ValueError, RecursionError) as exc:  # an integer of 5000 digits, [[[[...]]]] 10^5 deep
+                    out.append((no, BadRow(f"not JSON this importer reads ({type(exc).__name__}: {exc})"[:300])))
             if len(out) >= batch_size:
                 yield out
                 out = []
@@ -134,8 +137,24 @@ def _messages(value: Any, what: str) -> list[dict]:
     for m in value:
         if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
             raise BadRow(f"{what}: every message needs a string 'role' and 'content'")
+        if m["role"] not in ROLES:
+            raise BadRow(f"{what}: role {m['role'][:40]!r} is not one of {', '.join(ROLES)}")
         out.append({"role": m["role"], "content": m["content"]})
     return out
+
+
+#: The longest task_key (bytes): the store's unique index on tasks holds keys of up to ~2.7 kB.
+MAX_KEY_BYTES = 1024
+
+
+def _storable(text: str, what: str) -> None:
+    """PostgreSQL text holds no NUL and no lone surrogate (BadRow naming ``what`` otherwise)."""
+    if "\x00" in text:
+        raise BadRow(f"{what} contains a NUL character, which PostgreSQL text cannot store")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise BadRow(f"{what} contains a lone surrogate (\\u{ord(text[exc.start]):04x}), which is not UTF-8") from None
 
 
 def _ids(value: Any, what: str, vocab: int | None) -> list[int]:
@@ -187,8 +206,7 @@ def parse_row(row: Any, *, vocab: int | None = None) -> Parsed:
             raise BadRow("completion must be a string")
         completion = c
     for text in [completion] + [m["content"] for m in prompt]:
-        if "\x00" in text:
-            raise BadRow("contains a NUL character, which PostgreSQL text cannot store")
+        _storable(text, "the text")
     pi, ci = row.get("prompt_ids"), row.get("completion_ids")
     if (pi is None) != (ci is None):
         raise BadRow("give both prompt_ids and completion_ids, or neither")
@@ -204,8 +222,13 @@ def parse_row(row: Any, *, vocab: int | None = None) -> Parsed:
     if correct is None and reward is not None:
         correct = reward >= 1.0
     gt, key = row.get("ground_truth"), row.get("task_key")
-    return Parsed(prompt, completion, pi, ci, None if reward is None else float(reward), correct,
-                  None if gt is None else str(gt), None if key is None else str(key))
+    gt, key = None if gt is None else str(gt), None if key is None else str(key)
+    for value, what in ((gt, "ground_truth"), (key, "task_key")):
+        if value is not None:
+            _storable(value, what)
+    if key is not None and len(key.encode("utf-8")) > MAX_KEY_BYTES:
+        raise BadRow(f"task_key is {len(key.encode('utf-8'))} bytes; at most {MAX_KEY_BYTES}")
+    return Parsed(prompt, completion, pi, ci, None if reward is None else float(reward), correct, gt, key)
 
 
 class Tokenizer:

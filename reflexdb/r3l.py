@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from psycopg.types.json import Jsonb
 
 from .sqlfile import load_queries
+from .storable import storable_json, storable_text
 
 if TYPE_CHECKING:
     from .store import Store
@@ -72,7 +73,10 @@ def _as_int(value: Any) -> int | None:
     if isinstance(value, float) and value.is_integer():
         return int(value)
     if isinstance(value, str) and value.strip().lstrip("-").isdigit():
-        return int(value.strip())
+        try:
+            return int(value.strip())
+        except ValueError:  # more digits than Python converts (4300): no step of any episode
+            return None
     return None
 
 
@@ -91,6 +95,8 @@ def parse_reflection(text: str, n_turns: int) -> ParsedReflection:
     except json.JSONDecodeError as exc:
         return ParsedReflection(False, None, None, None, None, f"not valid JSON between the first '{{' and the last "
                                                                 f"'}}': {exc.msg} at character {exc.pos}")
+    except (ValueError, RecursionError) as exc:  # an integer of 5000 digits; [[[[...]]]] nested 10^5 deep
+        return ParsedReflection(False, None, None, None, None, f"JSON this parser does not read: {type(exc).__name__}")
     if not isinstance(fields, dict):
         return ParsedReflection(False, None, None, None, None, "the JSON between the braces is not an object")
     outcome = fields.get("trajectory_outcome")
@@ -169,9 +175,10 @@ class Reflections:
         for r in self.rows:
             p = r.parsed
             cur.execute(Q["insert_reflection"], {
-                "id": r.id, "trajectory_id": written.trajectory_ids[r.base_index], "raw_text": r.raw_text.replace("\x00", "\ufffd"),
-                "parsed": None if p.fields is None else Jsonb(p.fields), "pivot": p.pivot, "outcome": p.outcome,
-                "root_cause": p.root_cause, "valid": p.valid, "error": p.error, "decoding": r.decoding,
+                "id": r.id, "trajectory_id": written.trajectory_ids[r.base_index], "raw_text": storable_text(r.raw_text),
+                "parsed": None if p.fields is None else Jsonb(storable_json(p.fields)), "pivot": p.pivot,
+                "outcome": p.outcome, "root_cause": storable_text(p.root_cause), "valid": p.valid,
+                "error": storable_text(p.error), "decoding": r.decoding,
                 "policy_version": r.policy_version})
 
 

@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from .sqlfile import load_queries
+from .storable import storable_text
 from .store import Store
 
 W = load_queries("work.sql")
@@ -133,6 +134,13 @@ def report_progress(store: Store, collector_id: int, *, policy_version: int | No
             {"id": collector_id, "policy_version": policy_version, "groups": groups, "trajectories": trajectories,
              "tokens": tokens, "reward_errors": reward_errors, "skipped_rows": skipped_rows},
         )
+
+
+def record_rejection(store: Store, collector_id: int, reason: str) -> None:
+    """Count a group the store refused for its content (``collectors.rejected_groups``) and keep
+    the reason (``collectors.last_rejection``)."""
+    with store.transaction() as conn:
+        conn.execute(W["collector_rejected"], {"id": collector_id, "reason": storable_text(reason)[:2000]})
 
 
 def mark_stopped(store: Store, collector_id: int, status: str = "stopped") -> None:

@@ -49,7 +49,8 @@ GRANT INSERT ON tasks, groups, trajectories, turns, token_bytes, embeddings, col
     TO reflexdb_collector;
 GRANT UPDATE (claimed_by, claimed_at, times_collected, times_passed) ON tasks TO reflexdb_collector;
 GRANT UPDATE (host, pid, engine, model, policy_version, status, started_at, last_seen, stopped_at, groups_written,
-              trajectories_written, tokens_generated, reward_errors, skipped_rows) ON collectors TO reflexdb_collector;
+              trajectories_written, tokens_generated, reward_errors, skipped_rows, rejected_groups, last_rejection)
+    ON collectors TO reflexdb_collector;
 GRANT UPDATE (status, claimed_by, claimed_at, group_id, completed_at) ON replay_requests TO reflexdb_collector;
 GRANT USAGE ON ALL SEQUENCES IN SCHEMA public TO reflexdb_collector;
 

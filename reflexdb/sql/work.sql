@@ -53,6 +53,12 @@ SET last_seen = now(), policy_version = %(policy_version)s,
     skipped_rows = skipped_rows + %(skipped_rows)s
 WHERE id = %(id)s;
 
+-- name: collector_rejected
+-- The store refused a group of this collector's for its content: count it, keep the reason.
+UPDATE collectors
+SET last_seen = now(), rejected_groups = rejected_groups + 1, last_rejection = %(reason)s
+WHERE id = %(id)s;
+
 -- name: collector_stopped
 -- Mark a collector as stopped (clean exit) or failed.
 UPDATE collectors SET status = %(status)s, stopped_at = now(), last_seen = now() WHERE id = %(id)s;
