@@ -11,6 +11,7 @@ died without unregistering (kill -9) are pruned at each start so they never keep
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -71,11 +72,15 @@ def server_uri(pgdata: Path) -> str:
         make_dirs(pgdata.parent)
         server = _servers.get(pgdata)
         if server is None:
-            with ep.PostgresServer._lock:
-                _prune_dead_handles(pgdata)
-            server = ep.get_server(pgdata, cleanup_mode="stop")
-            _servers[pgdata] = server
-            _keep_private(pgdata)
+            # One process at a time starts or joins (and then narrows the parent's permissions):
+            # without it, one process's initdb, running as embedded_postgres, could find the parent
+            # already narrowed by another (seen with three processes starting at once under load).
+            with _start_lock(pgdata):
+                with ep.PostgresServer._lock:
+                    _prune_dead_handles(pgdata)
+                server = ep.get_server(pgdata, cleanup_mode="stop")
+                _servers[pgdata] = server
+                _keep_private(pgdata)
         info = server.get_postmaster_info()
         socket_dir = info.socket_dir or pgdata
     except Exception as exc:  # the library raises bare CalledProcessError / AssertionError
@@ -87,6 +92,19 @@ def server_uri(pgdata: Path) -> str:
     base = f"postgresql://postgres@/{{db}}?host={socket_dir}&port={info.port}"
     _ensure_database(base.format(db="postgres"))
     return base.format(db=DATABASE).replace("postgresql://", "postgresql+psycopg://", 1)
+
+
+@contextlib.contextmanager
+def _start_lock(pgdata: Path):
+    """An exclusive lock on ``PGDATA.start.lock`` beside the data directory, across processes."""
+    import fcntl
+
+    with open(pgdata.parent / f".{pgdata.name}.start.lock", "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def _keep_private(pgdata: Path) -> None:

@@ -16,6 +16,7 @@ primary's FAISS files. For an external server, set up a standby the usual way (d
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import tempfile
@@ -51,7 +52,8 @@ def _user() -> str | None:
 def _socket_dir(pgdata: Path) -> Path:
     if len(str(pgdata)) <= _SOCKET_NAME_MAX:
         return pgdata
-    path = Path(tempfile.gettempdir()) / f"reflexdb-replica-{abs(hash(str(pgdata))) % 10**8}"
+    # the same directory in every process (str's hash() is salted per process)
+    path = Path(tempfile.gettempdir()) / f"reflexdb-replica-{hashlib.sha256(str(pgdata).encode()).hexdigest()[:12]}"
     path.mkdir(mode=0o700, exist_ok=True)
     return path
 

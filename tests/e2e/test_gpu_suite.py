@@ -1,0 +1,62 @@
+"""The GPU suite's CPU dry run: every stage measured on the tiny model (a child process)."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+
+from tests.processes import PARENT_ONLY
+from tests.unit.test_gpu_suite import SCRIPT  # noqa: F401
+
+
+def test_dry_run_measures_every_stage_on_the_cpu(model_cache, tmp_path):
+    """The whole suite with the tiny model on the CPU: every stage runs its real code path (the hf
+    engine against score(), DeepSpeed steps in child processes, `reflexdb run` with an embedded
+    PostgreSQL and MLflow, async runs at two staleness bounds) and reports."""
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k not in PARENT_ONLY and k != "REFLEXDB_DATABASE_URL"}
+    env.update(REFLEXDB_MODEL_CACHE=str(model_cache), HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1")
+    out, keep = tmp_path / "out", tmp_path / "keep"
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--dry-run", "--out", str(out), "--results-dir", str(keep),
+                           "--work", str(tmp_path / "work")], env=env, capture_output=True, text=True, timeout=1200)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    r = json.loads((out / "gpu-results.json").read_text())
+    assert r["dry_run"] is True
+    s = r["stages"]
+    assert set(s) == {"probe", "correctness", "faiss", "e2e", "async", "sglang"}
+    assert s["probe"]["status"] == "ok" and s["probe"]["cuda_available"] is False
+    assert all(not m for m in s["probe"]["modules_missing"].values())
+
+    c = s["correctness"]
+    assert c["status"] == "ok" and c["pass"], json.dumps(c["learner"], indent=1)[:4000]
+    fp32, bf16 = c["engine"]
+    assert fp32["dtype"] == "float32" and fp32["max_abs_diff"] <= 1e-3 and fp32["tokens"] > 0
+    assert fp32["embedding_shape_ok"] and fp32["finite"] and fp32["hidden_size"] == 64
+    assert bf16["tolerance"] is None and bf16["max_abs_diff"] > 0  # measured, not assumed
+    steps = {(x["device"], x["dtype"], x["zero"]): x for x in c["learner"]}
+    assert steps[("cpu", "float32", 0)]["reference"]
+    z2 = steps[("cpu", "float32", 2)]
+    assert z2["grad_norm_rel_diff"] <= 1e-3 and z2["update_cosine"] >= 0.999  # ZeRO-2 = ZeRO-0
+    for x in c["learner"]:
+        assert "error" not in x and math.isfinite(x["grad_norm"]) and x["micro_batch"] < x["rows"]
+
+    assert s["faiss"]["status"] == "ok" and s["faiss"]["gpu"] is False and "no GPU support" in s["faiss"]["reason"]
+    assert s["sglang"]["status"] == "not carried"
+
+    e = s["e2e"]
+    assert e["status"] == "ok" and e["steps"] == 2 and e["trajectories"] > 0 and e["trajectories_per_s"] > 0
+    assert e["learner_tokens_per_s"] > 0 and e["eval_versions"] == [0, 2]
+    assert 0 <= e["pass_at_1_before"] <= 1 and 0 <= e["pass_at_1_after"] <= 1
+    a = s["async"]
+    assert a["status"] == "ok" and [x["max_staleness"] for x in a["runs"]] == [0, 2]
+    for x in a["runs"]:
+        assert x["steps"] == 2 and x["seconds_per_step"] > 0 and 0 < x["learner_busy"] <= 1.5
+    assert a["runs"][0]["speedup"] == 1.0 and a["runs"][0]["staleness_mean"] == 0
+
+    md = (out / "gpu-results.md").read_text()
+    for heading in ("Correctness on the device", "Learner step", "End to end", "Async against sync", "FAISS on GPU"):
+        assert heading in md
+    assert (keep / "gpu-results.json").read_text() == (out / "gpu-results.json").read_text()

@@ -1,0 +1,147 @@
+"""`reflexdb collect` on a real store with the tiny random model (processes where it matters)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from reflexdb.config import parse_config
+from tests.processes import rows
+
+# Model and process tests: run on the embedded pass of CI; the external-server pass skips them.
+
+
+def write_config(tmp_path, **collector) -> Path:
+    cfg = {
+        "run": "collect-test",
+        "model": "tiny",
+        "collector": {"group_size": 4, "sampling": {"max_new_tokens": 12}, "progress_every_s": 0.5,
+                      "poll_interval_s": 0.2, **collector},
+    }
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def assert_only_complete_groups(store, size):
+    bad = rows(store, "SELECT g.id, g.size, count(t.id) FROM groups g LEFT JOIN trajectories t ON t.group_id = g.id "
+                      "LEFT JOIN token_payloads p ON p.trajectory_id = t.id "
+                      "GROUP BY g.id HAVING count(t.id) <> g.size OR count(p.trajectory_id) <> g.size "
+                      "OR g.size <> :s", s=size)
+    assert bad == []
+
+
+# ---------------------------------------------------------------- in-process (one tiny engine)
+
+
+@pytest.fixture(scope="module")
+def tiny_engine(model_cache):
+    from reflexdb.collector.engines import make_engine
+    from reflexdb.collector.models import resolve_model
+
+    return make_engine("hf", model=resolve_model("tiny"), device="cpu")
+
+
+def _collector(cfg_data, store, engine):
+    from reflexdb.collector.runner import Collector
+
+    cfg = parse_config({"run": "inproc", "model": "tiny", **cfg_data})
+    c = Collector(cfg, store, engine, echo=lambda msg: None)
+    c.setup()
+    return c
+
+
+def test_reward_function_errors_are_stored_not_raised(store, tiny_engine):
+    from reflexdb.collector.rewards import register_reward
+
+    def broken(response, task):
+        raise ZeroDivisionError("reward blew up")
+
+    register_reward("test_broken", broken, replace=True)
+    c = _collector({"collector": {"group_size": 3, "reward": "test_broken", "sampling": {"max_new_tokens": 4}}},
+                   store, tiny_engine)
+    stats = c.run(max_groups=1)
+    assert stats.groups == 1 and stats.reward_errors == 3
+    got = rows(store, "SELECT reward, error FROM failures")
+    assert got == [(None, "ZeroDivisionError: reward blew up")] * 3
+    assert rows(store, "SELECT reward_errors FROM collectors") == [(3,)]
+
+
+def test_a_response_that_decodes_to_nul_is_stored(store, tiny_engine):
+    # The tiny random model once sampled a token that decodes to NUL: the collector stopped with
+    # "contains a NUL character" (CI). The group is stored, token ids exact, U+FFFD in the text
+    # (Sample replaces it for every engine, so eval is covered too).
+    import dataclasses
+
+    import numpy as np
+    from reflexdb.collector.engines.base import Sample
+
+    e = np.zeros(0, np.float32)
+    assert Sample(e, e, e, "stop", "x\x00y\x00", e).text == "x\ufffdy\ufffd"
+
+    class NulEngine:
+        def __getattr__(self, name):
+            return getattr(tiny_engine, name)
+
+        def generate(self, prompts, n=1, params=None):
+            out = tiny_engine.generate(prompts, n, params)
+            return [[dataclasses.replace(s, text="a\x00b") for s in ss] for ss in out]
+
+    c = _collector({"collector": {"group_size": 2, "sampling": {"max_new_tokens": 4}}}, store, NulEngine())
+    stats = c.run(max_groups=1)
+    assert stats.groups == 1
+    got = rows(store, "SELECT t.text FROM turns t WHERE t.role = 'assistant'")
+    assert got == [("a\ufffdb",)] * 2
+    assert all(n > 0 for (n,) in rows(store, "SELECT cardinality(response_ids) FROM token_payloads"))
+
+
+def test_skipped_dataset_rows_are_counted(store, tiny_engine, tmp_path, caplog):
+    data = tmp_path / "mini.jsonl"
+    data.write_text('{"question": "What is 1+1?", "answer": "#### 2"}\n'
+                    '{"question": "no answer field"}\n'
+                    'not json\n'
+                    '{"question": "What is 2+2?", "answer": "#### 4"}\n')
+    c = _collector({"tasks": {"source": "file", "path": str(data), "eval_size": 0},
+                    "collector": {"group_size": 2, "sampling": {"max_new_tokens": 4}}}, store, tiny_engine)
+    assert c.stats.skipped_rows == 2
+    assert f"{data}:2: skipped row" in caplog.text and f"{data}:3: skipped row" in caplog.text
+    assert rows(store, "SELECT skipped_rows FROM collectors") == [(2,)]
+    assert rows(store, "SELECT count(*) FROM tasks") == [(2,)]
+
+
+def test_admission_control_waits_for_the_learner(store, tiny_engine):
+    # eta 0, 2 groups per step, a version per step: version 0 may only make groups 0 and 1.
+    c = _collector({"max_staleness": 0, "learner": {"groups_per_step": 2, "publish_every": 1},
+                    "collector": {"group_size": 2, "sampling": {"max_new_tokens": 4}, "progress_every_s": 0.3,
+                                  "poll_interval_s": 0.1}}, store, tiny_engine)
+    msgs = []
+    c.echo = msgs.append
+    c.run(max_seconds=10)  # generous: two groups take seconds on a loaded machine
+    assert rows(store, "SELECT count(*) FROM groups") == [(2,)]
+    assert any("waiting for policy v1" in m for m in msgs)
+
+
+def test_reload_picks_up_published_weights(store, tiny_engine, tmp_path, model_cache):
+    import torch
+    from reflexdb.collector.models import resolve_model
+    from transformers import AutoModelForCausalLM
+
+    src = resolve_model("tiny")
+    model = AutoModelForCausalLM.from_pretrained(src)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.5)
+    ckpt = tmp_path / "v1"
+    model.save_pretrained(ckpt)
+    c = _collector({"collector": {"group_size": 2, "sampling": {"max_new_tokens": 4}}}, store, tiny_engine)
+    c.run(max_groups=1)
+    store.publish_policy(c.run_id, 1, f"file://{ckpt}", step=1)
+    msgs = []
+    c.echo = msgs.append
+    c.run(max_groups=2)
+    assert any("loaded policy v1" in m for m in msgs)
+    assert rows(store, "SELECT policy_version, count(*) FROM groups GROUP BY 1 ORDER BY 1") == [(0, 1), (1, 1)]
+    assert rows(store, "SELECT DISTINCT policy_version FROM collectors") == [(1,)]
+    tiny_engine.load_weights(src)  # leave the shared engine as it was

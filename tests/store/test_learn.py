@@ -1,0 +1,365 @@
+"""`reflexdb learn` on a real store with the tiny model and real DeepSpeed (CPU, gloo)."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from reflexdb import GroupIn, Store, TaskIn, TrajectoryIn, TurnIn
+from reflexdb.config import parse_config
+from tests.processes import REFLEXDB, child_env, rows
+
+# Model and process tests: run on the embedded pass of CI; the external-server pass skips them.
+
+
+def config_data(**learner) -> dict:
+    return {
+        "run": "learn-test",
+        "model": "tiny",
+        "max_staleness": 1,
+        "collector": {"group_size": 4, "tasks_per_batch": 2, "sampling": {"max_new_tokens": 12},
+                      "progress_every_s": 1, "poll_interval_s": 0.2},
+        "learner": {"groups_per_step": 2, "micro_batch_size": 4, "lr": 1e-3, "publish_every": 1,
+                    "poll_interval_s": 0.2, **learner},
+    }
+
+
+def write_config(tmp_path, data) -> Path:
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def tiny_group(rng, run: int, task: int, *, version: int = 0, G: int = 4, kind: str = "fresh",
+               embedding: bool = False, rewards: list | None = None) -> GroupIn:
+    """A group the tiny model can train on: mixed rewards (so GRPO has signal), token ids inside its vocab."""
+    trajs = []
+    for j in range(G):
+        T = int(rng.integers(4, 10))
+        trajs.append(TrajectoryIn(
+            prompt_ids=rng.integers(0, 1000, 6), response_ids=rng.integers(0, 1000, T),
+            logprobs=-rng.random(T).astype(np.float32) * 5,
+            reward=float(j % 2) if rewards is None else rewards[j], correct=bool(j % 2),
+            turns=[TurnIn("user", "q"), TurnIn("assistant", "a", 0, T)],
+            embedding=rng.standard_normal(64).astype(np.float32) if embedding else None))
+    return GroupIn(run_id=run, task_id=task, policy_version=version, trajectories=trajs, kind=kind)
+
+
+def seed_groups(store, run_name: str, n_groups: int, G: int = 4, seed: int = 0, rewards: list | None = None) -> list[int]:
+    """``n_groups`` groups of version 0, one task each (with embeddings); ``rewards``: each group's
+    G rewards (None: NULL), instead of 0/1."""
+    rng = np.random.default_rng(seed)
+    run = store.create_run(run_name)
+    tasks = store.add_tasks(run, [TaskIn(f"What is {i} + 1?", str(i + 1)) for i in range(n_groups)])
+    return [store.write_group(tiny_group(rng, run, task, G=G, embedding=True, rewards=rewards)).group_id
+            for task in tasks]
+
+
+# ------------------------------------------------------------------ in-process (DeepSpeed in pytest)
+
+
+def _learner(store, tmp_path, monkeypatch, **learner):
+    from reflexdb.trainer.learner import Learner
+
+    monkeypatch.setenv("REFLEXDB_HOME", str(tmp_path / "home"))
+    data = config_data(**learner)
+    data["max_staleness"] = 100
+    msgs = []
+    lr = Learner(parse_config(data), store, echo=msgs.append)
+    return lr, msgs
+
+
+def test_no_groups_waits_and_says_so(store, tmp_path, monkeypatch, model_cache):
+    lr, msgs = _learner(store, tmp_path, monkeypatch, wait_log_every_s=0.3)
+    lr.setup()
+    lr.run(max_seconds=2)
+    assert lr.step_no == 0
+    assert any("waiting for groups: 0 of 2 eligible" in m for m in msgs)
+
+
+def test_max_seconds_starts_no_step_after_the_deadline_even_with_groups_ready(store, tmp_path, monkeypatch,
+                                                                             model_cache):
+    # Groups for 2 steps are waiting; the deadline has passed before the first one could start.
+    # (The deadline was once checked only while waiting, so a learner fed by a collector working
+    # ahead never stopped on time.)
+    seed_groups(store, "learn-test", 4)
+    lr, msgs = _learner(store, tmp_path, monkeypatch)
+    lr.setup()
+    lr.run(max_steps=2, max_seconds=1e-6)
+    assert lr.step_no == 0
+    lr.run(max_steps=2)
+    assert lr.step_no == 2
+
+
+def test_nan_loss_skips_and_stops(store, tmp_path, monkeypatch, model_cache):
+    import torch
+    from reflexdb.trainer.learner import LearnerStopped
+
+    seed_groups(store, "learn-test", 8)
+    lr, msgs = _learner(store, tmp_path, monkeypatch, max_bad_steps=2)
+    lr.setup()
+    before = [p.detach().clone() for p in lr.engine.ds.module.parameters()]
+    real = lr.specs
+
+    class NanLoss:  # the registered loss, with a NaN loss
+        def __init__(self, spec):
+            self.spec = spec
+
+        def __getattr__(self, name):
+            return getattr(self.spec, name)
+
+        def call(self, *args, **kwargs):
+            out = self.spec.call(*args, **kwargs)
+            return out._replace(loss=out.loss * float("nan"))
+
+    lr.specs = [NanLoss(s) for s in real]
+    with pytest.raises(LearnerStopped, match="2 learner steps in a row had a non-finite loss"):
+        lr.run(max_steps=5)
+    after = list(lr.engine.ds.module.parameters())
+    assert all(torch.equal(a, b) for a, b in zip(before, after))  # the weights never moved
+    assert rows(store, "SELECT step, loss FROM learner_steps ORDER BY 1") == [(1, None), (2, None)]
+    assert sum("non-finite loss, step skipped" in m for m in msgs) == 2
+    lr.specs = real
+    lr.stopping = False
+    lr.bad_in_row = 0
+    lr.run(max_steps=3)  # a finite step afterwards trains normally
+    assert not all(torch.equal(a, b) for a, b in zip(before, lr.engine.ds.module.parameters()))
+
+
+@pytest.mark.parametrize("micro_batch_size", [3, 8])
+def test_pi_old_from_the_training_forward_equals_a_second_forward(store, tmp_path, monkeypatch, model_cache,
+                                                                   micro_batch_size):
+    """``pi_old: recompute`` takes π_old from the training forward (detached): the step's weights
+    and loss equal those of a separate no-grad forward under the step's starting weights, with
+    micro-batches smaller than the batch (3: uneven) and equal to it, non-binary and NULL rewards."""
+    import torch
+
+    def one_step(tag: str, explicit: bool):
+        ids = seed_groups(store, tag, 2, seed=0, rewards=[0.25, None, 1.0, 0.6])  # the same groups in each run
+        monkeypatch.setenv("REFLEXDB_HOME", str(tmp_path / tag))
+        data = {**config_data(micro_batch_size=micro_batch_size), "run": tag, "max_staleness": 100}
+        lr = Learner(parse_config(data), store, echo=lambda m: None)
+        lr.setup()
+        if explicit:  # the former path: a second forward over the batch, no gradient
+            def old_logprobs(batch):
+                lp, _ = lr.engine.token_logprobs(batch.input_ids, batch.attention_mask, batch.prompt_lengths,
+                                                 batch.response_lengths, grad=False)
+                old = batch.behaviour_logprobs.clone()
+                old[:, :lp.shape[1]] = lp.float()
+                return old, torch.zeros(batch.size, dtype=torch.bool)
+            lr.old_logprobs = old_logprobs
+        else:
+            batch = pack(store.read_groups(ids, turns=False), lr.engine.pad_id)
+            _, fresh = lr.old_logprobs(batch)
+            assert fresh.all()  # fresh rollouts: π_old comes from the training forward
+        result = lr.step(ids)
+        return result, [p.detach().clone() for p in lr.engine.ds.module.parameters()]
+
+    from reflexdb.trainer.batch import pack
+    from reflexdb.trainer.learner import Learner
+
+    shared, w_shared = one_step("shared", explicit=False)
+    second, w_second = one_step("second", explicit=True)
+    # ratio 1 on every token either way: loss = -mean(A) over tokens, and the same gradient
+    assert shared.metrics["reward/missing"] == 2.0  # one NULL reward per group: no loss on those rows
+    assert shared.metrics["loss/ratio_max"] == pytest.approx(1.0, abs=1e-6)
+    assert shared.loss == pytest.approx(second.loss, abs=1e-6)
+    assert shared.metrics["policy/grad_norm"] == pytest.approx(second.metrics["policy/grad_norm"], rel=1e-5)
+    assert all(torch.allclose(a, b, atol=1e-7) for a, b in zip(w_shared, w_second))
+
+
+def test_micro_batches_by_length_change_no_result(store, tmp_path, monkeypatch, model_cache):
+    """The learner orders a step's rows by length before cutting micro-batches (less padding): the
+    rows stay whole (ids, lengths, rewards move together) and the step's loss, gradient norm and
+    weights equal those of the unordered batch."""
+    import torch
+    from reflexdb.trainer.batch import Batch, pack
+    from reflexdb.trainer.learner import Learner
+
+    def one_step(tag: str, ordered: bool):
+        ids = seed_groups(store, tag, 2, seed=1)
+        monkeypatch.setenv("REFLEXDB_HOME", str(tmp_path / tag))
+        if not ordered:
+            monkeypatch.setattr(Batch, "by_length", lambda self, ranks=1: self)
+        lr = Learner(parse_config({**config_data(micro_batch_size=3), "run": tag, "max_staleness": 100}), store,
+                     echo=lambda m: None)
+        lr.setup()
+        batch = pack(store.read_groups(ids, turns=False), lr.engine.pad_id)
+        result = lr.step(ids)
+        monkeypatch.undo()
+        return batch, result, [p.detach().clone() for p in lr.engine.ds.module.parameters()]
+
+    batch, ordered, w_ordered = one_step("ordered", True)
+    _, plain, w_plain = one_step("plain", False)
+    by = batch.by_length()
+    lengths = by.prompt_lengths + by.response_lengths
+    assert (lengths[1:] >= lengths[:-1]).all() and sorted(by.trajectory_ids) == sorted(batch.trajectory_ids)
+    assert by.trajectory_ids != batch.trajectory_ids  # these lengths do reorder
+    where = {t: i for i, t in enumerate(batch.trajectory_ids)}
+    for j, t in enumerate(by.trajectory_ids):  # every row moved whole
+        i = where[t]
+        assert by.rewards[j] == batch.rewards[i] and by.group_index[j] == batch.group_index[i]
+        assert torch.equal(by.input_ids[j], batch.input_ids[i])
+    assert ordered.loss == pytest.approx(plain.loss, abs=1e-6)
+    assert ordered.metrics["policy/grad_norm"] == pytest.approx(plain.metrics["policy/grad_norm"], rel=1e-5)
+    # equal up to float summation order (Adam's first step at lr 1e-3 makes that ~5e-7 here)
+    assert all(torch.allclose(a, b, atol=1e-5, rtol=1e-4) for a, b in zip(w_ordered, w_plain))
+
+
+def test_state_every_publishes_weights_and_resumes_from_the_newest_state(store, tmp_path, monkeypatch,
+                                                                          model_cache):
+    """``learner.state_every: 3``: versions 0 and 3 carry the learner state, 1, 2 and 4 only weights.
+    A learner that dies after v4 resumes from v3's state, rolls back step 4 (its groups trainable
+    again) and publishes v3's weights again as v5; a clean stop writes the state it lacks."""
+    from reflexdb.trainer.learner import Learner
+
+    seed_groups(store, "learn-test", 12)
+    lr, _ = _learner(store, tmp_path, monkeypatch, state_every=3, max_reuse=1)
+    lr.setup()
+    lr.run(max_steps=4)  # no finish(): as if killed after publishing v4
+    versions = rows(store, "SELECT version, step, meta ? 'learner_state', sha256 FROM policy_versions ORDER BY 1")
+    assert [v[:3] for v in versions] == [(0, 0, True), (1, 1, False), (2, 2, False), (3, 3, True), (4, 4, False)]
+    states = tmp_path / "home" / "checkpoints" / "learn-test" / "states"
+    assert sorted(p.name for p in states.iterdir()) == ["v0", "v3"]
+    [(step4_groups,)] = rows(store, "SELECT array_agg(DISTINCT c.group_id ORDER BY c.group_id) FROM consumption c "
+                                    "JOIN learner_steps s ON s.id = c.step_id WHERE s.step = 4")
+    assert len(step4_groups) == 2
+
+    msgs: list[str] = []
+    again = Learner(lr.cfg, store, echo=msgs.append)
+    again.setup()
+    assert again.step_no == 3 and again.version == 5
+    assert any("at step 3 (learner state of policy v3); rolled back 1" in m for m in msgs)
+    assert any("policies v4..v4 have no learner state" in m for m in msgs)
+    assert rows(store, "SELECT step FROM learner_steps ORDER BY 1") == [(1,), (2,), (3,)]
+    assert rows(store, f"SELECT count(*) FROM trajectories WHERE group_id IN ({', '.join(map(str, step4_groups))}) "
+                       "AND times_sampled > 0") == [(0,)]  # nothing of the rolled-back step counts as used
+    v5 = rows(store, "SELECT step, meta ? 'learner_state', sha256 FROM policy_versions WHERE version = 5")
+    assert v5 == [(3, False, versions[3][3])]  # v3's weights, byte for byte
+    again.run(max_steps=4)  # trains step 4 again, on groups the rolled-back step had consumed
+    assert rows(store, "SELECT max(step) FROM learner_steps") == [(4,)]
+    assert again.version == 6 and not again.last_has_state  # v5 and v6: two publishes since v3's state
+    again.finish()  # a clean stop: nothing new to publish, but v6 gets its learner state
+    assert rows(store, "SELECT version, meta ? 'learner_state' FROM policy_versions WHERE version >= 5 "
+                       "ORDER BY 1") == [(5, False), (6, True)]
+    assert sorted(p.name for p in states.iterdir()) == ["v3", "v6"]  # keep_states 2
+    third = Learner(lr.cfg, store, echo=msgs.append)
+    third.setup()
+    assert (third.step_no, third.version) == (4, 6)
+    assert any("at step 4 (learner state of policy v6); rolled back 0" in m for m in msgs)
+
+
+def test_missing_state_on_resume_is_a_clear_error(store, tmp_path, monkeypatch, model_cache):
+    import shutil
+
+    from reflexdb.errors import ReflexdbError
+
+    seed_groups(store, "learn-test", 4)
+    lr, _ = _learner(store, tmp_path, monkeypatch)
+    lr.setup()
+    lr.run(max_steps=1)  # publishes v1 (publish_every 1)
+    [(states, tag)] = rows(store, "SELECT meta->>'learner_state', meta->>'state_tag' FROM policy_versions "
+                                  "WHERE version = 1")
+    shutil.rmtree(Path(states) / tag)
+    before = rows(store, "SELECT version, step FROM policy_versions ORDER BY 1"), rows(store, "SELECT step FROM learner_steps")
+    lr2, _ = _learner(store, tmp_path, monkeypatch)
+    with pytest.raises(ReflexdbError, match="learner state of policy v1 .* is missing. Nothing was changed"):
+        lr2.setup()
+    after = rows(store, "SELECT version, step FROM policy_versions ORDER BY 1"), rows(store, "SELECT step FROM learner_steps")
+    assert before == after
+
+
+def _learn_once(tmp_path, name, db_url, model_cache, launcher):
+    """Seed the same groups into a fresh run and take one learner step; return the v1 weights."""
+    from safetensors.torch import load_file
+
+    store = Store.open(db_url)
+    seed_groups(store, name, 2, seed=7)
+    data = config_data(publish_every=1, micro_batch_size=2)
+    data.update(run=name, max_staleness=100)
+    (tmp_path / name).mkdir()
+    cfg = write_config(tmp_path / name, data)
+    env = child_env(db_url, tmp_path / name, model_cache)
+    proc = subprocess.run(launcher + ["learn", "-c", str(cfg), "--max-steps", "1"], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    [(uri,)] = rows(store, "SELECT p.checkpoint_uri FROM policy_versions p JOIN runs r ON r.id = p.run_id "
+                           "WHERE r.name = :n AND p.version = 1", n=name)
+    steps = rows(store, "SELECT count(*) FROM learner_steps s JOIN runs r ON r.id = s.run_id WHERE r.name = :n",
+                 n=name)
+    store.close()
+    return load_file(str(Path(uri.removeprefix("file://")) / "model.safetensors")), steps
+
+
+def test_rows_ordered_by_length_are_dealt_evenly_to_the_ranks():
+    """With ranks, the rows shortest first are dealt to the ranks' contiguous shares in turn:
+    lengths 1..7 (B = 7, 2 ranks: shares of 4 and 3) -> rank 0 gets 1, 3, 5, 7; rank 1 gets
+    2, 4, 6; 3 ranks (shares of 3, 3, 1) -> 1, 4, 6 | 2, 5, 7 | 3."""
+    import torch
+    from reflexdb.trainer.batch import Batch
+
+    lengths = torch.tensor([5, 1, 7, 3, 2, 6, 4])
+    z = torch.zeros(7, dtype=torch.int64)
+    b = Batch(group_ids=[], trajectory_ids=[int(x) for x in lengths], group_index=z, rewards=z.float(),
+              correct=z.bool(), valid=~z.bool(), truncated=z.bool(), input_ids=z[:, None], attention_mask=z[:, None],
+              prompt_lengths=z, response_lengths=lengths, response_mask=torch.ones(7, 1, dtype=torch.bool),
+              behaviour_logprobs=torch.zeros(7, 1), policy_versions=z, origin=z, confidence=z.float(),
+              group_versions=[], group_kinds=[])
+    assert b.by_length().trajectory_ids == [1, 2, 3, 4, 5, 6, 7]
+    assert b.by_length(2).trajectory_ids == [1, 3, 5, 7, 2, 4, 6]
+    assert b.by_length(3).trajectory_ids == [1, 4, 6, 2, 5, 7, 3]
+    assert b.by_length(2).response_lengths.tolist() == [1, 3, 5, 7, 2, 4, 6]  # tensors move with the ids
+
+
+def test_world_size_2_matches_one_process(db_url, tmp_path, model_cache):
+    """DeepSpeed data parallel on CPU (gloo): two ranks take the same step one process takes."""
+    import torch
+    from reflexdb.collector.models import resolve_model
+    from safetensors.torch import load_file
+
+    one, steps1 = _learn_once(tmp_path, "ws1", db_url, model_cache, REFLEXDB)
+    import socket
+
+    for attempt in range(3):
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]  # free now; a busy machine can take it before torchrun does
+        torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
+                    str(port), "-m", "reflexdb.cli.main"]
+        try:
+            two, steps2 = _learn_once(tmp_path, f"ws2-{attempt}", db_url, model_cache, torchrun)
+            break
+        except AssertionError as exc:
+            if "EADDRINUSE" not in str(exc) or attempt == 2:
+                raise
+    assert steps1 == steps2 == [(1,)]  # rank 0 alone recorded the step
+    base = load_file(str(Path(resolve_model("tiny")) / "model.safetensors"))
+    assert one.keys() == two.keys()
+    moved = 0.0
+    for k in one:
+        assert torch.allclose(one[k], two[k], atol=1e-5, rtol=1e-4), k
+        moved = max(moved, float((one[k] - base[k]).abs().max()))
+    assert moved > 1e-5  # the step did change the weights
+
+
+def test_grpo_lambda_trains_with_its_reference_model(store, tmp_path, monkeypatch, model_cache):
+    seed_groups(store, "learn-test", 2)
+    lr, _ = _learner(store, tmp_path, monkeypatch, loss="grpo_lambda")
+    lr.setup()
+    assert lr.ref is not None  # GRPO-λ's default β = 0.04 needs the frozen base model
+    result = lr.step(eligible_ids(store, lr.run_id))
+    assert not result.skipped and math.isfinite(result.loss)
+    assert "loss/kl" in result.metrics and "loss/trace_mean" in result.metrics
+    assert math.isfinite(result.metrics["policy/grad_norm"]) and result.metrics["policy/grad_norm"] > 0
+
+
+def eligible_ids(store, run_id):
+    from reflexdb.trainer.batch import eligible_group_ids
+
+    return eligible_group_ids(store, run_id, 2).group_ids

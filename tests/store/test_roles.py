@@ -1,0 +1,85 @@
+"""Least-privilege roles (`reflexdb db roles`, `reflexdb db user`) and passwords kept out of output."""
+
+from __future__ import annotations
+
+import subprocess
+
+import psycopg
+import pytest
+from sqlalchemy.engine import make_url
+
+from reflexdb import Store, admin
+from tests.processes import REFLEXDB, child_env, rows
+from tests.store.test_learn import _learner, seed_groups
+
+PASSWORD = "pw-Nobody-Should-See-7"
+
+
+def _as(db_url: str, user: str, password: str | None = PASSWORD) -> str:
+    return make_url(db_url).set(username=user, password=password).render_as_string(hide_password=False)
+
+
+def _refused(url: str, statements: list[str]) -> list[str]:
+    """The statements the server refused for lack of privilege (each in its own transaction)."""
+    refused = []
+    with psycopg.connect(url.replace("postgresql+psycopg://", "postgresql://", 1)) as conn:
+        for sql in statements:
+            try:
+                conn.execute(sql)
+            except psycopg.errors.InsufficientPrivilege:
+                refused.append(sql)
+            finally:
+                conn.rollback()
+    return refused
+
+
+@pytest.fixture
+def roles(db_url, tmp_path):
+    """The three roles on this database, and a login in each (via the command, password from the environment)."""
+    env = child_env(db_url, tmp_path, tmp_path)
+    out = subprocess.run(REFLEXDB + ["db", "roles"], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    logins = {}
+    for role in ("collector", "learner", "reader"):
+        name = f"reflexdb_t_{role}"
+        made = subprocess.run(REFLEXDB + ["db", "user", name, "--role", role, "--password-env", "NEW_PW"],
+                              env=dict(env, NEW_PW=PASSWORD), capture_output=True, text=True, timeout=120)
+        assert made.returncode == 0, made.stderr
+        assert f"login role {name!r} is a member of reflexdb_{role}" in made.stdout
+        assert PASSWORD not in made.stdout + made.stderr and ":***@" in made.stdout
+        logins[role] = _as(db_url, name)
+    return logins
+
+
+def test_the_password_is_sent_hashed(roles, store):
+    [(stored,)] = rows(store, "SELECT rolpassword FROM pg_authid WHERE rolname = 'reflexdb_t_collector'")
+    assert stored.startswith("SCRAM-SHA-256$") and PASSWORD not in stored
+
+
+def test_a_learner_steps_under_its_role(roles, store, tmp_path, monkeypatch, model_cache):
+    seed_groups(store, "learn-test", 4)
+    learner_store = Store.open(roles["learner"])
+    try:
+        lr, _ = _learner(learner_store, tmp_path, monkeypatch)
+        lr.setup()
+        lr.run(max_steps=2)
+    finally:
+        learner_store.close()
+    assert rows(store, "SELECT (SELECT max(step) FROM learner_steps), (SELECT max(version) FROM policy_versions)") == [(2, 2)]
+    refused = ["DELETE FROM trajectories", "DELETE FROM groups", "UPDATE trajectories SET reward = 0",
+               "UPDATE groups SET kind = 'eval'", "DROP TABLE consumption"]
+    assert _refused(roles["learner"], refused) == refused
+
+
+def test_upgrade_regrants_when_the_roles_exist(roles, db_url):
+    """A migration that adds a table would leave it ungranted; `db upgrade` grants again."""
+    from reflexdb.db import make_engine
+
+    engine = make_engine(db_url)
+    with engine.begin() as conn:
+        conn.exec_driver_sql("REVOKE ALL ON policy_versions FROM reflexdb_collector")
+    assert _refused(roles["collector"], ["SELECT * FROM policy_versions"]) != []
+    admin.downgrade(db_url, "0004")
+    admin.upgrade(db_url)
+    assert _refused(roles["collector"], ["SELECT * FROM policy_versions"]) == []
+    engine.dispose()
