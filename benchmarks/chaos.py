@@ -122,7 +122,7 @@ class Drill:
         os.environ["REFLEXDB_HOME"] = str(self.home)
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         from reflexdb import embedded
-        from reflexdb.collector.models import resolve_model
+        from reflexdb.models import resolve_model
         from reflexdb.db import database_url
         from reflexdb.settings import resolve_target
 

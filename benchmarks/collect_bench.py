@@ -73,7 +73,7 @@ from reflexdb import Store, migrate
 from reflexdb.collector.engines import SamplingParams
 from reflexdb.collector.engines.base import encode_prompt
 from reflexdb.collector.engines.hf import HFEngine
-from reflexdb.collector.models import resolve_model
+from reflexdb.models import resolve_model
 from reflexdb.collector.runner import Collector
 from reflexdb.collector.sources import prompt_messages
 from reflexdb.config import Config, parse_config

@@ -53,7 +53,7 @@ def main() -> None:
     from reflexdb.collector.engines import SamplingParams, make_engine
     from reflexdb.collector.environments import EnvTask, parse_options
     from reflexdb.collector.episodes import Rollout, environment_factory
-    from reflexdb.collector.models import resolve_model
+    from reflexdb.models import resolve_model
     from reflexdb.collector.rewards import get_reward
     from reflexdb.collector.tasks.arithmetic import arithmetic_tasks
 

@@ -277,7 +277,7 @@ def child(spec: dict) -> dict:
     from transformers import AutoTokenizer
 
     from reflexdb import Store
-    from reflexdb.collector.models import smollm2_dir
+    from reflexdb.models import smollm2_dir
     from reflexdb.config import parse_config
     from reflexdb.db import make_engine
     from reflexdb.trainer.learner import Learner

@@ -36,7 +36,7 @@ def main(argv=None) -> int:
     ap.add_argument("--json-out")
     args = ap.parse_args(argv)
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    from reflexdb.collector.models import resolve_model
+    from reflexdb.models import resolve_model
     from reflexdb.settings import ensure_home
     from reflexdb.trainer.engine import EngineSettings, TrainingEngine
 

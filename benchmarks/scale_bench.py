@@ -661,7 +661,7 @@ def main(argv=None) -> int:
     register()
 
     from reflexdb import migrate
-    from reflexdb.collector.models import smollm2_tokenizer_dir
+    from reflexdb.models import smollm2_tokenizer_dir
     from reflexdb.db import make_engine
 
     work = Path(tempfile.mkdtemp(prefix="reflexdb-scale-"))

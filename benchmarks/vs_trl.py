@@ -139,7 +139,7 @@ def trl_worker(steps: int, out: Path, seed: int | None = None) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
 
-    from reflexdb.collector.models import resolve_model
+    from reflexdb.models import resolve_model
     from reflexdb.collector.rewards import get_reward
     from reflexdb.collector.sources import build_tasks, prompt_messages
     from reflexdb.config import load_config

@@ -23,7 +23,7 @@ def import_command(
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
     from reflexdb import Store
-    from reflexdb.collector.models import resolve_model
+    from reflexdb.models import resolve_model
     from reflexdb.config import load_config, parse_overrides
     from reflexdb.db import name_process
     from reflexdb.errors import NotFound

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from reflexdb.errors import ReflexdbError
+from reflexdb.errors import ModelUnavailable, ReflexdbError
+
+__all__ = ["CheckpointMismatch", "MissingDependency", "ModelUnavailable", "UnknownName"]
 
 
 class UnknownName(ReflexdbError, LookupError):
@@ -20,12 +22,6 @@ class UnknownName(ReflexdbError, LookupError):
         self.name = name
         self.known = sorted(known)
         super().__init__(f"unknown {kind} {name!r}; known: {', '.join(self.known) or '(none)'}")
-
-
-class ModelUnavailable(ReflexdbError):
-    """A model directory or checkpoint cannot be found, converted or loaded."""
-
-    exit_code = 7
 
 
 class CheckpointMismatch(ReflexdbError, ValueError):

@@ -96,7 +96,7 @@ def evaluate(cfg: Config, store: Store, checkpoint: str = "latest", *, split: st
     from reflexdb.tracking import Tracker
 
     from .engines import SamplingParams, make_engine
-    from .models import resolve_model
+    from reflexdb.models import resolve_model
     from .rewards import get_reward
     from .sources import build_tasks, prompt_messages
     from .workflows import make_workflow

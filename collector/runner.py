@@ -44,7 +44,7 @@ from .engines import Engine, Sample, SamplingParams, make_engine
 from .engines.base import checkpoint_path
 from .environments import EnvTask
 from .episodes import Episode, Rollout, RolloutStats, Start, environment_factory
-from .models import model_display_name, resolve_model
+from reflexdb.models import model_display_name, resolve_model
 from .rewards import get_reward
 from .sources import build_tasks, prompt_messages
 from .tasks.templates import get_template

@@ -2,9 +2,12 @@
 
 A view's current definition lives in ``reflexdb/sql/views/<name>.sql``. When a later revision
 changes a view, the definition the older revision created is first copied to
-``reflexdb/sql/views/history/<name>.<revision>.sql`` and that older revision passes
-``version=<revision>``, so every revision keeps creating exactly what it created the day it was
-written (upgrade and downgrade stay reproducible). See docs/design.md.
+``reflexdb/sql/views/history/<name>.<revision>.sql``, so every revision keeps creating exactly
+what it created the day it was written (upgrade and downgrade stay reproducible). The older
+revision's file is never edited (migrations/MANIFEST.json holds each landed file's hash): an
+``upgrade()`` that names no ``version`` reads its own revision's copy when one exists
+(:func:`_calling_revision`), and the current file otherwise. Revisions written before this rule
+pass ``version=<revision>`` themselves. See docs/design.md.
 
 SQL functions the views call live in ``reflexdb/sql/functions/<name>.sql`` (one
 ``CREATE OR REPLACE FUNCTION`` each) and are versioned the same way, under
@@ -13,13 +16,30 @@ SQL functions the views call live in ``reflexdb/sql/functions/<name>.sql`` (one
 
 from __future__ import annotations
 
+import sys
 from importlib import resources
 
 from alembic import op
 
 
+def _calling_revision() -> str | None:
+    """The revision whose ``upgrade()`` called us (a migration module's ``revision`` global), if any."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        g = frame.f_globals
+        if frame.f_code.co_name == "upgrade" and "revision" in g and "down_revision" in g:
+            return g["revision"]
+        frame = frame.f_back
+    return None
+
+
 def _sql_file(kind: str, name: str, version: str | None) -> str:
     folder = resources.files("reflexdb") / "sql" / kind
+    if version is None:  # a revision's own pinned copy, once a later revision changed the file
+        rev = _calling_revision()
+        pinned = folder / "history" / f"{name}.{rev}.sql" if rev else None
+        if pinned is not None and pinned.is_file():
+            return pinned.read_text()
     path = folder / "history" / f"{name}.{version}.sql" if version else folder / f"{name}.sql"
     return path.read_text()
 

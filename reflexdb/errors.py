@@ -54,3 +54,9 @@ class ClaimLost(ReflexdbError):
 #: generic work-item protocol): kept so that ``except ReplayRequestLost`` still catches it.
 ReplayRequestLost = ClaimLost
 LteStageLost = ClaimLost
+
+
+class ModelUnavailable(ReflexdbError):
+    """A model directory or checkpoint cannot be found, converted or loaded (reflexdb/models.py)."""
+
+    exit_code = 7

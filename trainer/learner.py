@@ -115,7 +115,7 @@ class Learner:
     """The learner process: consumes groups, trains, publishes."""
 
     def __init__(self, cfg: Config, store: Store, *, echo: Callable[[str], None] = print):
-        from reflexdb.collector.models import resolve_model
+        from reflexdb.models import resolve_model
 
         self.cfg = cfg
         self.L = cfg.learner

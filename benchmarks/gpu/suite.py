@@ -483,7 +483,7 @@ def learner_step(device: str, dtype: str, zero: int, model: str, rows: int, micr
     ``micro`` rows accumulated with the learner's weighting (trainer/losses/accumulate.py)."""
     import torch
 
-    from reflexdb.collector.models import resolve_model
+    from reflexdb.models import resolve_model
     from reflexdb.trainer.advantages import group_advantages
     from reflexdb.trainer.batch import pack_sequences
     from reflexdb.trainer.engine import EngineSettings, TrainingEngine

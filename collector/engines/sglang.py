@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ModelUnavailable
-from ..models import model_display_name, resolve_model
+from reflexdb.models import model_display_name, resolve_model
 from .base import Prompt, Sample, SamplingParams, ScoreResult, checkpoint_path, encode_prompt
 
 log = logging.getLogger(__name__)

@@ -11,7 +11,7 @@ from reflexdb.collector.engines import (
     make_engine,
 )
 from reflexdb.collector.engines.hf import HFEngine
-from reflexdb.collector.models import smollm2_dir
+from reflexdb.models import smollm2_dir
 
 from reflexdb import GroupIn
 from tests.unit.test_engine_hf import (  # noqa: F401

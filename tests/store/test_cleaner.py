@@ -68,7 +68,7 @@ class Scripted:
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    from reflexdb.collector.models import tiny_model_dir
+    from reflexdb.models import tiny_model_dir
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(tiny_model_dir(MODEL_CACHE))

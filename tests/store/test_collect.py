@@ -39,7 +39,7 @@ def assert_only_complete_groups(store, size):
 @pytest.fixture(scope="module")
 def tiny_engine(model_cache):
     from reflexdb.collector.engines import make_engine
-    from reflexdb.collector.models import resolve_model
+    from reflexdb.models import resolve_model
 
     return make_engine("hf", model=resolve_model("tiny"), device="cpu")
 
@@ -125,7 +125,7 @@ def test_admission_control_waits_for_the_learner(store, tiny_engine):
 
 def test_reload_picks_up_published_weights(store, tiny_engine, tmp_path, model_cache):
     import torch
-    from reflexdb.collector.models import resolve_model
+    from reflexdb.models import resolve_model
     from transformers import AutoModelForCausalLM
 
     src = resolve_model("tiny")

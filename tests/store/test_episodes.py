@@ -18,7 +18,7 @@ from reflexdb.collector.engines import SamplingParams, make_engine
 from reflexdb.collector.environments import EnvTask, make_environment, parse_options
 from reflexdb.collector.environments.multi_attempt import NO_ANSWER_DEFAULT
 from reflexdb.collector.episodes import Rollout, environment_factory, environment_ids
-from reflexdb.collector.models import tiny_model_dir
+from reflexdb.models import tiny_model_dir
 from reflexdb.collector.rewards import RewardResult, get_reward
 from reflexdb.collector.tasks.templates import get_template, render_chat
 

@@ -198,7 +198,7 @@ import_line = st.one_of(import_row.map(lambda r: json.dumps(r, ensure_ascii=Fals
 def test_import_rows_of_any_content_are_imported_or_named_never_a_crash(store, tmp_path, model_cache):
     """Every line of a JSONL file of hostile rows is imported or reported as FILE:LINE: problem; the
     import never raises; the store holds exactly the rows it counted as imported."""
-    from reflexdb.collector.models import tiny_model_dir
+    from reflexdb.models import tiny_model_dir
 
     from reflexdb.importer import Tokenizer, import_file
 

@@ -17,7 +17,7 @@ from tests.processes import rows
 
 @pytest.fixture
 def tok(model_cache):
-    from reflexdb.collector.models import resolve_model
+    from reflexdb.models import resolve_model
 
     return Tokenizer(resolve_model("tiny"))
 

@@ -186,7 +186,7 @@ def test_a_runs_experience_exported_and_imported_trains_to_the_same_weights(stor
     each published version). π_old is the learner's own weights in both runs (pi_old: recompute
     there, always for imported rows here), so each step sees the same rows, rewards (non-binary,
     NULL), groups and order."""
-    from reflexdb.collector.models import resolve_model
+    from reflexdb.models import resolve_model
 
     from reflexdb.export import export
     from reflexdb.importer import Tokenizer, import_file

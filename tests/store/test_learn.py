@@ -320,7 +320,7 @@ def test_rows_ordered_by_length_are_dealt_evenly_to_the_ranks():
 def test_world_size_2_matches_one_process(db_url, tmp_path, model_cache):
     """DeepSpeed data parallel on CPU (gloo): two ranks take the same step one process takes."""
     import torch
-    from reflexdb.collector.models import resolve_model
+    from reflexdb.models import resolve_model
     from safetensors.torch import load_file
 
     one, steps1 = _learn_once(tmp_path, "ws1", db_url, model_cache, REFLEXDB)

@@ -322,7 +322,7 @@ def test_an_index_that_cannot_be_saved_keeps_working_and_warns(store, tmp_path, 
 def test_a_collector_with_an_unwritable_faiss_directory_writes_its_groups(store, tmp_path, monkeypatch, model_cache):
     """Collectors never write the FAISS cache; a home where it cannot be written changes nothing."""
     from reflexdb.collector.engines import make_engine
-    from reflexdb.collector.models import resolve_model
+    from reflexdb.models import resolve_model
     from reflexdb.collector.runner import Collector
 
     from reflexdb.config import parse_config

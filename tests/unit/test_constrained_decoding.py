@@ -18,7 +18,7 @@ import pytest
 from reflexdb.collector.engines import SamplingParams, encode_prompt
 from reflexdb.collector.engines.hf import HFEngine
 from reflexdb.collector.errors import MissingDependency
-from reflexdb.collector.models import tiny_model_dir
+from reflexdb.models import tiny_model_dir
 
 MODEL_CACHE = Path(os.environ.get("REFLEXDB_MODEL_CACHE") or Path(tempfile.gettempdir()) / "reflexdb-model-cache")
 

@@ -25,7 +25,7 @@ from reflexdb.collector.engines import (
 )
 from reflexdb.collector.engines.hf import HFEngine, sample_tokens
 from reflexdb.collector.errors import CheckpointMismatch, UnknownName
-from reflexdb.collector.models import build_once, tiny_model_dir
+from reflexdb.models import build_once, tiny_model_dir
 
 MODEL_CACHE = Path(os.environ.get("REFLEXDB_MODEL_CACHE") or Path(tempfile.gettempdir()) / "reflexdb-model-cache")
 

@@ -7,7 +7,7 @@ import time
 
 import pytest
 from reflexdb.collector.errors import ModelUnavailable
-from reflexdb.collector.models import resolve_model
+from reflexdb.models import resolve_model
 
 
 def test_an_uncached_hub_id_offline_fails_at_once_naming_the_way_out(monkeypatch, tmp_path):

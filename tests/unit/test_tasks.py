@@ -177,7 +177,7 @@ def test_unsupported_file_type(tmp_path):
 
 
 def test_prompt_templates_and_chat_template():
-    from reflexdb.collector.models import smollm2_tokenizer_dir
+    from reflexdb.models import smollm2_tokenizer_dir
     from reflexdb.collector.tasks import apply_chat_template, render_chat
     from transformers import AutoTokenizer
 

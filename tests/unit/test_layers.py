@@ -1,0 +1,152 @@
+"""Layers that hold, and shared modules that name no method (issue 35), as ratchets.
+
+Two checks on the code as text (ast and tokenize; nothing is imported):
+
+- **Imports go down only**: ``reflexdb`` (the store and what every process shares) imports nothing of
+  ``reflexdb.collector``, ``reflexdb.trainer`` or ``reflexdb.cli``; the collector and the trainer
+  import nothing of each other or of the CLI. A deferred import inside a function counts too.
+- **Shared modules name no method**: outside a method's own modules (``METHOD_MODULES``), no
+  identifier or string literal names a method (comments and docstrings may: they explain).
+
+Both hold exceptions that exist today (``KNOWN_IMPORTS``, ``KNOWN_NAMES``), each to be removed by
+the restructuring of issue 35. The tests fail on any new violation, and on an exception that is no
+longer needed (so the lists only shrink).
+"""
+
+from __future__ import annotations
+
+import ast
+import io
+import re
+import tokenize
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = {"reflexdb": "reflexdb", "collector": "reflexdb.collector", "trainer": "reflexdb.trainer", "cli": "reflexdb.cli"}
+LEVEL = {"reflexdb": 0, "reflexdb.collector": 1, "reflexdb.trainer": 1, "reflexdb.cli": 2}
+
+#: Modules that belong to one method (to move into that method's package).
+METHOD_MODULES = {
+    "reflexdb/r3l.py", "reflexdb/lte.py", "reflexdb/replay.py", "reflexdb/cleaner.py",
+    "collector/saar.py", "collector/tasks/reflection.py", "collector/tasks/hints.py",
+    "collector/workflows/cleaner.py", "collector/workflows/lte_hint.py", "collector/workflows/nexgrpo_replay.py",
+    "collector/workflows/r3l.py",
+    "trainer/nexgrpo.py", "trainer/losses/lte.py", "trainer/losses/r3l.py", "trainer/losses/grpo_lambda.py",
+    "trainer/methods/cleaner.py", "trainer/methods/lte.py", "trainer/methods/nexgrpo.py", "trainer/methods/r3l.py",
+    "trainer/methods/raft.py",
+}
+METHOD_NAME = re.compile(r"(?<![a-z0-9])(nexgrpo|lte|r3l|cleaner|grpo_lambda|grpo-λ|raft|saar)(?![a-z0-9])", re.I)
+
+#: Imports that go up or sideways today: ``{file: {module imported}}``.
+KNOWN_IMPORTS = {
+    "reflexdb/config.py": {"reflexdb.collector.environments", "reflexdb.trainer.losses.registry",
+                           "reflexdb.trainer.methods"},  # the method sections and names, validated
+}
+#: Method names in shared modules today: ``{file: how many}`` (the registries' built-in lists, the
+#: closed table of origins, the schema's method tables, the config's method sections).
+KNOWN_NAMES = {
+    "collector/workflows/__init__.py": 4,
+    "reflexdb/archive.py": 1,
+    "reflexdb/config.py": 8,
+    "reflexdb/origins.py": 8,
+    "reflexdb/schema.py": 18,
+    "trainer/losses/__init__.py": 3,
+    "trainer/losses/registry.py": 8,
+    "trainer/methods/__init__.py": 5,
+    "trainer/methods/baselines.py": 3,
+}
+
+
+def _modules():
+    for folder, package in PACKAGES.items():
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            parts = path.relative_to(ROOT / folder).with_suffix("").parts
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            yield path, path.relative_to(ROOT).as_posix(), package, ".".join((package, *parts))
+
+
+def _layer(module: str) -> str | None:
+    for package in ("reflexdb.collector", "reflexdb.trainer", "reflexdb.cli"):
+        if module == package or module.startswith(package + "."):
+            return package
+    return "reflexdb" if module == "reflexdb" or module.startswith("reflexdb.") else None
+
+
+def upward_imports() -> dict[str, set[str]]:
+    found: dict[str, set[str]] = {}
+    for path, rel, package, name in _modules():
+        is_package = path.name == "__init__.py"
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = name.split(".")
+                    base = base[:len(base) - node.level + (1 if is_package else 0)]
+                    targets = [".".join(base + ([node.module] if node.module else []))]
+                else:
+                    targets = [node.module or ""]
+            else:
+                continue
+            for target in targets:
+                layer = _layer(target)
+                if layer is None or layer == package:
+                    continue
+                if LEVEL[layer] >= LEVEL[package]:  # up, or sideways between the collector and the trainer
+                    found.setdefault(rel, set()).add(target)
+    return found
+
+
+def _docstring(tokens, i) -> bool:
+    j = i - 1
+    while j >= 0 and tokens[j].type in (tokenize.NL, tokenize.COMMENT):
+        j -= 1
+    k = i + 1
+    while k < len(tokens) and tokens[k].type in (tokenize.NL, tokenize.COMMENT):
+        k += 1
+    starts = j < 0 or tokens[j].type in (tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT, tokenize.ENCODING)
+    return starts and tokens[k].type in (tokenize.NEWLINE, tokenize.ENDMARKER)
+
+
+def method_names() -> dict[str, list[tuple[int, str]]]:
+    """``{file: [(line, name)]}`` of method names in code (not comments, not docstrings) of shared modules."""
+    kinds = {tokenize.NAME, tokenize.STRING, getattr(tokenize, "FSTRING_MIDDLE", -1)}
+    found: dict[str, list[tuple[int, str]]] = {}
+    for path, rel, _, _ in _modules():
+        if rel in METHOD_MODULES:
+            continue
+        tokens = list(tokenize.generate_tokens(io.StringIO(path.read_text()).readline))
+        for i, tok in enumerate(tokens):
+            if tok.type not in kinds or (tok.type == tokenize.STRING and _docstring(tokens, i)):
+                continue
+            found.setdefault(rel, []).extend((tok.start[0], m.group(0)) for m in METHOD_NAME.finditer(tok.string))
+    return {rel: hits for rel, hits in found.items() if hits}
+
+
+def test_imports_go_down_only():
+    found = upward_imports()
+    new = {f: sorted(m - KNOWN_IMPORTS.get(f, set())) for f, m in found.items() if m - KNOWN_IMPORTS.get(f, set())}
+    assert not new, f"imports that go up or sideways between layers: {new}"
+    gone = {f: sorted(m - found.get(f, set())) for f, m in KNOWN_IMPORTS.items() if m - found.get(f, set())}
+    assert not gone, f"fixed, so remove them from KNOWN_IMPORTS: {gone}"
+
+
+def test_shared_modules_name_no_method():
+    found = method_names()
+    more = {f: hits for f, hits in found.items() if len(hits) > KNOWN_NAMES.get(f, 0)}
+    assert not more, "method names in shared modules (move the code into the method's own module): " + "; ".join(
+        f"{f}: " + ", ".join(f"line {ln} {name!r}" for ln, name in hits) for f, hits in more.items())
+    fewer = {f: (n, len(found.get(f, []))) for f, n in KNOWN_NAMES.items() if len(found.get(f, [])) < n}
+    assert not fewer, f"fewer than KNOWN_NAMES allows, so lower it (allowed, found): {fewer}"
+
+
+def test_the_checks_see_what_they_are_for(tmp_path):
+    """A deferred upward import and a method name in a string are found; a docstring's is not."""
+    src = '"""Talks about nexgrpo."""\n\ndef f():\n    from reflexdb.trainer import learner  # noqa\n    return "lte"\n'
+    tokens = list(tokenize.generate_tokens(io.StringIO(src).readline))
+    names = [t.string for i, t in enumerate(tokens) if t.type == tokenize.STRING and not _docstring(tokens, i)]
+    assert names == ['"lte"']
+    tree = ast.parse(src)
+    assert [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)] == ["reflexdb.trainer"]
+    assert _layer("reflexdb.trainer.learner") == "reflexdb.trainer" and _layer("reflexdb.store") == "reflexdb"
