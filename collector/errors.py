@@ -2,26 +2,9 @@
 
 from __future__ import annotations
 
-from reflexdb.errors import ModelUnavailable, ReflexdbError
+from reflexdb.errors import ModelUnavailable, ReflexdbError, UnknownName
 
 __all__ = ["CheckpointMismatch", "MissingDependency", "ModelUnavailable", "UnknownName"]
-
-
-class UnknownName(ReflexdbError, LookupError):
-    """A registry (engines, reward functions, prompt templates, task generators) was asked for a
-    name nobody registered.
-
-    Attributes:
-        kind: what was looked up, e.g. ``reward function``.
-        name: the name asked for.
-        known: the names that are registered.
-    """
-
-    def __init__(self, kind: str, name: str, known: list[str]):
-        self.kind = kind
-        self.name = name
-        self.known = sorted(known)
-        super().__init__(f"unknown {kind} {name!r}; known: {', '.join(self.known) or '(none)'}")
 
 
 class CheckpointMismatch(ReflexdbError, ValueError):

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import UnknownName
+from reflexdb.plugins import REWARDS
 
 EXTRACTORS = ("auto", "answer_tag", "boxed", "last_number")
 
@@ -144,19 +144,12 @@ class RewardResult:
 
 #: ``fn(response_text, ground_truth) -> RewardResult``.
 RewardFn = Callable[[str, "str | None"], RewardResult]
-_REWARDS: dict[str, RewardFn] = {}
 
 
 def register_reward(name: str, fn: RewardFn | None = None, *, replace: bool = False) -> Any:
     """Register ``fn`` as reward function ``name``; without ``fn``, a decorator that does."""
 
-    def add(f: RewardFn) -> RewardFn:
-        if name in _REWARDS and not replace:
-            raise ValueError(f"reward function {name!r} is already registered")
-        _REWARDS[name] = f
-        return f
-
-    return add(fn) if fn is not None else add
+    return REWARDS.register(name, fn, replace=replace)
 
 
 def get_reward(name: str) -> RewardFn:
@@ -165,14 +158,11 @@ def get_reward(name: str) -> RewardFn:
     Raises:
         UnknownName: nothing is registered under ``name`` (the message lists what is).
     """
-    try:
-        return _REWARDS[name]
-    except KeyError:
-        raise UnknownName("reward function", name, list(_REWARDS)) from None
+    return REWARDS.get(name)
 
 
 def reward_names() -> list[str]:
-    return sorted(_REWARDS)
+    return REWARDS.names()
 
 
 def math_reward(response: str, ground_truth: str | None, *, how: str = "auto") -> RewardResult:

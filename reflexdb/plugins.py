@@ -1,84 +1,144 @@
-"""Plug-ins: a user's own workflows, methods and losses, found through Python entry points.
+"""One registry mechanism for every part that plugs in: methods, workflows, environments, loss
+families, advantage transforms, reward functions, engines and prompt templates.
 
-A package registers its parts by declaring, in its ``pyproject.toml``::
+Each kind of part is a :class:`Registry` below, kept here in the shared layer so that anything may
+*read* one (the config validates a method's section through ``METHODS``) while the parts themselves
+live a layer above and *register* into it. Built-in parts and a researcher's own are found the same
+way, through the ``reflexdb.plugins`` entry point group (as pytest finds its own plug-ins and
+third-party ones through one mechanism). reflexdb's own ``pyproject.toml`` lists its built-ins
+there; a plug-in package declares its own::
 
     [project.entry-points."reflexdb.plugins"]
     my_method = "my_method"          # a module: importing it registers its parts
     # or "my_method:register", a function called once with no arguments
 
-Importing the module runs its ``register_workflow`` / ``register_method`` / ``register_loss``
-calls. ``pip install my-method`` is then enough: reflexdb loads every ``reflexdb.plugins`` entry
-point once, the first time a registry is read (``load_plugins``). An entry point that fails to
-import stops with a message naming it (a run must not silently lose its method).
+``pip install my-method`` is then enough: the first time any registry is read, every entry point of
+the group is loaded once per process (``load_plugins``). An entry point that fails to import stops
+with a message naming it (a run must not silently lose its method).
 """
 
 from __future__ import annotations
 
-import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from importlib.metadata import entry_points
+from typing import Any, Generic, TypeVar
 
-from .errors import ReflexdbError
+from .errors import ReflexdbError, UnknownName
 
 GROUP = "reflexdb.plugins"
+#: A part every complete install registers: when it is missing after loading the entry points, the
+#: package metadata predates the code (an old ``pip install -e``), and the message says so.
+_SENTINEL = ("loss", "grpo")
 _loaded = False
+
+T = TypeVar("T")
 
 
 class PluginError(ReflexdbError):
-    """An installed plug-in could not be loaded."""
+    """An installed plug-in could not be loaded, or reflexdb's own parts are not registered."""
 
 
 def load_plugins() -> None:
-    """Import every ``reflexdb.plugins`` entry point (once per process)."""
+    """Import every ``reflexdb.plugins`` entry point, reflexdb's own first (once per process)."""
     global _loaded
     if _loaded:
         return
     _loaded = True
-    for ep in entry_points(group=GROUP):
+    found = sorted(entry_points(group=GROUP), key=lambda ep: (not ep.value.startswith("reflexdb."), ep.name))
+    for ep in found:
         try:
             obj = ep.load()
         except Exception as exc:
             raise PluginError(f"plug-in {ep.name!r} ({ep.value}, entry point group {GROUP}) failed to load: "
                               f"{type(exc).__name__}: {exc}") from exc
-        if callable(obj):  # "pkg:register": a function that registers the parts
+        if callable(obj) and not isinstance(obj, type):  # "pkg:register": a function that registers the parts
             obj()
+    kind, name = _SENTINEL
+    if name not in REGISTRIES[kind]._items:
+        raise PluginError("reflexdb's built-in methods, losses and workflows are not registered: the installed "
+                          f"package metadata has no {GROUP} entry points of reflexdb (an install older than this "
+                          "code); run `pip install -e .` (or reinstall reflexdb) again")
 
 
-class ClassRegistry(dict):
-    """Classes by name (workflows, environments): ``register(name)`` is a class decorator, ``get``
-    imports the built-in modules and the plug-ins first.
+class Registry(Generic[T]):
+    """Parts of one kind by name.
+
+    ``register(name, obj)`` adds one (or, without ``obj``, is a decorator); registering the same
+    object again is a no-op (a module imported twice), another object under a taken name is an
+    error unless ``replace=True``. ``get``, ``names``, ``items`` and ``in`` load the plug-ins first.
 
     Args:
-        kind: what the classes are, for messages (``workflow``).
-        package, builtins: the built-ins are the modules ``package.<name>`` for each name in ``builtins``.
+        kind: what the parts are, for messages (``workflow``, ``reward function``).
+        names_class: set ``obj.name = name`` on a registered class (workflows, environments).
+        error: builds the error for an unknown name (default ``UnknownName``).
     """
 
-    def __init__(self, kind: str, package: str, builtins: tuple[str, ...]):
-        super().__init__()
-        self.kind, self.package, self.builtins = kind, package, builtins
+    def __init__(self, kind: str, *, names_class: bool = False,
+                 error: Callable[[str, list[str]], Exception] | None = None):
+        self.kind = kind
+        self.names_class = names_class
+        self._error = error
+        self._items: dict[str, T] = {}
 
-    def register(self, name: str) -> Callable[[type], type]:
-        def wrap(cls: type) -> type:
-            if self.get(name, cls) is not cls:
+    def register(self, name: str, obj: Any = None, *, replace: bool = False) -> Any:
+        def add(o: T) -> T:
+            old = self._items.get(name, o)
+            if old is not o and old != o and not replace:
                 raise ValueError(f"{self.kind} {name!r} is already registered")
-            cls.name = name
-            self[name] = cls
-            return cls
+            if self.names_class:
+                o.name = name
+            self._items[name] = o
+            return o
 
-        return wrap
+        return add(obj) if obj is not None else add
 
-    def load(self) -> None:
-        for module in self.builtins:  # importing registers them
-            importlib.import_module(f"{self.package}.{module}")
+    def get(self, name: str) -> T:
+        """The part registered as ``name``; unknown: ``UnknownName`` (or the registry's own error) listing the known."""
         load_plugins()
-
-    def lookup(self, name: str) -> type:
-        self.load()
         try:
-            return self[name]
+            return self._items[name]
         except KeyError:
-            raise KeyError(f"unknown {self.kind} {name!r}; registered: {', '.join(sorted(self))}") from None
+            known = sorted(self._items)
+            raise (self._error(name, known) if self._error else UnknownName(self.kind, name, known)) from None
 
     def names(self) -> list[str]:
-        self.load()
-        return sorted(self)
+        load_plugins()
+        return sorted(self._items)
+
+    def items(self) -> list[tuple[str, T]]:
+        load_plugins()
+        return sorted(self._items.items())
+
+    def __contains__(self, name: object) -> bool:
+        load_plugins()
+        return name in self._items
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names())
+
+    def __len__(self) -> int:
+        load_plugins()
+        return len(self._items)
+
+    def __repr__(self) -> str:
+        return f"Registry({self.kind!r}: {', '.join(sorted(self._items))})"
+
+
+def _unknown_method(name: str, known: list[str]) -> Exception:
+    from .errors import UnknownMethod
+
+    return UnknownMethod(name, known)
+
+
+METHODS: Registry[Any] = Registry("method", error=_unknown_method)
+WORKFLOWS: Registry[Any] = Registry("workflow", names_class=True)
+ENVIRONMENTS: Registry[Any] = Registry("environment", names_class=True)
+LOSSES: Registry[Any] = Registry("loss")
+ADVANTAGE_TRANSFORMS: Registry[Any] = Registry("advantage transform")
+REWARDS: Registry[Any] = Registry("reward function")
+ENGINES: Registry[Any] = Registry("engine")
+TEMPLATES: Registry[Any] = Registry("prompt template")
+
+#: Every registry by the kind it holds.
+REGISTRIES: dict[str, Registry[Any]] = {r.kind: r for r in (METHODS, WORKFLOWS, ENVIRONMENTS, LOSSES,
+                                                               ADVANTAGE_TRANSFORMS, REWARDS, ENGINES, TEMPLATES)}

@@ -20,7 +20,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from psycopg.types.json import Jsonb
 
 from .sqlfile import load_queries
 from .storable import storable_json, storable_text
@@ -172,6 +171,8 @@ class Reflections:
         return None
 
     def after(self, cur, written, collector: str | None) -> None:
+        from psycopg.types.json import Jsonb  # a writer has a connection, so psycopg is loaded already
+
         for r in self.rows:
             p = r.parsed
             cur.execute(Q["insert_reflection"], {

@@ -16,12 +16,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
-
+from typing import TYPE_CHECKING, Any
 
 from .errors import ClaimLost
 from .sqlfile import load_queries
-from .store import Store
+
+if TYPE_CHECKING:  # the store (SQLAlchemy) is imported by whoever passes one in
+    from .store import Store
 
 R = load_queries("replay.sql")
 

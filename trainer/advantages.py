@@ -36,13 +36,14 @@ from typing import TYPE_CHECKING, Callable, Hashable, Literal, Sequence
 
 import torch
 
+from reflexdb.plugins import ADVANTAGE_TRANSFORMS
+
 if TYPE_CHECKING:  # annotations only: torch itself may be imported lazily (reflexdb check)
     from torch import Tensor
 
 AdvantageScale = Literal["group", "none"]
 AdvantageTransform = Callable[["Tensor", "Tensor", "Tensor"], "Tensor"]
 
-ADVANTAGE_TRANSFORMS: dict[str, Callable[..., Tensor]] = {}
 
 
 def group_index(group_ids: Tensor | Sequence[Hashable]) -> tuple[Tensor, int]:
@@ -143,21 +144,12 @@ def _group_extreme(values: Tensor, index: Tensor, n: int, reduce: str) -> Tensor
 def register_advantage_transform(name: str) -> Callable[[Callable[..., Tensor]], Callable[..., Tensor]]:
     """Decorator: register ``fn(rewards, advantages, group_index, **params) -> advantages``."""
 
-    def wrap(fn: Callable[..., Tensor]) -> Callable[..., Tensor]:
-        if name in ADVANTAGE_TRANSFORMS:
-            raise ValueError(f"advantage transform {name!r} is already registered")
-        ADVANTAGE_TRANSFORMS[name] = fn
-        return fn
-
-    return wrap
+    return ADVANTAGE_TRANSFORMS.register(name)
 
 
 def make_transform(name: str, **params: object) -> AdvantageTransform:
     """The registered transform ``name`` with its hyperparameters bound (from the config)."""
-    try:
-        fn = ADVANTAGE_TRANSFORMS[name]
-    except KeyError:
-        raise KeyError(f"unknown advantage transform {name!r}; known: {sorted(ADVANTAGE_TRANSFORMS)}") from None
+    fn = ADVANTAGE_TRANSFORMS.get(name)  # UnknownName (a KeyError) lists the known ones
     return functools.partial(fn, **params)
 
 

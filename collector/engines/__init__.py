@@ -14,32 +14,25 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ..errors import UnknownName
+from reflexdb.plugins import ENGINES
 from .base import Engine, Prompt, Sample, SamplingParams, ScoreResult, encode_prompt
 
 EngineFactory = Callable[..., Engine]
-_ENGINES: dict[str, EngineFactory] = {}
 
 
 def register_engine(name: str, factory: EngineFactory, *, replace: bool = False) -> None:
     """Make ``make_engine(name, ...)`` call ``factory(...)``."""
-    if name in _ENGINES and not replace:
-        raise ValueError(f"engine {name!r} is already registered")
-    _ENGINES[name] = factory
+    ENGINES.register(name, factory, replace=replace)
 
 
 def make_engine(name: str, **kwargs: Any) -> Engine:
     """Build the engine registered as ``name`` (``hf``, ``sglang``) with keyword arguments for
     its constructor."""
-    try:
-        factory = _ENGINES[name]
-    except KeyError:
-        raise UnknownName("engine", name, list(_ENGINES)) from None
-    return factory(**kwargs)
+    return ENGINES.get(name)(**kwargs)  # UnknownName lists the known ones
 
 
 def engine_names() -> list[str]:
-    return sorted(_ENGINES)
+    return ENGINES.names()
 
 
 def _hf(**kwargs: Any) -> Engine:

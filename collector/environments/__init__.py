@@ -1,6 +1,6 @@
 """Environments by name: what happens between the model's turns of an episode.
 
-    register_environment("multi_attempt")(MultiAttemptMath)   # a built-in module below, or a plug-in
+    register_environment("multi_attempt")(MultiAttemptMath)   # a module named by a reflexdb.plugins entry point
     make_environment(cfg.environment, task, reward_fn=..., template=...)
 
 The run's config selects one (``environment.name``, default ``single``: today's one-turn answer)
@@ -10,33 +10,23 @@ The rollout driver (``collector/episodes.py``) runs many episodes of it at once.
 
 from __future__ import annotations
 
-from typing import Any
-
-from reflexdb.plugins import ClassRegistry
+from reflexdb.config import parse_environment_options
+from reflexdb.plugins import ENVIRONMENTS
 
 from .base import Environment, EnvTask, Step
 
-ENVIRONMENTS = ClassRegistry("environment", __name__, ("multi_attempt", "single", "tool_python"))
-#: Class decorator: register an environment under ``name`` (names are unique).
-register_environment = ENVIRONMENTS.register
-get_environment = ENVIRONMENTS.lookup
+
+def register_environment(name: str):
+    """Class decorator: register an environment under ``name`` (names are unique)."""
+    return ENVIRONMENTS.register(name)
+
+
+get_environment = ENVIRONMENTS.get
 environment_names = ENVIRONMENTS.names
 
 
-def parse_options(name: str, options: dict[str, Any]) -> Any:
-    """The options of environment ``name`` as its typed ``Options`` model (ValueError naming a bad key)."""
-    from pydantic import ValidationError
-
-    cls = get_environment(name)
-    try:
-        return cls.Options.model_validate(options)
-    except ValidationError as exc:
-        problems = []
-        for e in exc.errors():
-            key = "environment." + ".".join(str(p) for p in e["loc"])
-            problems.append(f"{key}: unknown key (environment {name!r} takes: {', '.join(cls.Options.model_fields)})"
-                            if e["type"] == "extra_forbidden" else f"{key}: {e['msg']} (got {e.get('input')!r})")
-        raise ValueError("\n  ".join(problems)) from None
+#: The options of environment ``name`` as its typed ``Options`` model (ValueError naming a bad key).
+parse_options = parse_environment_options
 
 
 def make_environment(name: str, options: Any, task: EnvTask, *, reward_fn, template) -> Environment:

@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import UnknownName
+from reflexdb.plugins import TEMPLATES
 
 #: ChatML, used only when a tokenizer carries no chat template of its own.
 CHATML_TEMPLATE = (
@@ -48,26 +48,18 @@ class PromptTemplate:
         return out
 
 
-_TEMPLATES: dict[str, PromptTemplate] = {}
-
-
 def register_template(template: PromptTemplate, *, replace: bool = False) -> PromptTemplate:
     """Add a prompt template under ``template.name``."""
-    if template.name in _TEMPLATES and not replace:
-        raise ValueError(f"prompt template {template.name!r} is already registered")
-    _TEMPLATES[template.name] = template
-    return template
+    return TEMPLATES.register(template.name, template, replace=replace)
 
 
 def get_template(name: str) -> PromptTemplate:
-    try:
-        return _TEMPLATES[name]
-    except KeyError:
-        raise UnknownName("prompt template", name, list(_TEMPLATES)) from None
+    """The template registered as ``name`` (``UnknownName`` lists the known ones)."""
+    return TEMPLATES.get(name)
 
 
 def template_names() -> list[str]:
-    return sorted(_TEMPLATES)
+    return TEMPLATES.names()
 
 
 register_template(PromptTemplate("plain", "{question}", answer_format="last_number"))

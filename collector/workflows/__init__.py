@@ -1,6 +1,6 @@
 """Collection workflows by name: what work a collector claims and how it becomes complete groups.
 
-    register_workflow("group")(GroupWorkflow)    # a built-in module below, or a plug-in
+    register_workflow("group")(GroupWorkflow)    # a module named by a reflexdb.plugins entry point
     make_workflow("group", collector, **options)
 
 A method names the workflows its collectors run, in priority order (``Method.workflows``);
@@ -9,14 +9,17 @@ A method names the workflows its collectors run, in priority order (``Method.wor
 
 from __future__ import annotations
 
-from reflexdb.plugins import ClassRegistry
+from reflexdb.plugins import WORKFLOWS
 
 from .base import CollectContext, Workflow
 
-WORKFLOWS = ClassRegistry("workflow", __name__, ("cleaner", "eval", "group", "lte_hint", "nexgrpo_replay", "r3l"))
-#: Class decorator: register a workflow under ``name`` (names are unique).
-register_workflow = WORKFLOWS.register
-get_workflow = WORKFLOWS.lookup
+
+def register_workflow(name: str):
+    """Class decorator: register a workflow under ``name`` (names are unique)."""
+    return WORKFLOWS.register(name)
+
+
+get_workflow = WORKFLOWS.get
 
 
 def make_workflow(name: str, ctx: CollectContext, **options) -> Workflow:

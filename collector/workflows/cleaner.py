@@ -22,7 +22,8 @@ included): the learner's ``cleaner/*`` metrics read them.
 
 from __future__ import annotations
 
-from reflexdb import GroupIn, Sibling, TrajectoryIn, drill, work
+from reflexdb import GroupIn, Sibling, TrajectoryIn, drill
+from reflexdb.lazy import lazy
 from reflexdb.cleaner import PurificationIn, Purifications
 
 from ..environments import EnvTask
@@ -30,6 +31,8 @@ from ..episodes import rescore
 from ..saar import SaarEpisode, SaarRollout
 from . import register_workflow
 from .group import GroupWorkflow
+
+work = lazy("reflexdb.work")  # the store (SQLAlchemy) on first use: loading a plug-in stays cheap
 
 
 def tool_counts(t: TrajectoryIn) -> tuple[int, int]:

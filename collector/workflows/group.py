@@ -8,10 +8,13 @@
 
 from __future__ import annotations
 
-from reflexdb import GroupIn, work
+from reflexdb import GroupIn
+from reflexdb.lazy import lazy
 
 from ..environments import EnvTask
 from . import register_workflow
+
+work = lazy("reflexdb.work")  # the store (SQLAlchemy) on first use: loading a plug-in stays cheap
 
 
 @register_workflow("group")

@@ -33,7 +33,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from reflexdb import GroupIn, Sibling, TrajectoryIn, TurnIn, drill, r3l, work
+from reflexdb import GroupIn, Sibling, TrajectoryIn, TurnIn, drill, r3l
+from reflexdb.lazy import lazy
 from reflexdb.r3l import ParsedReflection, ReflectionIn
 
 from ..environments import EnvTask
@@ -41,6 +42,8 @@ from ..episodes import Episode, Start, rescore
 from ..tasks.reflection import guidance_message, reflection_messages
 from . import register_workflow
 from .group import GroupWorkflow
+
+work = lazy("reflexdb.work")  # the store (SQLAlchemy) on first use: loading a plug-in stays cheap
 
 DECODINGS = r3l.DECODINGS
 

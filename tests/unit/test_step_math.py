@@ -202,7 +202,8 @@ def test_normaliser_per_aggregation():
 
 
 def test_register_plugin_loss(monkeypatch):
-    monkeypatch.setattr(registry, "_SPECS", dict(registry._SPECS))
+    loss_names()  # the built-ins loaded, then a copy of the registry that the test may change
+    monkeypatch.setattr(registry.SPECS, "_items", dict(registry.SPECS._items))
 
     def toy_loss(logprobs, old_logprobs, advantages, mask, *, scale: float = 2.0, agg="token-mean"):
         return get_loss("sft")(logprobs * scale, None, None, mask, agg=agg)

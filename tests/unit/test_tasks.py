@@ -267,9 +267,12 @@ def test_register_and_look_up_a_reward():
 
     assert get_reward(name) is short
     assert get_reward(name)("abc", None).reward == pytest.approx(-0.03)
+    register_reward(name, short)  # the same function again (a module imported twice): a no-op
+    other = lambda response, ground_truth: RewardResult(reward=0.0, correct=None, extracted=None)  # noqa: E731
     with pytest.raises(ValueError, match="already registered"):
-        register_reward(name, short)
-    register_reward(name, short, replace=True)
+        register_reward(name, other)
+    register_reward(name, other, replace=True)
+    assert get_reward(name) is other
 
 
 def test_unknown_reward_name_lists_known_ones():

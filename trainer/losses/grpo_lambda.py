@@ -382,3 +382,8 @@ class GRPOLambdaParams(P.LossParams):
     clip_eps_high: float = P.clip_eps_high(0.2)
     agg: P.AggName = P.agg("seq-mean-token-mean")
     max_len: int | None = P.max_len()
+
+
+from .registry import LossSpec, register_loss_spec  # noqa: E402  (the registry imports the families above it)
+
+register_loss_spec(LossSpec("grpo_lambda", grpo_lambda_loss, GRPOLambdaParams))

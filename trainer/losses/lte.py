@@ -135,3 +135,8 @@ def lte_mixed_loss(
                           denominator=denominator)  # Eq. 8, first sum: 1/Z' Σ f(r') A'
     return LTEMixedOutput(loss=on.loss + off.loss, on_policy_loss=on.loss.detach(), off_policy_loss=off.loss.detach(),
                           on_policy_tokens=(mask & ~replaced).sum(), off_policy_tokens=(mask & replaced).sum())
+
+
+from .registry import LossSpec, register_loss_spec  # noqa: E402  (the registry imports the families above it)
+
+register_loss_spec(LossSpec("lte_shaped", lte_shaped_loss, LTEShapedParams, agg="token-mean"))  # LTE Eq. 7-8: 1/Z' Σ f(r') A'

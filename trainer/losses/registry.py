@@ -36,12 +36,12 @@ from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
 from pydantic import BaseModel, ValidationError, create_model
 
+from reflexdb.plugins import LOSSES as SPECS
+
 from .common import AGG_MODES, as_bool_mask
 from .dapo import DAPOParams, dapo_loss, overlong_filter
 from .dr_grpo import DrGRPOParams, dr_grpo_loss
 from .grpo import GRPOParams, grpo_loss
-from .grpo_lambda import GRPOLambdaParams, grpo_lambda_loss
-from .lte import LTEShapedParams, lte_shaped_loss
 from .gspo import GSPOParams, gspo_loss
 from .opmd import OPMDParams, opmd_loss
 from .params import LossParams
@@ -222,23 +222,21 @@ def _describe(err: dict, model: type[BaseModel], where: str) -> str:
 
 # ---------------------------------------------------------------------- the registry
 
-_SPECS: dict[str, LossSpec] = {}
-
 
 class _Functions(Mapping[str, LossFn]):
     """Read-only view name -> loss function over the registered specs (``LOSSES``)."""
 
     def __getitem__(self, name: str) -> LossFn:
-        return _SPECS[name].fn
+        return SPECS.get(name).fn
 
     def __iter__(self) -> Iterator[str]:
-        return iter(_SPECS)
+        return iter(SPECS.names())
 
     def __len__(self) -> int:
-        return len(_SPECS)
+        return len(SPECS)
 
     def __repr__(self) -> str:
-        return f"LOSSES({sorted(_SPECS)})"
+        return f"LOSSES({SPECS.names()})"
 
 
 #: name -> loss function (read-only; register with ``register_loss``).
@@ -247,11 +245,7 @@ LOSSES: Mapping[str, LossFn] = _Functions()
 
 def register_loss_spec(spec: LossSpec) -> LossSpec:
     """Add ``spec`` under its name; names are unique (registering an equal spec again is a no-op)."""
-    known = _SPECS.get(spec.name)
-    if known is not None and known != spec:
-        raise ValueError(f"loss {spec.name!r} is already registered")
-    _SPECS[spec.name] = spec
-    return spec
+    return SPECS.register(spec.name, spec)
 
 
 def register_loss(
@@ -274,7 +268,7 @@ def register_loss(
     Returns:
         ``fn``, so that it can be used as a plain call after the definition.
     """
-    known = _SPECS.get(name)
+    known = SPECS._items.get(name)
     if (known is not None and known.fn is fn and params in (None, known.params)
             and (agg, overlong_filter) == (known.agg, known.overlong_filter)):
         return fn  # the same registration again (a module imported twice)
@@ -292,29 +286,18 @@ def _params_from_signature(name: str, fn: LossFn) -> type[BaseModel]:
     return create_model(f"{name}_params", __base__=LossParams, **fields)
 
 
-def _load() -> None:
-    from reflexdb.plugins import load_plugins
-
-    load_plugins()
-
-
 def loss_names() -> list[str]:
     """The registered loss families, sorted (built-in and plug-ins')."""
-    _load()
-    return sorted(_SPECS)
+    return SPECS.names()
 
 
 def get_loss_spec(name: str) -> LossSpec:
     """The ``LossSpec`` registered under ``name``.
 
     Raises:
-        KeyError: unknown name (the message lists the known ones).
+        UnknownName: unknown name (a KeyError; the message lists the known ones).
     """
-    _load()
-    try:
-        return _SPECS[name]
-    except KeyError:
-        raise KeyError(f"unknown loss {name!r}; known: {sorted(_SPECS)}") from None
+    return SPECS.get(name)
 
 
 def get_loss(name: str) -> LossFn:
@@ -333,7 +316,5 @@ for _spec in (
     LossSpec("gspo", gspo_loss, GSPOParams, agg="seq-mean-token-mean"),  # 1/G Σ_i over non-empty sequences
     LossSpec("opmd", opmd_loss, OPMDParams),
     LossSpec("sft", sft_loss, SFTParams),
-    LossSpec("grpo_lambda", grpo_lambda_loss, GRPOLambdaParams),
-    LossSpec("lte_shaped", lte_shaped_loss, LTEShapedParams, agg="token-mean"),  # LTE Eq. 7-8: 1/Z' Σ f(r') A'
 ):
     register_loss_spec(_spec)

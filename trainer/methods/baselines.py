@@ -15,4 +15,3 @@ register_method(Method("dr_grpo", "Dr.GRPO: GRPO without length and std normalis
 register_method(Method("dapo", "DAPO: clip-higher, token-mean loss, overlong filter (Yu et al., 2025)", "dapo"))
 register_method(Method("gspo", "GSPO: one length-normalised ratio per sequence (Zheng et al., 2025)", "gspo"))
 register_method(Method("opmd", "OPMD: ratio-free policy gradient −A·log π (REINFORCE-style)", "opmd"))
-register_method(Method("grpo_lambda", "GRPO-λ: eligibility traces for token credit (GRPO-lambda.md)", "grpo_lambda"))
