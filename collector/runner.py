@@ -36,7 +36,6 @@ import psycopg
 from reflexdb import GroupIn, Store, TrajectoryIn, drill, work
 from reflexdb.config import Config
 from reflexdb.errors import ClaimLost, InvalidGroup
-from reflexdb.origins import ORIGINS
 from reflexdb.retry import TRANSIENT, DbRetry
 from reflexdb.storable import storable_json, storable_text
 
@@ -361,15 +360,17 @@ class Collector:
             self.db(lambda: work.record_rejection(self.store, self.collector_id, reason))
 
     def _count(self, g: GroupIn) -> None:
-        # reflexdb/origins.py; a group of kind 'retry' holds a method's auxiliary rows, whose
-        # episodes are counted through the training group's rows: never samples of pass@1
-        own = [t for t in g.trajectories if ORIGINS[t.origin].pass_at_1] if g.kind != "retry" else []
+        # the facts of table origins (reflexdb/origins.py; read by the write); a group of kind 'retry'
+        # holds a method's auxiliary rows, whose episodes are counted through the training group's
+        # rows: never samples of pass@1
+        origins = self.store.origins()
+        own = [t for t in g.trajectories if origins[t.origin].pass_at_1] if g.kind != "retry" else []
         self.stats.groups += 1
         if g.kind != "fresh":
             self.stats.kinds[g.kind] += 1
         self.stats.trajectories += len(g.trajectories)
         self.stats.fresh_samples += len(own)
-        self.stats.tokens += sum(_sampled_tokens(t) for t in g.trajectories if ORIGINS[t.origin].sampled)
+        self.stats.tokens += sum(_sampled_tokens(t) for t in g.trajectories if origins[t.origin].sampled)
         self.stats.correct += sum(bool(t.correct) for t in own)
 
     def _report(self, reported: Stats) -> None:

@@ -56,6 +56,9 @@ TABLES: tuple[tuple[str, str, str], ...] = (
     ("replay_requests", "run_id = %(run)s", "id"),
     ("lte_stages", "run_id = %(run)s", "group_id"),
 )
+#: Tables that hold no run's rows (the table of origins, which a run's trajectories refer to): not
+#: archived; the manifest names the origins the run's rows use, and restore checks they exist.
+SHARED = ("origins",)
 
 
 class ArchiveError(ReflexdbError):
@@ -116,7 +119,11 @@ def archive(store, name: str, directory: Path, *, on_table: Callable[[str, int],
         if on_table:
             on_table(table, stats.rows)
     _verify_against_database(store, run_id, directory)
-    manifest = {"format": FORMAT, "run": name, "run_id": run_id, "schema_revision": revision, "tables": files}
+    with store.engine.connect() as conn:
+        used = sorted(o for (o,) in conn.exec_driver_sql(
+            "SELECT DISTINCT origin FROM trajectories WHERE run_id = %(run)s", {"run": run_id}))
+    manifest = {"format": FORMAT, "run": name, "run_id": run_id, "schema_revision": revision, "tables": files,
+                "origins": used}
     (directory / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
     with store.transaction() as conn:  # the run's partitions dropped, then its other rows (runs.sql)
         conn.execute(load_queries("runs.sql")["delete_run"], {"run_id": run_id})
@@ -184,8 +191,8 @@ def restore(store, directory: Path) -> ArchiveResult:
 
     Raises:
         ArchiveError: no manifest, a file missing or changed since it was written (SHA-256), an
-            archive of another schema revision, or a run of that name or id already in the
-            database (nothing is written).
+            archive of another schema revision, rows of an origin the database does not hold, or
+            a run of that name or id already in the database (nothing is written).
     """
     import psycopg
 
@@ -205,6 +212,11 @@ def restore(store, directory: Path) -> ArchiveResult:
             raise ArchiveError(f"{path} is missing from the archive")
         if _sha256(path) != entry["sha256"]:
             raise ArchiveError(f"{path} changed since it was archived (SHA-256 differs)")
+    missing = sorted(set(manifest.get("origins", ())) - set(store.origins(refresh=True)))
+    if missing:
+        raise ArchiveError(f"the archive's rows have origin(s) {', '.join(missing)}, which this database's table "
+                           "origins does not hold; install the method that adds them (reflexdb db upgrade), then "
+                           "restore")
     try:
         store.run_id(name)
     except NotFound:

@@ -1,8 +1,10 @@
 """Where a trajectory comes from (``trajectories.origin``), and what that means downstream.
 
-One table, read by the store (the allowed values), the collector (what it counts as its own
-samples and in its pass@1) and the learner (the ratio denominator π_old, the batch's pass@1), so
-that none of them decides by an ``if`` on an origin name.
+The origins are rows of table ``origins`` (migration 0018), not a list in code: a method adds its
+own with a revision that inserts rows, and the store (the allowed values), the collector (what it
+counts as its own samples and in its pass@1) and the learner (the ratio denominator π_old, the
+batch's pass@1) read the facts of a row's origin, so that none of them decides by an ``if`` on an
+origin name. ``Store.origins()`` reads the table (once per store, again when a name is new to it).
 
 ``pi_old``, the ratio denominator of a row in a loss that has one (METHODS.md §0):
 
@@ -16,15 +18,20 @@ that none of them decides by an ``if`` on an origin name.
 
 ``pass_at_1``: the row counts in pass@1 (a sample of the current policy on the plain prompt, one
 attempt at the task as a user would pose it). ``sampled``: the collector that wrote the row
-generated its tokens just now (its tokens/s and sample counts).
+generated its tokens just now (its tokens/s and sample counts). ``method``: the method that owns
+the origin (None: shared by all).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
 PiOld = Literal["policy", "stored", "learner"]
+
+#: The query ``Store.origins`` runs.
+SELECT = "SELECT name, pi_old, pass_at_1, sampled, method, summary FROM origins ORDER BY name"
 
 
 @dataclass(frozen=True)
@@ -33,37 +40,13 @@ class Origin:
     pi_old: PiOld
     pass_at_1: bool
     sampled: bool
+    method: str | None
     summary: str
 
 
-_TABLE = (
-    Origin("base", "policy", True, True, "sampled by the policy for the task's plain prompt"),
-    Origin("distilled", "stored", False, False,
-           "R3L: a base episode's turns before the pivot, then a guided retry's turns, guidance removed; "
-           "log-probs recomputed under this plain context"),
-    Origin("guided_retry", "stored", False, True, "R3L: a retry from the pivot with the reflection's guidance in context"),
-    Origin("hinted", "stored", False, True, "LTE: sampled under a hint; stored with the plain prompt's ids"),
-    Origin("imported", "learner", False, False, "another framework's rollout (reflexdb import): no behaviour log-probs"),
-    Origin("purified", "stored", True, False,
-           "CLEANER: an episode with its failed tool calls rolled back (corrections in their place); log-probs "
-           "recomputed under this context. It is the episode's pass@1 sample; its raw twin, in a group of kind "
-           "'retry', is not"),
-    Origin("raw", "policy", True, True, "CLEANER: a tool-use episode as sampled (failed calls and their errors kept)"),
-    Origin("reflection", "stored", False, True,
-           "R3L: the policy's reflection on a base episode (prompt: the episode and its feedback)"),
-    Origin("replayed", "stored", False, False, "a stored trajectory replayed in a later group (NexGRPO, LTE)"),
-)
-
-#: name -> :class:`Origin`, in the order of the schema's check constraint.
-ORIGINS: dict[str, Origin] = {o.name: o for o in _TABLE}
-#: The names, in order (``trajectories.origin``'s allowed values; a row's code in a learner batch).
-NAMES: tuple[str, ...] = tuple(ORIGINS)
-CODE: dict[str, int] = {name: i for i, name in enumerate(NAMES)}
+def matching(table: Mapping[str, Origin], **wanted: object) -> set[str]:
+    """Names of the origins of ``table`` whose attributes equal ``wanted`` (e.g. ``pi_old="stored"``)."""
+    return {o.name for o in table.values() if all(getattr(o, k) == v for k, v in wanted.items())}
 
 
-def codes_where(**wanted: object) -> list[int]:
-    """Codes of the origins whose attributes equal ``wanted`` (e.g. ``pi_old="stored"``)."""
-    return [CODE[o.name] for o in _TABLE if all(getattr(o, k) == v for k, v in wanted.items())]
-
-
-__all__ = ["CODE", "NAMES", "ORIGINS", "Origin", "codes_where"]
+__all__ = ["SELECT", "Origin", "PiOld", "matching"]

@@ -38,8 +38,6 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import ARRAY, BYTEA, JSONB, REAL, UUID
 
-from .origins import NAMES
-
 metadata = MetaData(
     naming_convention={
         "ix": "ix_%(table_name)s_%(column_0_N_name)s",
@@ -52,9 +50,6 @@ metadata = MetaData(
 
 #: Values allowed in ``groups.kind``.
 GROUP_KINDS = ("fresh", "replay", "hinted", "retry", "eval", "imported")
-#: Values allowed in ``trajectories.origin``: the table of origins (reflexdb/origins.py says what
-#: each means for the collector and the learner).
-ORIGINS = NAMES
 #: Values allowed in ``turns.role``.
 ROLES = ("system", "user", "assistant", "tool", "observation")
 #: Values allowed in ``trajectories.finish_reason``.
@@ -173,6 +168,20 @@ groups = Table(
 PARTITIONED = ("trajectories", "turns", "token_bytes", "embeddings", "consumption")
 _BY_RUN = {"postgresql_partition_by": "LIST (run_id)"}
 
+# Where a trajectory may come from, and what that means downstream (0018; reflexdb/origins.py): a
+# method's revision inserts its own rows.
+origins = Table(
+    "origins",
+    metadata,
+    Column("name", Text, primary_key=True),
+    Column("pi_old", Text, nullable=False),
+    Column("pass_at_1", Boolean, nullable=False),
+    Column("sampled", Boolean, nullable=False),
+    Column("method", Text),
+    Column("summary", Text, nullable=False),
+    CheckConstraint(_in("pi_old", ("policy", "stored", "learner")), name="pi_old"),
+)
+
 trajectories = Table(
     "trajectories",
     metadata,
@@ -206,7 +215,6 @@ trajectories = Table(
     _now(),
     PrimaryKeyConstraint("id", "run_id"),
     UniqueConstraint("group_id", "index_in_group", "run_id"),
-    CheckConstraint(_in("origin", ORIGINS), name="origin"),
     CheckConstraint(_in("finish_reason", FINISH_REASONS), name="finish_reason"),
     CheckConstraint("reward IS NULL OR reward = reward", name="reward_not_nan"),
     CheckConstraint("confidence IS NULL OR (confidence >= 0 AND confidence <= 1)", name="confidence_range"),
@@ -215,6 +223,8 @@ trajectories = Table(
     ForeignKeyConstraint(["reflection_id"], ["reflections.id"], ondelete="SET NULL", use_alter=True,
                          deferrable=True, initially="DEFERRED"),
     ForeignKeyConstraint(["hint_id"], ["hints.id"], ondelete="SET NULL", use_alter=True),
+    # A row of table origins (0018): what the collector and the learner read of a row's origin.
+    ForeignKeyConstraint(["origin"], ["origins.name"]),
     Index(None, "task_id", "correct"),
     Index(None, "parent_trajectory_id"),
     Index(None, "reflection_id"),

@@ -39,9 +39,11 @@ from sqlalchemy.engine import Engine
 from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_random_exponential
 
 from . import drill, migrate, schema
+from . import origins as origins_table
 from .attachments import work_items
 from .db import connect_raw, make_engine
 from .errors import InvalidGroup, NotFound, ReflexdbError
+from .origins import Origin
 from .records import (
     Group,
     GroupIn,
@@ -187,6 +189,7 @@ class Store:
         self.synchronous_commit = synchronous_commit
         self._embedding_dims: dict[int, int] = {}
         self._claimed_dims: dict[int, int] = {}
+        self._origins: dict[str, Origin] | None = None
 
     @classmethod
     def open(cls, url: str | None = None, *, check_schema: bool = True, create_schema: bool = False,
@@ -238,6 +241,14 @@ class Store:
             yield conn.connection.driver_connection
 
     # ------------------------------------------------------------------ runs and settings
+
+    def origins(self, *, refresh: bool = False) -> dict[str, Origin]:
+        """The table of origins (reflexdb/origins.py): name -> :class:`Origin`, read once per store
+        (again with ``refresh``: a method's migration may add origins while processes run)."""
+        if self._origins is None or refresh:
+            with self.engine.connect() as conn:
+                self._origins = {r[0]: Origin(*r) for r in conn.execute(text(origins_table.SELECT))}
+        return self._origins
 
     def create_run(self, name: str, *, algorithm: str | None = None, config: dict | None = None) -> int:
         """Create run ``name`` if it does not exist; return its id."""
@@ -355,7 +366,9 @@ class Store:
             ClaimLost: a group's work item (a replay request, a hint stage, ...) is no longer
                 ``complete_claim``'s; nothing is written.
         """
-        prepared = [prepare_group(g) for g in groups]
+        names = {t.origin for g in groups for t in g.trajectories}
+        known = self.origins(refresh=not names <= set(self._origins or ()))  # a migration may have added some
+        prepared = [prepare_group(g, known) for g in groups]
         check_siblings(prepared)
         self._claimed_dims = {}
         try:

@@ -7,13 +7,14 @@ The result is a :class:`PreparedGroup` whose arrays have their stored dtypes.
 from __future__ import annotations
 
 import math
+from collections.abc import Collection
 from dataclasses import dataclass
 
 import numpy as np
 
 from .errors import InvalidGroup
 from .records import GroupIn, Sibling, TrajectoryIn, TurnIn
-from .schema import FINISH_REASONS, GROUP_KINDS, ORIGINS, ROLES
+from .schema import FINISH_REASONS, GROUP_KINDS, ROLES
 
 _INT32 = np.iinfo(np.int32)
 
@@ -124,7 +125,8 @@ def _turns(turns: list[TurnIn], n_tokens: int, where: str) -> list[TurnIn]:
     return out
 
 
-def prepare_trajectory(t: TrajectoryIn, where: str, group_version: int) -> PreparedTrajectory:
+def prepare_trajectory(t: TrajectoryIn, where: str, group_version: int,
+                       origins: Collection[str] | None = None) -> PreparedTrajectory:
     response_ids = _int_array(t.response_ids, f"{where}.response_ids")
     n = response_ids.shape[0]
     prompt_ids = _int_array(t.prompt_ids, f"{where}.prompt_ids")
@@ -190,8 +192,9 @@ def prepare_trajectory(t: TrajectoryIn, where: str, group_version: int) -> Prepa
 
     if t.finish_reason not in FINISH_REASONS:
         raise InvalidGroup(f"{where}.finish_reason", f"{t.finish_reason!r} is not one of {', '.join(FINISH_REASONS)}")
-    if t.origin not in ORIGINS:
-        raise InvalidGroup(f"{where}.origin", f"{t.origin!r} is not one of {', '.join(ORIGINS)}")
+    if origins is not None and t.origin not in origins:  # the rows of table origins (reflexdb/origins.py)
+        raise InvalidGroup(f"{where}.origin", f"{t.origin!r} is not an origin of this database (table origins: "
+                           f"{', '.join(sorted(origins))}); a method adds its own with a migration")
 
     reward = _finite(t.reward, f"{where}.reward")
     confidence = _finite(t.confidence, f"{where}.confidence")
@@ -214,8 +217,11 @@ def prepare_trajectory(t: TrajectoryIn, where: str, group_version: int) -> Prepa
     )
 
 
-def prepare_group(group: GroupIn) -> PreparedGroup:
-    """Validate ``group`` and convert its arrays; raise :class:`InvalidGroup` on the first problem."""
+def prepare_group(group: GroupIn, origins: Collection[str] | None = None) -> PreparedGroup:
+    """Validate ``group`` and convert its arrays; raise :class:`InvalidGroup` on the first problem.
+
+    ``origins``: the names a trajectory's origin may take (the store passes its table of origins;
+    None leaves the check to the database's foreign key)."""
     if not group.trajectories:
         raise InvalidGroup("trajectories", "a group needs at least one trajectory")
     if len(group.trajectories) > 32767:
@@ -225,7 +231,7 @@ def prepare_group(group: GroupIn) -> PreparedGroup:
     if int(group.policy_version) < 0:
         raise InvalidGroup("policy_version", f"must be >= 0, got {group.policy_version}")
     prepared = [
-        prepare_trajectory(t, f"trajectories[{i}]", int(group.policy_version))
+        prepare_trajectory(t, f"trajectories[{i}]", int(group.policy_version), origins)
         for i, t in enumerate(group.trajectories)
     ]
     dims = {p.embedding.shape[0] for p in prepared if p.embedding is not None}

@@ -39,3 +39,13 @@ def setup_run(store, name: str = "test", n_tasks: int = 3) -> tuple[int, list[in
     run = store.create_run(name)
     tasks = store.add_tasks(run, [TaskIn(prompt=f"What is {i}+3?", ground_truth=str(i + 3)) for i in range(n_tasks)])
     return run, tasks
+
+
+def release_origins() -> dict:
+    """The table of origins as revision 0018 fills it (for batches made by hand, without a store)."""
+    import importlib
+
+    from reflexdb.origins import Origin
+
+    rows = importlib.import_module("reflexdb.migrations.versions.0018_origins").ROWS
+    return {r[0]: Origin(*r) for r in rows}

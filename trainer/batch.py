@@ -11,14 +11,14 @@ with ``B`` trajectories (groups × G), ``L = max(P_i + T_i)`` and ``T = max(T_i)
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 from reflexdb import Group, Store, Trajectory
-from reflexdb.origins import CODE, codes_where
+from reflexdb.origins import Origin, matching
 from reflexdb.sqlfile import load_queries
 
 Q = load_queries()
@@ -42,24 +42,28 @@ class Batch:
     response_mask: torch.Tensor  # [B, T] bool: loss mask (response tokens that carry loss)
     behaviour_logprobs: torch.Tensor  # [B, T] float32
     policy_versions: torch.Tensor  # [B] int64: producing version of each trajectory
-    origin: torch.Tensor  # [B] int64: each row's origin, a code of reflexdb.origins.NAMES
     confidence: torch.Tensor  # [B] float32: stored confidence exp(mean behaviour log-prob) (NaN if unknown)
     group_versions: list[int]
     group_kinds: list[str]
     meta: list[dict] = field(default_factory=list)  # [B] each trajectory's meta (a method's per-row facts)
+    origins: list[str] = field(default_factory=list)  # [B] each row's origin (a name of table origins)
+    origin_table: Mapping[str, Origin] = field(default_factory=dict)  # the store's table of origins
 
     @property
     def size(self) -> int:
         return len(self.trajectory_ids)
 
+    def _origin_in(self, names: set[str] | tuple[str, ...]) -> torch.Tensor:
+        return torch.tensor([o in names for o in self.origins], dtype=torch.bool).reshape(self.size)
+
     def of_origin(self, *names: str) -> torch.Tensor:
         """``[B]`` bool: rows whose origin is one of ``names`` (reflexdb/origins.py)."""
-        return torch.isin(self.origin, torch.tensor([CODE[n] for n in names], dtype=self.origin.dtype))
+        return self._origin_in(names)
 
     def where_origin(self, **wanted: object) -> torch.Tensor:
         """``[B]`` bool: rows whose origin has these attributes in the table of origins, e.g.
         ``where_origin(pi_old="stored")`` or ``where_origin(pass_at_1=True)``."""
-        return torch.isin(self.origin, torch.tensor(codes_where(**wanted), dtype=self.origin.dtype))
+        return self._origin_in(matching(self.origin_table, **wanted))
 
     @property
     def replayed(self) -> torch.Tensor:
@@ -102,7 +106,9 @@ class Batch:
         taken = {k: v[idx] for k, v in self.__dict__.items() if isinstance(v, torch.Tensor)}
         return Batch(group_ids=self.group_ids, trajectory_ids=[self.trajectory_ids[i] for i in order],
                      group_versions=self.group_versions, group_kinds=self.group_kinds,
-                     meta=[self.meta[i] for i in order] if self.meta else [], **taken)
+                     meta=[self.meta[i] for i in order] if self.meta else [],
+                     origins=[self.origins[i] for i in order] if self.origins else [],
+                     origin_table=self.origin_table, **taken)
 
     def rows(self, idx: slice) -> Batch:
         """A micro-batch: rows ``idx`` (tensors sliced, padding trimmed)."""
@@ -112,7 +118,8 @@ class Batch:
         sl["input_ids"], sl["attention_mask"] = sl["input_ids"][:, :L], sl["attention_mask"][:, :L]
         sl["response_mask"], sl["behaviour_logprobs"] = sl["response_mask"][:, :T], sl["behaviour_logprobs"][:, :T]
         return Batch(group_ids=self.group_ids, trajectory_ids=self.trajectory_ids[idx], group_versions=self.group_versions,
-                     group_kinds=self.group_kinds, meta=self.meta[idx] if self.meta else [], **sl)
+                     group_kinds=self.group_kinds, meta=self.meta[idx] if self.meta else [],
+                     origins=self.origins[idx] if self.origins else [], origin_table=self.origin_table, **sl)
 
 
 @dataclass(frozen=True)
@@ -214,8 +221,11 @@ def pack_sequences(pairs: list[tuple], pad_id: int) -> tuple[torch.Tensor, torch
 AUXILIARY = "auxiliary"
 
 
-def pack(groups: list[Group], pad_id: int, extra: Sequence[Trajectory] = ()) -> Batch:
+def pack(groups: list[Group], pad_id: int, extra: Sequence[Trajectory] = (), *,
+         origins: Mapping[str, Origin]) -> Batch:
     """Pack groups (read with payloads) into a right-padded :class:`Batch`.
+
+    ``origins``: the store's table of origins (``Store.origins()``): what each row's origin means.
 
     ``extra``: a method's auxiliary rows (:attr:`Selection.extra`, read with payloads), packed after
     the groups' rows, each a group of its own of kind :data:`AUXILIARY` (a group of one: advantage 0).
@@ -249,10 +259,11 @@ def pack(groups: list[Group], pad_id: int, extra: Sequence[Trajectory] = ()) -> 
         response_mask=torch.from_numpy(rmask),
         behaviour_logprobs=torch.from_numpy(blp),
         policy_versions=torch.tensor([t.policy_version for _, t in trajs], dtype=torch.int64),
-        origin=torch.tensor([CODE[t.origin] for _, t in trajs], dtype=torch.int64),
         confidence=torch.tensor([t.confidence if t.confidence is not None else float("nan") for _, t in trajs],
                                 dtype=torch.float32),
         group_versions=[g.policy_version for g in groups] + [t.policy_version for t in extra],
         group_kinds=[g.kind for g in groups] + [AUXILIARY] * len(extra),
         meta=[t.meta for _, t in trajs],
+        origins=[t.origin for _, t in trajs],
+        origin_table=origins,
     )

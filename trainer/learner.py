@@ -341,7 +341,7 @@ class Learner:
         drill.phase("step")
         groups = self.db(lambda: self.store.read_groups(group_ids, turns=False))     # sample
         aux = self.db(lambda: self.store.read_trajectories(extra, turns=False)) if extra else []
-        batch = pack(groups, self.engine.pad_id, aux)
+        batch = pack(groups, self.engine.pad_id, aux, origins=self.store.origins())
         if self.n_micro > 1:  # micro-batches of similar lengths pad less; the ranks' shares stay even
             batch = batch.by_length(self.world)
         t_batch = time.monotonic() - t0

@@ -9,7 +9,7 @@ import psycopg
 import pytest
 
 from reflexdb import NotFound, schema
-from reflexdb.archive import TABLES, ArchiveError, archive, restore
+from reflexdb.archive import SHARED, TABLES, ArchiveError, archive, restore
 from reflexdb.db import libpq_url
 from reflexdb.index import EmbeddingIndex
 from tests.factories import make_group, make_trajectory, setup_run
@@ -69,7 +69,7 @@ def _dump(store, run_id):
 
 
 def test_every_table_is_archived():
-    assert {t for t, *_ in TABLES} == set(schema.metadata.tables)
+    assert {t for t, *_ in TABLES} | set(SHARED) == set(schema.metadata.tables)
 
 
 def test_archive_and_restore_round_trip_row_for_row(store, tmp_path, monkeypatch):
@@ -132,6 +132,17 @@ def test_restore_refuses_a_changed_file_an_existing_run_and_no_manifest(store, t
     (bad / "turns.parquet").write_bytes((bad / "turns.parquet").read_bytes()[:-10] + b"0" * 10)
     with pytest.raises(ArchiveError, match="turns.parquet changed"):
         restore(store, bad)
+    # rows of an origin this database's table does not hold (a method's, not installed here)
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    for f in (tmp_path / "arc").iterdir():
+        (foreign / f.name).write_bytes(f.read_bytes())
+    manifest = json.loads((foreign / "manifest.json").read_text())
+    assert manifest["origins"] == ["base", "replayed"]
+    (foreign / "manifest.json").write_text(json.dumps({**manifest, "origins": [*manifest["origins"], "verified"]}))
+    with pytest.raises(ArchiveError, match="origin\\(s\\) verified, which this database's table origins does not hold"):
+        restore(store, foreign)
+    assert rows(store, "SELECT count(*) FROM runs WHERE name = 'busy'") == [(0,)]
     restore(store, tmp_path / "arc")
     with pytest.raises(ArchiveError, match="a run named 'busy' exists"):
         restore(store, tmp_path / "arc")

@@ -268,8 +268,8 @@ def test_dapo_on_purified_and_raw_rows_by_hand(micro_batch_size):
     torch.testing.assert_close(part.grad, full.grad)
 
 
-def test_the_method_s_loss_origins_and_config():
-    from reflexdb.origins import ORIGINS
+def test_the_method_s_loss_origins_and_config(store):
+    ORIGINS = store.origins()  # the table of origins (migration 0018)
 
     cfg = parse_config({"run": "r", "algorithm": "cleaner", "environment": {"name": "tool_python"},
                         "cleaner": {"saar_share": 0.7}})

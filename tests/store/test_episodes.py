@@ -272,7 +272,7 @@ def test_episode_round_trips_through_the_store(tiny, store):
         assert got.meta == {"attempts": 3, "solved_at": None}
     from reflexdb.trainer.batch import pack
 
-    batch = pack([group], pad_id=0)
+    batch = pack([group], pad_id=0, origins=store.origins())
     for i, t in enumerate(group.trajectories):
         assert batch.response_mask[i, :len(t.response_ids)].numpy().tolist() == t.loss_mask.tolist()
     # one row per turn in the view, in order, readable in psql

@@ -155,7 +155,7 @@ def test_pi_old_from_the_training_forward_equals_a_second_forward(store, tmp_pat
                 return old, torch.zeros(batch.size, dtype=torch.bool)
             lr.old_logprobs = old_logprobs
         else:
-            batch = pack(store.read_groups(ids, turns=False), lr.engine.pad_id)
+            batch = pack(store.read_groups(ids, turns=False), lr.engine.pad_id, origins=store.origins())
             _, fresh = lr.old_logprobs(batch)
             assert fresh.all()  # fresh rollouts: π_old comes from the training forward
         result = lr.step(ids)
@@ -190,7 +190,7 @@ def test_micro_batches_by_length_change_no_result(store, tmp_path, monkeypatch, 
         lr = Learner(parse_config({**config_data(micro_batch_size=3), "run": tag, "max_staleness": 100}), store,
                      echo=lambda m: None)
         lr.setup()
-        batch = pack(store.read_groups(ids, turns=False), lr.engine.pad_id)
+        batch = pack(store.read_groups(ids, turns=False), lr.engine.pad_id, origins=store.origins())
         result = lr.step(ids)
         monkeypatch.undo()
         return batch, result, [p.detach().clone() for p in lr.engine.ds.module.parameters()]
@@ -309,8 +309,8 @@ def test_rows_ordered_by_length_are_dealt_evenly_to_the_ranks():
     b = Batch(group_ids=[], trajectory_ids=[int(x) for x in lengths], group_index=z, rewards=z.float(),
               correct=z.bool(), valid=~z.bool(), truncated=z.bool(), input_ids=z[:, None], attention_mask=z[:, None],
               prompt_lengths=z, response_lengths=lengths, response_mask=torch.ones(7, 1, dtype=torch.bool),
-              behaviour_logprobs=torch.zeros(7, 1), policy_versions=z, origin=z, confidence=z.float(),
-              group_versions=[], group_kinds=[])
+              behaviour_logprobs=torch.zeros(7, 1), policy_versions=z, confidence=z.float(),
+              group_versions=[], group_kinds=[], origins=["base"] * 7)
     assert b.by_length().trajectory_ids == [1, 2, 3, 4, 5, 6, 7]
     assert b.by_length(2).trajectory_ids == [1, 3, 5, 7, 2, 4, 6]
     assert b.by_length(3).trajectory_ids == [1, 4, 6, 2, 5, 7, 3]

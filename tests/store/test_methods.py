@@ -9,6 +9,7 @@ from reflexdb.trainer.batch import Batch
 from reflexdb.trainer.methods import best_of_group, get_method, method_names
 
 from reflexdb.config import ConfigError, parse_config
+from tests.factories import release_origins
 
 
 def batch_of(rewards, groups) -> Batch:
@@ -21,8 +22,8 @@ def batch_of(rewards, groups) -> Batch:
                  correct=r > 0.5, valid=valid, truncated=torch.zeros(B, dtype=torch.bool), input_ids=z[:, None],
                  attention_mask=z[:, None], prompt_lengths=z, response_lengths=z,
                  response_mask=torch.ones(B, 1, dtype=torch.bool), behaviour_logprobs=torch.zeros(B, 1),
-                 policy_versions=z, origin=z, confidence=torch.zeros(B),
-                 group_versions=[], group_kinds=[])
+                 policy_versions=z, confidence=torch.zeros(B), group_versions=[], group_kinds=[],
+                 origins=["base"] * B, origin_table=release_origins())
 
 
 def test_best_of_group_keeps_one_row_per_group_first_of_equals_and_skips_null():

@@ -79,7 +79,7 @@ def test_replay_group_is_filled_by_the_collector_and_trained_with_pi_beh(store, 
 
     learner = Learner(cfg, store, echo=lambda m: None)
     learner.setup()
-    batch = pack([group], learner.engine.pad_id)
+    batch = pack([group], learner.engine.pad_id, origins=store.origins())
     assert batch.replayed.tolist() == [True, True, False, False]
     old, fresh = learner.old_logprobs(batch)
     recomputed, _ = learner.engine.token_logprobs(batch.input_ids, batch.attention_mask, batch.prompt_lengths,

@@ -267,7 +267,7 @@ def test_three_terms_over_micro_batches_equal_the_full_batch(micro_batch_size):
 def _batch(rewards, *, meta=None, mask=None, origins=None):
     from reflexdb.trainer.batch import Batch
 
-    from reflexdb.origins import CODE
+    from tests.factories import release_origins
 
     B = len(rewards)
     z = torch.zeros(B, dtype=torch.int64)
@@ -277,8 +277,8 @@ def _batch(rewards, *, meta=None, mask=None, origins=None):
                  truncated=torch.zeros(B, dtype=torch.bool), input_ids=z[:, None], attention_mask=z[:, None],
                  prompt_lengths=z, response_lengths=z + mask.shape[1], response_mask=mask,
                  behaviour_logprobs=torch.zeros(mask.shape, dtype=torch.float32), policy_versions=z,
-                 origin=torch.tensor([CODE[o] for o in (origins or ["base"] * B)]), confidence=torch.zeros(B),
-                 group_versions=[0] * B, group_kinds=["fresh"] * B, meta=meta or [{}] * B)
+                 confidence=torch.zeros(B), group_versions=[0] * B, group_kinds=["fresh"] * B, meta=meta or [{}] * B,
+                 origins=origins or ["base"] * B, origin_table=release_origins())
 
 
 def test_the_method_s_terms_rows_and_config():
