@@ -1,5 +1,5 @@
 """One registry mechanism for every part that plugs in: methods, workflows, environments, loss
-families, advantage transforms, reward functions, engines and prompt templates.
+families, advantage transforms, reward functions, engines, prompt templates and migration branches.
 
 Each kind of part is a :class:`Registry` below, kept here in the shared layer so that anything may
 *read* one (the config validates a method's section through ``METHODS``) while the parts themselves
@@ -138,7 +138,10 @@ ADVANTAGE_TRANSFORMS: Registry[Any] = Registry("advantage transform")
 REWARDS: Registry[Any] = Registry("reward function")
 ENGINES: Registry[Any] = Registry("engine")
 TEMPLATES: Registry[Any] = Registry("prompt template")
+#: A method's migration branch: name -> the folder of its revisions (reflexdb/migrate.py).
+MIGRATIONS: Registry[Any] = Registry("migration branch")
 
 #: Every registry by the kind it holds.
 REGISTRIES: dict[str, Registry[Any]] = {r.kind: r for r in (METHODS, WORKFLOWS, ENVIRONMENTS, LOSSES,
-                                                               ADVANTAGE_TRANSFORMS, REWARDS, ENGINES, TEMPLATES)}
+                                                               ADVANTAGE_TRANSFORMS, REWARDS, ENGINES, TEMPLATES,
+                                                               MIGRATIONS)}
