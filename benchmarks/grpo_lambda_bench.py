@@ -26,7 +26,7 @@ import time
 
 import torch
 
-from reflexdb.trainer.losses.grpo_lambda import trace_matrix, trace_sum
+from reflexdb.methods.grpo_lambda.loss import trace_matrix, trace_sum
 
 CONFIGS = [("recent", 0.0), ("both", 0.01)]
 LAM = 0.99

@@ -8,14 +8,14 @@ import zlib
 
 import pytest
 import torch
-from reflexdb.trainer.losses import (
+from reflexdb.methods.grpo_lambda.loss import (
     discounted_cumsum,
     grpo_lambda_loss,
-    grpo_loss,
     trace_matrix,
     trace_sum,
     trace_sum_dense,
 )
+from reflexdb.trainer.losses import grpo_loss
 from reflexdb.trainer.losses.common import aggregate, k3_kl
 
 D = torch.float64

@@ -10,16 +10,6 @@ from .common import AGG_MODES, AggMode, ClipStats, PolicyLossOutput, aggregate, 
 from .dapo import DAPOParams, dapo_loss, overlong_filter
 from .dr_grpo import DrGRPOParams, dr_grpo_loss
 from .grpo import GRPOParams, grpo_loss
-from .grpo_lambda import (
-    GRPOLambdaOutput,
-    GRPOLambdaParams,
-    discounted_cumsum,
-    grpo_lambda_loss,
-    soft_clamp,
-    trace_matrix,
-    trace_sum,
-    trace_sum_dense,
-)
 from .gspo import GSPOParams, gspo_loss
 from .opmd import OPMDParams, PGLossOutput, opmd_loss
 from .params import LossParams
@@ -32,8 +22,6 @@ __all__ = [
     "ClipStats",
     "DAPOParams",
     "DrGRPOParams",
-    "GRPOLambdaOutput",
-    "GRPOLambdaParams",
     "GRPOParams",
     "GSPOParams",
     "LOSSES",
@@ -48,11 +36,9 @@ __all__ = [
     "clip_stats",
     "clipped_surrogate",
     "dapo_loss",
-    "discounted_cumsum",
     "dr_grpo_loss",
     "get_loss",
     "get_loss_spec",
-    "grpo_lambda_loss",
     "grpo_loss",
     "gspo_loss",
     "k3_kl",
@@ -63,8 +49,4 @@ __all__ = [
     "register_loss",
     "register_loss_spec",
     "sft_loss",
-    "soft_clamp",
-    "trace_matrix",
-    "trace_sum",
-    "trace_sum_dense",
 ]

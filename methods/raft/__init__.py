@@ -11,8 +11,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from . import register_method
-from .base import LossTerm, Method, best_of_group
+from reflexdb.trainer.methods import LossTerm, Method, best_of_group, register_method
 
 
 class RAFTConfig(BaseModel):

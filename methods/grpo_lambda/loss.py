@@ -30,11 +30,11 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Literal, NamedTuple
 
-from reflexdb.lazy import torch  # imported on first use (reflexdb check never computes)
 from pydantic import Field
 
-from . import params as P
-from .common import (
+from reflexdb.lazy import torch  # imported on first use (reflexdb check never computes)
+from reflexdb.trainer.losses import params as P
+from reflexdb.trainer.losses.common import (
     AggMode,
     aggregate,
     as_bool_mask,
@@ -45,6 +45,7 @@ from .common import (
     masked_log_ratio,
     masked_mean,
 )
+from reflexdb.trainer.losses.registry import LossSpec, register_loss_spec
 
 if TYPE_CHECKING:  # annotations only: torch itself may be imported lazily (reflexdb check)
     from torch import Tensor
@@ -383,7 +384,5 @@ class GRPOLambdaParams(P.LossParams):
     agg: P.AggName = P.agg("seq-mean-token-mean")
     max_len: int | None = P.max_len()
 
-
-from .registry import LossSpec, register_loss_spec  # noqa: E402  (the registry imports the families above it)
 
 register_loss_spec(LossSpec("grpo_lambda", grpo_lambda_loss, GRPOLambdaParams))
