@@ -19,7 +19,7 @@ True`` is the group's work item; a group with none completes its task's claim
 (:class:`TaskClaim`): a plain group of a claimed task.
 
 Each method implements its own attachments in its own module (``reflexdb/replay.py``,
-``reflexdb/lte.py``, ``reflexdb/r3l.py``); the store only calls the two steps, in order: every
+``methods/lte/stages.py``, ``methods/r3l/reflections.py``); the store only calls the two steps, in order: every
 group's ``before``, the groups and their trajectories, every group's ``after``.
 """
 

@@ -123,7 +123,7 @@ class ToolPython:
     def tool_feedback(self, result: ToolResult | None, *, last: bool = False, note: str | None = None) -> Step:
         """The step that shows a call's result to the model (``None``: a turn with no block to run,
         shown :data:`~collector.tasks.tool_use.NO_CODE`), without committing it to the episode:
-        CLEANER's lookahead (collector/saar.py) shows errors it may roll back. ``last``: no call is
+        CLEANER's lookahead (methods/cleaner/saar.py) shows errors it may roll back. ``last``: no call is
         left after it; ``note``: a line added after the result."""
         if result is None:
             shown, failed, record = tool_use.NO_CODE, True, None

@@ -26,7 +26,7 @@ ERROR = "Error:\n```\n{text}\n```"
 NO_OUTPUT = "Output: (nothing was printed; use print() to see a value)"
 #: After the last allowed call, a block is not run: the model is asked for its answer.
 NO_MORE_CALLS = "No more code can be run. Write your final answer within \\boxed{{}}."
-#: CLEANER's lookahead (collector/saar.py): a correction with no block to run is shown this.
+#: CLEANER's lookahead (methods/cleaner/saar.py): a correction with no block to run is shown this.
 NO_CODE = "Error:\n```\nthere is no Python block to run: write the corrected code in a python block\n```"
 #: CLEANER: after K corrections of a call all failed, the error stays in the history with this
 #: note (as the authors' code does) and rollback stops for the episode.

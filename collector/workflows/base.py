@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     import numpy as np
 
-    from reflexdb import GroupIn, Store, TrajectoryIn
+    from reflexdb import GroupIn, Store, Trajectory, TrajectoryIn
     from reflexdb.config import Config
 
     from ..engines import Engine, Sample
@@ -96,3 +96,36 @@ class Workflow(Protocol):
     def claim(self, want: int) -> list: ...
 
     def collect(self, items: list) -> list[GroupIn | list[GroupIn]]: ...
+
+
+def replayed_copy(original: Trajectory) -> TrajectoryIn:
+    """A stored trajectory as a member of a replay group: same tokens, behaviour log-probs, reward
+    and turns; origin ``replayed``, lineage to the original. No embedding: the original's vector
+    already represents it (the pools and the FAISS index leave replayed copies out).
+
+    Raises:
+        ValueError: ``original`` was read without payloads.
+    """
+    if original.response_ids is None:
+        raise ValueError(f"trajectory {original.id} was read without its token payload")
+    from reflexdb import TrajectoryIn, TurnIn
+
+    return TrajectoryIn(
+        prompt_ids=original.prompt_ids,
+        response_ids=original.response_ids,
+        logprobs=original.logprobs,
+        reward=original.reward,
+        correct=original.correct,
+        turns=[TurnIn(u.role, u.text, u.token_start, u.token_end, u.trainable, u.tool_error, u.attempt, u.answer,
+                      u.correct, u.reward, u.tool_call) for u in original.turns],
+        truncated=original.truncated,
+        finish_reason=original.finish_reason,
+        extracted_answer=original.extracted_answer,
+        confidence=original.confidence,
+        origin="replayed",
+        parent_trajectory_id=original.id,
+        policy_version=original.policy_version,
+        token_policy_versions=original.token_policy_versions,
+        loss_mask=original.loss_mask,
+        meta={"replayed_from": original.id},
+    )

@@ -18,7 +18,7 @@ from reflexdb.collector.engines import Sample, SamplingParams
 from reflexdb.collector.environments import EnvTask, parse_options
 from reflexdb.collector.episodes import environment_factory, own_tokens
 from reflexdb.collector.rewards import get_reward
-from reflexdb.collector.saar import (
+from reflexdb.methods.cleaner.saar import (
     SaarRollout,
     fence_token,
     replacement,
@@ -28,7 +28,7 @@ from reflexdb.collector.saar import (
 from reflexdb.collector.tasks.templates import apply_chat_template
 from reflexdb.collector.tasks.tool_use import NO_CODE, TRY_DIFFERENT
 from reflexdb.trainer.losses import get_loss_spec
-from reflexdb.trainer.methods.cleaner import cleaner_metrics
+from reflexdb.methods.cleaner import cleaner_metrics
 
 from reflexdb.config import ConfigError, parse_config
 from tests.processes import rows
@@ -426,7 +426,7 @@ def write_cleaner_task(store, run: int, task: int, episodes: list[dict], *, vers
     Each episode: ``raw`` (errors of its calls), ``pure`` (or None), ``rollbacks`` (PurificationIn
     fields after ``index``), ``reward``."""
     from reflexdb import GroupIn, Sibling
-    from reflexdb.cleaner import PurificationIn, Purifications, Rollback
+    from reflexdb.methods.cleaner.rollbacks import PurificationIn, Purifications, Rollback
 
     rng = np.random.default_rng(task)
     train, twins, rbs = [], [], []

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import psycopg
 import pytest
-from reflexdb.collector.workflows.nexgrpo_replay import (
+from reflexdb.methods.nexgrpo.workflow import (
     replay_group as make_replay_group,
 )
 from sqlalchemy import text

@@ -145,7 +145,7 @@ def test_a_group_the_store_refuses_is_counted_and_skipped_and_the_batch_goes_on(
                                                       "improvement_suggestion": s}), hostile_text)),
        n_turns=st.integers(0, 5))
 def test_parsing_a_reflection_never_raises(text, n_turns):
-    from reflexdb.r3l import parse_reflection
+    from reflexdb.methods.r3l.reflections import parse_reflection
 
     p = parse_reflection(text, n_turns)
     assert p.valid == (p.error is None)
@@ -155,7 +155,7 @@ def test_reflections_of_any_text_are_stored(store):
     """R3L's reflections rows, whatever the model wrote: NUL and lone surrogates in the raw text
     and inside the parsed JSON fields are stored as U+FFFD, never refused."""
     from reflexdb import GroupIn, TaskIn
-    from reflexdb.r3l import ReflectionIn, Reflections, parse_reflection, reserve_ids
+    from reflexdb.methods.r3l.reflections import ReflectionIn, Reflections, parse_reflection, reserve_ids
     from tests.factories import make_trajectory
 
     run = store.create_run("reflections")

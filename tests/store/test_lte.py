@@ -11,7 +11,7 @@ import math
 
 import pytest
 import torch
-from reflexdb.trainer.losses.lte import lte_mixed_loss, lte_shaped_loss
+from reflexdb.methods.lte.loss import lte_mixed_loss, lte_shaped_loss
 from reflexdb.trainer.losses.registry import get_loss_spec
 
 LN = math.log
@@ -153,7 +153,7 @@ def test_hint_pool_view_on_hand_made_groups(store):
 
 
 def test_hint_templates():
-    from reflexdb.collector.tasks.hints import KINDS, hint_text, hinted_question
+    from reflexdb.methods.lte.hints import KINDS, hint_text, hinted_question
     from reflexdb.collector.tasks.templates import get_template
 
     wrong = hint_text("wrong_answers", ["7", "8"])
@@ -201,10 +201,10 @@ def _extra(n, rng=None, **kw):
 
 def _lte_group(store, stage_row, n_correct, *, mode="hint", seed=0):
     import numpy as np
-    from reflexdb.collector.workflows.lte_hint import lte_group
+    from reflexdb.methods.lte.workflow import lte_group
 
-    from reflexdb import lte
-    from reflexdb.lte import HintIn, LteStageIn
+    from reflexdb.methods.lte import stages as lte
+    from reflexdb.methods.lte.stages import HintIn, LteStageIn
 
     [original] = store.read_groups([stage_row.group_id])
     hint = HintIn(lte.reserve_hint_id(store), stage_row.hint_kind, stage_row.wrong_answers, "q + hint") \
@@ -214,7 +214,7 @@ def _lte_group(store, stage_row, n_correct, *, mode="hint", seed=0):
 
 
 def test_an_lte_group_replaces_failures_with_lineage_in_one_transaction(store):
-    from reflexdb import lte
+    from reflexdb.methods.lte import stages as lte
     from tests.processes import rows
 
     run, tasks, original, other = _stage_setup(store)
@@ -248,7 +248,7 @@ def test_an_lte_group_replaces_failures_with_lineage_in_one_transaction(store):
 
 
 def test_a_none_pass_group_waits_for_its_stage_then_is_released_after_the_timeout(store):
-    from reflexdb import lte
+    from reflexdb.methods.lte import stages as lte
     from reflexdb.errors import LteStageLost
     from tests.processes import rows
 
@@ -272,7 +272,7 @@ def test_a_none_pass_group_waits_for_its_stage_then_is_released_after_the_timeou
 
 
 def test_a_timed_out_group_is_not_claimed_and_stale_groups_are_not_opened(store):
-    from reflexdb import lte
+    from reflexdb.methods.lte import stages as lte
 
     run, tasks, original, other = _stage_setup(store)
     assert lte.claim_stages(store, run, "a", 5, min_version=0, timeout_s=0) == []
@@ -283,8 +283,8 @@ def test_a_timed_out_group_is_not_claimed_and_stale_groups_are_not_opened(store)
 
 @pytest.mark.parametrize("unsolved, trained", [("train", True), ("skip", False)])
 def test_an_unsolved_stage_writes_its_hint_and_the_original_trains_as_it_is(store, unsolved, trained):
-    from reflexdb import lte
-    from reflexdb.lte import HintIn, LteStageIn
+    from reflexdb.methods.lte import stages as lte
+    from reflexdb.methods.lte.stages import HintIn, LteStageIn
     from tests.processes import rows
 
     run, tasks, original, other = _stage_setup(store)
@@ -301,7 +301,7 @@ def test_an_unsolved_stage_writes_its_hint_and_the_original_trains_as_it_is(stor
 def test_two_collectors_racing_for_one_stage_one_wins_and_nothing_is_written_twice(store):
     import threading
 
-    from reflexdb import lte
+    from reflexdb.methods.lte import stages as lte
     from reflexdb.errors import LteStageLost
     from tests.processes import rows
 
@@ -332,7 +332,7 @@ def test_two_collectors_racing_for_one_stage_one_wins_and_nothing_is_written_twi
 def test_a_dead_collectors_stage_is_claimed_again_after_its_ttl(store):
     import time
 
-    from reflexdb import lte
+    from reflexdb.methods.lte import stages as lte
     from reflexdb.errors import LteStageLost
 
     run, tasks, original, other = _stage_setup(store)
@@ -349,7 +349,7 @@ def test_a_dead_collectors_stage_is_claimed_again_after_its_ttl(store):
 
 
 def test_grpo_extra_mode_writes_no_hint_and_on_policy_replacements(store):
-    from reflexdb import lte
+    from reflexdb.methods.lte import stages as lte
     from tests.processes import rows
 
     run, tasks, original, other = _stage_setup(store)
@@ -365,7 +365,7 @@ def test_grpo_extra_mode_writes_no_hint_and_on_policy_replacements(store):
 
 
 def test_release_gives_claims_back(store):
-    from reflexdb import lte
+    from reflexdb.methods.lte import stages as lte
 
     run, tasks, original, other = _stage_setup(store)
     assert len(lte.claim_stages(store, run, "a", 5, min_version=0, timeout_s=300)) == 1
@@ -490,7 +490,7 @@ def test_lte_workflow_and_learner_end_to_end_on_the_tiny_model(store, tmp_path, 
 def test_untrained_groups_names_lte_reasons_never_passed_over(store):
     """The learner skips a none-pass group by design while it waits for its stage, and never
     trains a replaced one: untrained_groups says so instead of calling them passed over."""
-    from reflexdb import lte
+    from reflexdb.methods.lte import stages as lte
     from tests.processes import rows
 
     run, tasks, original, other = _stage_setup(store)

@@ -7,9 +7,9 @@ import math
 
 import numpy as np
 import pytest
-from reflexdb.collector.workflows.nexgrpo_replay import replay_group
+from reflexdb.methods.nexgrpo.workflow import replay_group
 from reflexdb.trainer.batch import compose_batch
-from reflexdb.trainer.nexgrpo import (
+from reflexdb.methods.nexgrpo.planner import (
     PlanStats,
     ReplayPlanner,
     boundary_failures,

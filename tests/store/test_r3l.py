@@ -17,11 +17,12 @@ from reflexdb.trainer.advantages import (
     make_transform,
 )
 from reflexdb.trainer.losses import get_loss_spec
-from reflexdb.trainer.losses.r3l import pivotal_mask
+from reflexdb.methods.r3l.loss import pivotal_mask
 
-from reflexdb import GroupIn, Sibling, TrajectoryIn, TurnIn, r3l
+from reflexdb import GroupIn, Sibling, TrajectoryIn, TurnIn
+from reflexdb.methods.r3l import reflections as r3l
 from reflexdb.config import ConfigError, parse_config
-from reflexdb.r3l import ParsedReflection, ReflectionIn, parse_reflection
+from reflexdb.methods.r3l.reflections import ParsedReflection, ReflectionIn, parse_reflection
 from tests.processes import rows
 
 D = torch.float64
@@ -162,7 +163,7 @@ def test_pivotal_mask_on_a_three_turn_episode(pivot, start, kept):
     got = pivotal_mask(EPISODE_MASK, torch.tensor([start]))
     assert got.nonzero()[:, 1].tolist() == kept
     # through the method: the row's meta.pivot_token as the collector stores it
-    from reflexdb.trainer.methods.r3l import pivot_tokens
+    from reflexdb.methods.r3l import pivot_tokens
 
     batch = _batch([0.0], meta=[{} if pivot is None else {"pivot": pivot, "pivot_token": start}], mask=EPISODE_MASK)
     assert torch.equal(pivot_tokens(batch), got)

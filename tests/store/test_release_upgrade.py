@@ -39,7 +39,7 @@ RELEASE_ORIGINS = {"base", "distilled", "guided_retry", "hinted", "imported", "p
 
 def _lte_hinted(store) -> None:
     """A none-pass group of a run of its own, its hint stage claimed and an LTE group written."""
-    from reflexdb import lte
+    from reflexdb.methods.lte import stages as lte
     from tests.store.test_lte import _lte_group, _stage_setup
 
     run, _, _, _ = _stage_setup(store)

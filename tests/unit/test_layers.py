@@ -30,12 +30,7 @@ LEVEL = {"reflexdb": 0, "reflexdb.collector": 1, "reflexdb.trainer": 1, "reflexd
 #: Modules that belong to one method, still outside its package (``methods/<name>/``, which the
 #: check skips as a whole): to move there.
 METHOD_MODULES = {
-    "reflexdb/r3l.py", "reflexdb/lte.py", "reflexdb/replay.py", "reflexdb/cleaner.py",
-    "collector/saar.py", "collector/tasks/reflection.py", "collector/tasks/hints.py",
-    "collector/workflows/cleaner.py", "collector/workflows/lte_hint.py", "collector/workflows/nexgrpo_replay.py",
-    "collector/workflows/r3l.py",
-    "trainer/nexgrpo.py", "trainer/losses/lte.py", "trainer/losses/r3l.py",
-    "trainer/methods/cleaner.py", "trainer/methods/lte.py", "trainer/methods/nexgrpo.py", "trainer/methods/r3l.py",
+    "reflexdb/replay.py",
 }
 METHOD_NAME = re.compile(r"(?<![a-z0-9])(nexgrpo|lte|r3l|cleaner|grpo_lambda|grpo-λ|raft|saar)(?![a-z0-9])", re.I)
 

@@ -21,11 +21,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 
-from .sqlfile import load_queries
-from .storable import storable_json, storable_text
+from reflexdb.sqlfile import load_queries
+from reflexdb.storable import storable_json, storable_text
 
 if TYPE_CHECKING:
-    from .store import Store
+    from reflexdb.store import Store
 
 Q = load_queries("r3l.sql")
 

@@ -37,14 +37,14 @@ from typing import Any
 
 import numpy as np
 
-from reflexdb.cleaner import Rollback
+from reflexdb.collector.engines import Sample
+from reflexdb.collector.environments import EnvTask, Step
+from reflexdb.collector.environments.tool_python import run_calls
+from reflexdb.collector.episodes import Episode, Rollout, environment_ids
+from reflexdb.collector.sandbox import ToolResult
+from reflexdb.collector.tasks import tool_use
 
-from .engines import Sample
-from .environments import EnvTask, Step
-from .environments.tool_python import run_calls
-from .episodes import Episode, Rollout, environment_ids
-from .sandbox import ToolResult
-from .tasks import tool_use
+from .rollbacks import Rollback
 
 REPLACEMENTS = ("shallow", "deep")
 

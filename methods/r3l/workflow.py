@@ -33,15 +33,16 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from reflexdb import GroupIn, Sibling, TrajectoryIn, TurnIn, drill, r3l
+from reflexdb import GroupIn, Sibling, TrajectoryIn, TurnIn, drill
+from reflexdb.collector.environments import EnvTask
+from reflexdb.collector.episodes import Episode, Start, rescore
+from reflexdb.collector.workflows import register_workflow
+from reflexdb.collector.workflows.group import GroupWorkflow
 from reflexdb.lazy import lazy
-from reflexdb.r3l import ParsedReflection, ReflectionIn
 
-from ..environments import EnvTask
-from ..episodes import Episode, Start, rescore
-from ..tasks.reflection import guidance_message, reflection_messages
-from . import register_workflow
-from .group import GroupWorkflow
+from . import reflections as r3l
+from .prompts import guidance_message, reflection_messages
+from .reflections import ParsedReflection, ReflectionIn
 
 work = lazy("reflexdb.work")  # the store (SQLAlchemy) on first use: loading a plug-in stays cheap
 

@@ -7,7 +7,7 @@
 - **loss**: GRPO on every valid row; replayed stored rows use their behaviour log-probs as the
   ratio denominator (NexGRPO.md Eq. 7; the learner does this for any replayed row);
 - **settings**: the gate, the difficulty σ, ε and α (the pool views read them);
-- **after each step**: delayed start, then plan replay requests (trainer/nexgrpo.py's planner);
+- **after each step**: delayed start, then plan replay requests (``planner.py``);
 - **metrics**: ``replay/*`` (docs/metrics.md).
 """
 
@@ -18,11 +18,12 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from . import register_method
-from .base import Method, WorkflowUse
+from reflexdb.trainer.methods import Method, WorkflowUse, register_method
+
+from . import workflow  # noqa: F401  (importing registers the collectors' workflow nexgrpo_replay)
 
 if TYPE_CHECKING:
-    from .base import LearnerContext
+    from reflexdb.trainer.methods import LearnerContext
 
 
 class NexGRPOConfig(BaseModel):
@@ -86,7 +87,7 @@ class ReplayHooks:
 
         from reflexdb.index import EmbeddingIndex
 
-        from ..nexgrpo import ReplayPlanner
+        from .planner import ReplayPlanner
 
         L, n = self.learner, self.n
         if not L.main:
@@ -101,8 +102,8 @@ class ReplayHooks:
                    "planning replay requests")
 
     def select(self, n: int, min_version: int):
-        from ..batch import eligible_group_ids
-        from ..nexgrpo import replay_quota
+        from reflexdb.trainer.batch import eligible_group_ids
+        from .planner import replay_quota
 
         L = self.learner
         return eligible_group_ids(L.store, L.run_id, n, min_version=min_version,
@@ -128,7 +129,7 @@ class ReplayHooks:
         """
         from reflexdb import replay
 
-        from ..nexgrpo import replay_quota
+        from .planner import replay_quota
 
         L, n = self.learner, self.n
         if not self.active and metrics.get("reward/pass_at_1", 0.0) > n.start_pass_at_1:

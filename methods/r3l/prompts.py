@@ -2,12 +2,12 @@
 
 - :func:`reflection_messages`: the unified reflection prompt. The policy reads the log of an
   episode (the task, each assistant turn numbered as a step, the environment's feedback on it,
-  the final result) and answers with one JSON object of five keys (``reflexdb.r3l.KEYS``).
+  the final result) and answers with one JSON object of five keys (``reflections.KEYS``).
 - :func:`guidance_message`: the guidance block a retry from the pivot gets: the reflection's JSON
   report, embedded as written, ending by telling the model not to mention it.
 
 The paper's exact wording is in ``../shared/papers/R3L.md`` (Fig. 13, 14); these say the same in
-fewer words. Change them here only: the workflow (collector/workflows/r3l.py) and the tests use
+fewer words. Change them here only: the workflow (workflow.py) and the tests use
 these functions.
 """
 

@@ -11,8 +11,7 @@ A none-pass fresh group (view ``lte_hint_pool``) gets one **hint stage** (table 
 
 Completing a stage (``LteStageIn.after``) only succeeds on a stage the writer still holds, and the learner's release
 only on one not done: whichever commits first wins, so a group and its LTE group are never both
-trained. The collector side is ``collector/workflows/lte_hint.py``, the learner side
-``trainer/methods/lte.py``.
+trained. The collector side is ``workflow.py``, the learner side the method (``__init__.py``).
 """
 
 from __future__ import annotations
@@ -21,11 +20,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .errors import ClaimLost
-from .sqlfile import load_queries
+from reflexdb.errors import ClaimLost
+from reflexdb.sqlfile import load_queries
 
 if TYPE_CHECKING:
-    from .store import Store
+    from reflexdb.store import Store
 
 Q = load_queries("lte.sql")
 

@@ -22,8 +22,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from . import register_method
-from .base import LossTerm, Method, WorkflowUse
+from reflexdb.trainer.methods import LossTerm, Method, WorkflowUse, register_method
+
+from . import loss, workflow  # noqa: F401  (importing registers the loss family lte_shaped and the workflow lte_hint)
 
 
 class LTEConfig(BaseModel):
@@ -58,7 +59,7 @@ def hinted_rows(batch):
 
 
 def _terms(cfg, main_params) -> list[LossTerm]:
-    from ..losses.lte import LTEShapedParams
+    from .loss import LTEShapedParams
 
     lte = _cfg(cfg)
     if "agg" in type(main_params).model_fields and "agg" not in main_params.model_fields_set:
@@ -87,9 +88,9 @@ class LTEHooks:
         self.cfg, self.lte, self.learner = cfg, _cfg(cfg), learner
 
     def select(self, n: int, min_version: int):
-        from reflexdb import lte
+        from . import stages as lte
 
-        from ..batch import Selection
+        from reflexdb.trainer.batch import Selection
 
         L = self.learner
         ids, snapshot, _ = lte.eligible_group_ids(L.store, L.run_id, n, min_version=min_version,
@@ -102,7 +103,7 @@ class LTEHooks:
         outcomes and a pass@1 of the plain-prompt policy that hinting does not inflate."""
         import torch
 
-        from reflexdb import lte
+        from . import stages as lte
 
         L = self.learner
         stages = L.db(lambda: lte.stages_of(L.store, [g.id for g in groups]))

@@ -25,8 +25,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from . import register_method
-from .base import LossTerm, Method, WorkflowUse
+from reflexdb.trainer.methods import LossTerm, Method, WorkflowUse, register_method
+
+from . import workflow  # noqa: F401  (importing registers the collectors' workflow r3l)
 
 #: Origins of the SFT rows (reflexdb/origins.py): never rows of the policy-gradient term.
 SFT_ORIGINS = ("reflection", "guided_retry")
@@ -82,14 +83,14 @@ def pivot_tokens(batch):
     """``[B, T]`` bool: Eq. 10's mask from each row's ``meta.pivot_token`` (0: nothing masked)."""
     import torch
 
-    from ..losses.r3l import pivotal_mask
+    from .loss import pivotal_mask
 
     starts = torch.tensor([int((m or {}).get("pivot_token") or 0) for m in batch.meta], dtype=torch.int64)
     return pivotal_mask(batch.response_mask, starts)
 
 
 def _terms(cfg, main_params) -> list[LossTerm]:
-    from ..losses.sft import SFTParams
+    from reflexdb.trainer.losses.sft import SFTParams
 
     r = _cfg(cfg)
     terms = [LossTerm("policy", cfg.learner.loss or "opmd", main_params, rows=exploration_rows,
@@ -102,7 +103,7 @@ def _terms(cfg, main_params) -> list[LossTerm]:
 
 
 def _transforms(cfg) -> list:
-    from ..advantages import make_transform
+    from reflexdb.trainer.advantages import make_transform
 
     r = _cfg(cfg)
     if not r.amplification:
@@ -131,9 +132,9 @@ class R3LHooks:
         self.cfg, self.r, self.learner = cfg, _cfg(cfg), learner
 
     def select(self, n: int, min_version: int):
-        from reflexdb import r3l
+        from . import reflections as r3l
 
-        from ..batch import Selection, eligible_group_ids
+        from reflexdb.trainer.batch import Selection, eligible_group_ids
 
         L, r = self.learner, self.r
         chosen = eligible_group_ids(L.store, L.run_id, n, min_version=min_version)
@@ -149,7 +150,7 @@ class R3LHooks:
     def metrics(self, batch, groups) -> dict[str, float]:
         """The paper's exploration metrics (Sec. 5.4, Fig. 3, Table 3) over this batch's exploration
         groups, the reflections' validity and outcomes, and the SFT sets."""
-        from reflexdb import r3l
+        from . import reflections as r3l
 
         L = self.learner
         nan = float("nan")

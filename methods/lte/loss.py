@@ -26,9 +26,10 @@ from typing import TYPE_CHECKING, Literal, NamedTuple
 from reflexdb.lazy import torch  # imported on first use (reflexdb check never computes)
 from pydantic import Field
 
-from . import params as P
-from .common import aggregate, as_bool_mask, broadcast_advantages, masked_log_ratio
-from .grpo import grpo_loss
+from reflexdb.trainer.losses import params as P
+from reflexdb.trainer.losses.common import aggregate, as_bool_mask, broadcast_advantages, masked_log_ratio
+from reflexdb.trainer.losses.grpo import grpo_loss
+from reflexdb.trainer.losses.registry import LossSpec, register_loss_spec
 
 if TYPE_CHECKING:  # annotations only: torch itself may be imported lazily (reflexdb check)
     from torch import Tensor
@@ -136,7 +137,5 @@ def lte_mixed_loss(
     return LTEMixedOutput(loss=on.loss + off.loss, on_policy_loss=on.loss.detach(), off_policy_loss=off.loss.detach(),
                           on_policy_tokens=(mask & ~replaced).sum(), off_policy_tokens=(mask & replaced).sum())
 
-
-from .registry import LossSpec, register_loss_spec  # noqa: E402  (the registry imports the families above it)
 
 register_loss_spec(LossSpec("lte_shaped", lte_shaped_loss, LTEShapedParams, agg="token-mean"))  # LTE Eq. 7-8: 1/Z' Σ f(r') A'

@@ -6,8 +6,7 @@ their differences are the loss (trainer/losses/) and, for Dr.GRPO, advantages wi
 
 from __future__ import annotations
 
-from . import register_method
-from .base import Method
+from reflexdb.trainer.methods import Method, register_method
 
 register_method(Method("grpo", "GRPO: clipped token surrogate, group-normalised advantages (DeepSeekMath)", "grpo"))
 register_method(Method("dr_grpo", "Dr.GRPO: GRPO without length and std normalisation (Liu et al., 2025)",

@@ -23,14 +23,14 @@ included): the learner's ``cleaner/*`` metrics read them.
 from __future__ import annotations
 
 from reflexdb import GroupIn, Sibling, TrajectoryIn, drill
+from reflexdb.collector.environments import EnvTask
+from reflexdb.collector.episodes import rescore
+from reflexdb.collector.workflows import register_workflow
+from reflexdb.collector.workflows.group import GroupWorkflow
 from reflexdb.lazy import lazy
-from reflexdb.cleaner import PurificationIn, Purifications
 
-from ..environments import EnvTask
-from ..episodes import rescore
-from ..saar import SaarEpisode, SaarRollout
-from . import register_workflow
-from .group import GroupWorkflow
+from .rollbacks import PurificationIn, Purifications
+from .saar import SaarEpisode, SaarRollout
 
 work = lazy("reflexdb.work")  # the store (SQLAlchemy) on first use: loading a plug-in stays cheap
 

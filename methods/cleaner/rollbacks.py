@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .sqlfile import load_queries
-from .storable import storable_text
+from reflexdb.sqlfile import load_queries
+from reflexdb.storable import storable_text
 
 Q = load_queries("cleaner.sql")
 

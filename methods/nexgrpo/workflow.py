@@ -10,12 +10,12 @@ A request whose trajectories were deleted since is cancelled.
 
 from __future__ import annotations
 
-from reflexdb import GroupIn, Trajectory, TrajectoryIn, TurnIn, replay
+from reflexdb import GroupIn, Trajectory, TrajectoryIn, replay
+from reflexdb.collector.environments import EnvTask
+from reflexdb.collector.workflows import register_workflow
+from reflexdb.collector.workflows.base import replayed_copy
 from reflexdb.errors import NotFound
 from reflexdb.replay import ReplayRequest
-
-from ..environments import EnvTask
-from . import register_workflow
 
 
 @register_workflow("nexgrpo_replay")
@@ -48,37 +48,6 @@ class ReplayWorkflow:
 
     def release(self) -> None:
         replay.release_requests(self.ctx.store, self.ctx.run_id, self.ctx.name)
-
-
-def replayed_copy(original: Trajectory) -> TrajectoryIn:
-    """A stored trajectory as a member of a replay group: same tokens, behaviour log-probs, reward
-    and turns; origin ``replayed``, lineage to the original. No embedding: the original's vector
-    already represents it (the pools and the FAISS index leave replayed copies out).
-
-    Raises:
-        ValueError: ``original`` was read without payloads.
-    """
-    if original.response_ids is None:
-        raise ValueError(f"trajectory {original.id} was read without its token payload")
-    return TrajectoryIn(
-        prompt_ids=original.prompt_ids,
-        response_ids=original.response_ids,
-        logprobs=original.logprobs,
-        reward=original.reward,
-        correct=original.correct,
-        turns=[TurnIn(u.role, u.text, u.token_start, u.token_end, u.trainable, u.tool_error, u.attempt, u.answer,
-                      u.correct, u.reward, u.tool_call) for u in original.turns],
-        truncated=original.truncated,
-        finish_reason=original.finish_reason,
-        extracted_answer=original.extracted_answer,
-        confidence=original.confidence,
-        origin="replayed",
-        parent_trajectory_id=original.id,
-        policy_version=original.policy_version,
-        token_policy_versions=original.token_policy_versions,
-        loss_mask=original.loss_mask,
-        meta={"replayed_from": original.id},
-    )
 
 
 def replay_group(request: ReplayRequest, positive: Trajectory, negative: Trajectory, fresh: list[TrajectoryIn], *,

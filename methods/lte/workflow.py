@@ -23,14 +23,15 @@ import time
 
 import numpy as np
 
-from reflexdb import GroupIn, Trajectory, TrajectoryIn, TurnIn, drill, lte
+from reflexdb import GroupIn, Trajectory, TrajectoryIn, TurnIn, drill
+from reflexdb.collector.environments import EnvTask
+from reflexdb.collector.workflows import register_workflow
+from reflexdb.collector.workflows.base import replayed_copy
 from reflexdb.errors import ClaimLost
-from reflexdb.lte import ClaimedStage, HintIn, LteStageIn
 
-from ..environments import EnvTask
-from ..tasks.hints import hinted_question
-from . import register_workflow
-from .nexgrpo_replay import replayed_copy
+from . import stages as lte
+from .hints import hinted_question
+from .stages import ClaimedStage, HintIn, LteStageIn
 
 MODES = ("hint", "extra")
 

@@ -17,8 +17,9 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from . import register_method
-from .base import Method, WorkflowUse
+from reflexdb.trainer.methods import Method, WorkflowUse, register_method
+
+from . import workflow  # noqa: F401  (importing registers the collectors' workflow cleaner)
 
 
 class CleanerConfig(BaseModel):
