@@ -18,7 +18,7 @@ the transaction rolls back and nothing of the group is written. An attachment wi
 True`` is the group's work item; a group with none completes its task's claim
 (:class:`TaskClaim`): a plain group of a claimed task.
 
-Each method implements its own attachments in its own module (``reflexdb/replay.py``,
+Each method implements its own attachments in its own module (``methods/nexgrpo/requests.py``,
 ``methods/lte/stages.py``, ``methods/r3l/reflections.py``); the store only calls the two steps, in order: every
 group's ``before``, the groups and their trajectories, every group's ``after``.
 """

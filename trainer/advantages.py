@@ -45,7 +45,6 @@ AdvantageScale = Literal["group", "none"]
 AdvantageTransform = Callable[["Tensor", "Tensor", "Tensor"], "Tensor"]
 
 
-
 def group_index(group_ids: Tensor | Sequence[Hashable]) -> tuple[Tensor, int]:
     """Dense group numbers for arbitrary group labels.
 

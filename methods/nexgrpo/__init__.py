@@ -127,7 +127,7 @@ class ReplayHooks:
         Rank 0 plans and posts requests; the other ranks take part in the confidence-refresh
         forward passes (ZeRO-3 shards the weights) until rank 0 says it is done.
         """
-        from reflexdb import replay
+        from . import requests as replay
 
         from .planner import replay_quota
 

@@ -23,9 +23,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from reflexdb import Store, Trajectory, replay
+from reflexdb import Store, Trajectory
 from reflexdb.index import EmbeddingIndex, Neighbor
-from reflexdb.replay import ReplayRequestIn, in_gate
+
+from . import requests as replay
+from .requests import ReplayRequestIn, in_gate
 
 #: ``score(trajectories) -> confidences``: ℓ_θ of each stored trajectory under the current weights.
 ScoreFn = Callable[[Sequence[Trajectory]], Sequence[float]]

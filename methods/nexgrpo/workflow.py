@@ -10,12 +10,14 @@ A request whose trajectories were deleted since is cancelled.
 
 from __future__ import annotations
 
-from reflexdb import GroupIn, Trajectory, TrajectoryIn, replay
+from reflexdb import GroupIn, Trajectory, TrajectoryIn
 from reflexdb.collector.environments import EnvTask
 from reflexdb.collector.workflows import register_workflow
 from reflexdb.collector.workflows.base import replayed_copy
 from reflexdb.errors import NotFound
-from reflexdb.replay import ReplayRequest
+
+from . import requests as replay
+from .requests import ReplayRequest
 
 
 @register_workflow("nexgrpo_replay")

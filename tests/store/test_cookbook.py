@@ -25,12 +25,13 @@ from reflexdb.methods.nexgrpo.workflow import (
 )
 from sqlalchemy import text
 
-from reflexdb import GroupIn, TaskIn, TurnIn, replay, work
+from reflexdb import GroupIn, TaskIn, TurnIn, work
 from reflexdb.db import libpq_url
 from reflexdb.errors import ReflexdbError
 from reflexdb.psqlvars import substitute as _substitute
 from reflexdb.psqlvars import variables
-from reflexdb.replay import ReplayRequestIn
+from reflexdb.methods.nexgrpo import requests as replay
+from reflexdb.methods.nexgrpo.requests import ReplayRequestIn
 from tests.factories import make_trajectory, setup_run
 
 COOKBOOK = Path(__file__).resolve().parents[2] / "docs" / "cookbook.md"

@@ -18,9 +18,10 @@ from reflexdb.methods.nexgrpo.planner import (
     replay_quota,
 )
 
-from reflexdb import GroupIn, ReplayRequestLost, TaskIn, replay, work
+from reflexdb import GroupIn, ReplayRequestLost, TaskIn, work
 from reflexdb.index import EmbeddingIndex
-from reflexdb.replay import ReplayRequestIn, in_gate
+from reflexdb.methods.nexgrpo import requests as replay
+from reflexdb.methods.nexgrpo.requests import ReplayRequestIn, in_gate
 from tests.factories import make_trajectory, setup_run
 from tests.processes import rows
 

@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-from reflexdb import GroupIn, TrajectoryIn, TurnIn, replay
+from reflexdb import GroupIn, TrajectoryIn, TurnIn
 from reflexdb.config import parse_config
-from reflexdb.replay import ReplayRequestIn
+from reflexdb.methods.nexgrpo import requests as replay
+from reflexdb.methods.nexgrpo.requests import ReplayRequestIn
 from tests.processes import rows
 
 DIM = 64  # the tiny model's hidden size

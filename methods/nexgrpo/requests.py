@@ -18,11 +18,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .errors import ClaimLost
-from .sqlfile import load_queries
+from reflexdb.errors import ClaimLost
+from reflexdb.sqlfile import load_queries
 
 if TYPE_CHECKING:  # the store (SQLAlchemy) is imported by whoever passes one in
-    from .store import Store
+    from reflexdb.store import Store
 
 R = load_queries("replay.sql")
 
