@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).parents[2]
-PACKAGES = ("reflexdb", "cli", "collector", "trainer")
+PACKAGES = ("reflexdb", "cli", "collector", "trainer", "methods")
 DOCS = ("troubleshooting.md", "faiss.md")
 INTERNAL = {"ValueError", "TypeError", "KeyError", "RuntimeError", "FileNotFoundError", "AssertionError",
             "NotImplementedError", "ImportError", "InvalidGroup", "Exit", "Abort", "BadParameter", "LookupError", "IndexError",
