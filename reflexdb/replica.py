@@ -131,9 +131,14 @@ def stop(replica: Path | None = None) -> bool:
 
 
 def lag_bytes(primary_url: str, replica_url: str) -> int:
-    """How many bytes of WAL the replica has still to replay (0: it has everything the primary wrote)."""
+    """How many bytes of WAL the replica has still to replay (0: it has everything the primary wrote).
+
+    The primary's position is its WAL *insert* location: with ``synchronous_commit = off`` (the
+    store's default) a commit returns before its record is written out, so the write location
+    (``pg_current_wal_lsn``) can stand before a transaction that has already committed, and a
+    replica "caught up" to it would not show that transaction yet."""
     with psycopg.connect(primary_url.replace("+psycopg", "")) as p:
-        lsn = p.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0]
+        lsn = p.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()[0]
     with psycopg.connect(replica_url.replace("+psycopg", "")) as r:
         return int(r.execute("SELECT greatest(pg_wal_lsn_diff(%s::pg_lsn, pg_last_wal_replay_lsn()), 0)",
                              (lsn,)).fetchone()[0])
