@@ -172,11 +172,14 @@ def test_exit_codes_are_errors(sandbox):
 
 
 def test_calls_run_concurrently_and_in_order(sandbox):
-    codes = [f"import time\ntime.sleep(0.5)\nprint({i})" for i in range(8)]
-    t0 = time.monotonic()
+    codes = [f"import time\nt = time.time()\ntime.sleep(0.5)\nprint({i}, t, time.time())" for i in range(8)]
     results = sandbox.run_many(codes)
-    assert [r.stdout for r in results] == [f"{i}\n" for i in range(8)]
-    assert time.monotonic() - t0 < 8 * 0.5  # not one at a time (bound 4: two waves)
+    rows = [r.stdout.split() for r in results]
+    assert [row[0] for row in rows] == [str(i) for i in range(8)]
+    spans = sorted((float(a), float(b)) for _, a, b in rows)
+    # not one at a time: some call starts before the one before it has ended (the calls' own clocks,
+    # never a bound on the wall time, which a loaded machine stretches)
+    assert any(nxt[0] < prev[1] for prev, nxt in zip(spans, spans[1:])), spans
 
 
 def test_hostile_calls_leave_the_caller_and_its_data_intact(sandbox, home, db_url):
@@ -342,7 +345,9 @@ def test_cpu_time_is_a_limit_across_processes_and_sleep_is_not():
     assert spin.detail == "CPU time over 1 s" and spin.exit_code is None and 1 <= spin.cpu_s < 1.5
     many = box.run("import os\nfor _ in range(3):\n    if os.fork() == 0:\n        break\nwhile True:\n    pass\n")
     _contained(many, "limit")
-    assert many.detail == "CPU time over 1 s" and many.seconds < 1.5  # four processes on a quota of two CPUs
+    # four processes share the one budget: per-process limits would let them spend about 4 s between them.
+    # CPU seconds, never wall seconds: on a loaded machine the wall clock says nothing (it was 1.83 s once in CI)
+    assert many.detail == "CPU time over 1 s" and 1 <= many.cpu_s < 2.5, many
     nap = PythonSandbox(SandboxLimits(timeout_s=1, cpu_s=1, memory_mb=256, scratch_mb=8)).run("import time\ntime.sleep(30)\n")
     _contained(nap, "timeout")
     assert nap.detail == "1 s wall clock" and nap.cpu_s < 0.5
