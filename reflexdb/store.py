@@ -656,6 +656,17 @@ class Store:
                                {"run_id": run_id}).fetchone()
         return PolicyVersion(*row) if row else None
 
+    def attach_state(self, run_id: int, version: int, state_dir: str, tag: str) -> None:
+        """Record the learner state written for an already published version (``state_dir``/``tag``)."""
+        with self.transaction() as conn:
+            conn.execute(Q["attach_state"], {"meta": Jsonb({"learner_state": state_dir, "state_tag": tag}),
+                                             "run_id": run_id, "version": version})
+
+    def recent_state_tags(self, run_id: int, k: int) -> set[str]:
+        """The learner-state tags of a run's newest ``k`` versions that have one."""
+        with self.transaction() as conn:
+            return {r[0] for r in conn.execute(Q["recent_state_tags"], {"run_id": run_id, "k": k})}
+
     def get_policy(self, run_id: int, version: int) -> PolicyVersion:
         t = schema.policy_versions
         with self.engine.connect() as conn:
@@ -752,6 +763,24 @@ class Store:
                 return row[0]
             raise ReflexdbError(f"run {run_id} already recorded step {step}") from None
         return step_id
+
+    def roll_back_steps(self, run_id: int, after: int) -> int:
+        """Delete a run's steps after step ``after`` and restore the ``times_sampled`` of what they
+        consumed (resume from the last published state); return how many steps were deleted."""
+        with self.transaction() as conn:
+            conn.execute(Q["roll_back_consumption"], {"run_id": run_id, "step": after})
+            return conn.execute(Q["delete_steps_after"], {"run_id": run_id, "step": after}).rowcount
+
+    def add_step_metrics(self, run_id: int, step: int, metrics: dict[str, float]) -> None:
+        """Merge metrics computed after a step (a method's hooks) into the step's row."""
+        with self.transaction() as conn:
+            conn.execute(Q["add_step_metrics"], {"metrics": Jsonb(metrics), "run_id": run_id, "step": step})
+
+    def any_step_metric_above(self, run_id: int, metric: str, threshold: float) -> bool:
+        """Whether any surviving step of a run recorded ``metric`` above ``threshold``."""
+        with self.transaction() as conn:
+            return bool(conn.execute(Q["any_step_metric_above"], {"run_id": run_id, "metric": metric,
+                                                                  "threshold": threshold}).fetchone()[0])
 
     # ------------------------------------------------------------------ inspection
 

@@ -182,12 +182,6 @@ def eligible_imported_ids(store: Store, run_id: int, n: int) -> list[int]:
     return [int(g) for g in ids]
 
 
-def mix_imported(chosen: Selection, imported: list[int]) -> Selection:
-    """A step's selection with imported groups added (ids in increasing order, the snapshot of the
-    query that chose the others)."""
-    return Selection(sorted(chosen.group_ids + imported), chosen.snapshot, chosen.extra) if imported else chosen
-
-
 def compose_batch(rows: list[tuple[int, str]], n: int, max_replay: int) -> list[int]:
     """Up to ``n`` group ids from ``(group_id, kind)`` rows in FIFO order: at most ``max_replay``
     replay groups, fresh groups for the rest (fewer than ``n`` when fresh ones are short).

@@ -15,70 +15,48 @@ One step reads top to bottom (:meth:`Learner.step`)::
     publish = every k steps: DeepSpeed state, HF safetensors, policy_versions row + NOTIFY
     after   = the method's hooks (trainer/methods/), if any
 
+The learner is the loop; its parts live beside it: the groups come from batch sources
+(trainer/sources.py: the method's rule, imported groups), the step's π_old, losses and optimizer
+step are the policy update (trainer/update.py), versions are published, pruned and resumed by the
+checkpointer (trainer/checkpointer.py), and a method's hooks score trajectories through the scorer
+(trainer/scoring.py).
+
 Resume is from the last *published* state: steps recorded after it are rolled back (their
 consumption deleted, times_sampled restored), so nothing is consumed twice or skipped.
 
 Every database call rides out an outage of up to ``learner.db_retry_s`` (reflexdb.retry). A step
 whose consumption could not be recorded is never published (the process stops first, and resume
-rolls it back), and a version is only what its ``policy_versions`` row says: files first, each
-version in new directories renamed into place when complete, the row last.
+rolls it back), and a version is only what its ``policy_versions`` row says (trainer/checkpointer.py).
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
 import logging
 import math
-import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from reflexdb import Store, drill
 from reflexdb.config import Config
 from reflexdb.errors import ReflexdbError
-from reflexdb.logprobs import response_logprobs
 from reflexdb.retry import DbRetry
-from reflexdb.settings import home, make_dirs
-from reflexdb.sqlfile import load_queries
+from reflexdb.settings import home
 from reflexdb.tracking import Tracker
 
 from .advantages import apply_advantage_transforms, group_advantages
-from .batch import (
-    AUXILIARY,
-    Batch,
-    Selection,
-    eligible_group_ids,
-    eligible_imported_ids,
-    mix_imported,
-    pack,
-    pack_sequences,
-)
-from .engine import EngineSettings, StateUnreadable, TrainingEngine, clean_partial_files
+from .batch import AUXILIARY, Batch, Selection, pack
+from .checkpointer import Checkpointer, find_resume
+from .engine import EngineSettings, TrainingEngine
 from .losses.registry import get_loss_spec
-
-Q = load_queries("learner.sql")
+from .scoring import Scorer
+from .sources import BatchSource, ImportedGroups, MethodGroups, choose
+from .update import PolicyUpdate
 
 log = logging.getLogger("reflexdb.learn")
-
-def _write_error(exc: Exception) -> str:
-    if isinstance(exc, OSError) and exc.strerror:
-        return exc.strerror + (f" ({exc.filename})" if exc.filename else "")
-    return f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
-
-
-def _free_space(path: Path) -> str:
-    while not path.exists() and path != path.parent:
-        path = path.parent
-    try:
-        return f"{shutil.disk_usage(path).free / 2**20:,.0f} MiB free in {path}"
-    except OSError:
-        return f"free space in {path} unknown"
 
 
 class NullTracker:
@@ -95,12 +73,6 @@ class NullTracker:
 
 class LearnerStopped(ReflexdbError):
     """The learner stopped on purpose after repeated bad steps; the message says why."""
-
-
-class PublishFailed(ReflexdbError):
-    """Writing a version's files failed (disk full, I/O error); nothing was recorded for it."""
-
-    exit_code = 8
 
 
 @dataclass
@@ -132,11 +104,7 @@ class Learner:
         self.run_id = self.db(lambda: store.create_run(cfg.run, algorithm=cfg.algorithm, config=cfg.masked()))
         self.ckpt_dir = Path(self.L.checkpoint_dir or home() / "checkpoints" / cfg.run).expanduser().resolve()
         self.step_no = 0
-        self.version = 0
-        self.published_step = 0  # the step of the newest published version (a stop publishes only past it)
-        self.published_any = False  # whether any version exists (the first publish is version 0)
-        self.since_state = 0  # publishes since the last one that wrote the learner state
-        self.last_has_state = True
+        self.checkpoints: Checkpointer | None = None  # built in setup(), with the engine
         self.bad_in_row = 0
         self.stopping = False
         self.hooks = None  # the method's stateful part, built in setup()
@@ -154,12 +122,8 @@ class Learner:
             accumulation_steps=self.n_micro, lr=self.L.lr, weight_decay=self.L.weight_decay,
             grad_clip=self.L.grad_clip, dtype=self.L.dtype, fsync=self.L.fsync_publish,
         )
-        latest = self.db(lambda: self.store.latest_policy(self.run_id))
-        stateful = latest if latest is None or latest.meta.get("learner_state") else \
-            self.db(lambda: self.store.latest_policy(self.run_id, with_state=True))
+        latest, stateful = find_resume(self.store, self.run_id, self.cfg.run, self.db)
         resume = stateful is not None
-        if resume:
-            self._check_state(stateful)
         self.engine = TrainingEngine(self.base_model, settings, say=lambda msg: self.echo(msg))
         # Data parallel: rank 0 chooses the groups and alone writes to the store and MLflow.
         self.rank, self.world = self.engine.rank, self.engine.world_size
@@ -168,6 +132,14 @@ class Learner:
             self.echo = lambda msg: None
         uses_ref = any(spec.uses_reference(t.params) for spec, t in zip(self.specs, self.terms))
         self.ref = self._reference_model() if uses_ref else None
+        self.checkpoints = Checkpointer(
+            self.store, self.run_id, self.cfg.run, self.ckpt_dir, self.engine, state_every=self.L.state_every,
+            keep_states=self.L.keep_states, keep_policies=self.L.keep_policies, main=self.main, db=self.db,
+            echo=lambda msg: self.echo(msg))
+        self.update = PolicyUpdate(self.engine, self.terms, self.specs, ref=self.ref, rank=self.rank, world=self.world,
+                                   n_micro=self.n_micro, lr=self.L.lr, pi_old=self.L.pi_old, temperature=self.temperature)
+        self.scorer = Scorer(self.engine, world=self.world, micro_batch_size=self.L.micro_batch_size,
+                             temperature=self.temperature)
         if self.main:
             settings = {
                 "learner.groups_per_step": self.L.groups_per_step, "learner.publish_every": self.L.publish_every,
@@ -176,23 +148,9 @@ class Learner:
                 **self.method.settings(self.cfg),
             }
             self.db(lambda: self.store.set_settings(self.run_id, settings))
-            make_dirs(self.ckpt_dir)
-            # Leftovers of publishes that were killed or failed (never referenced by a row).
-            for path in clean_partial_files(self.ckpt_dir):
-                self.echo(f"removed {path}, left by a publish that did not finish")
+        self.checkpoints.prepare()
         if resume:
-            try:
-                client = self.engine.load_state(stateful.meta["learner_state"], stateful.meta["state_tag"])
-            except StateUnreadable as exc:
-                raise ReflexdbError(
-                    f"cannot resume run {self.cfg.run!r}: the learner state of policy v{stateful.version} is damaged "
-                    f"({exc}). Nothing was changed; restore the directory from a backup, or start a new run name."
-                ) from None
-            self.step_no = int(client["step"])
-            self.version = latest.version
-            self.published_step = self.step_no
-            self.published_any = True
-            rolled = self.db(lambda: self._roll_back_after(self.step_no)) if self.main else 0
+            self.step_no, rolled = self.checkpoints.restore(latest, stateful)
             self.tracker = Tracker(self.cfg, resume_run_id=latest.meta.get("mlflow_run_id")) if self.main \
                 else NullTracker()
             self.echo(f"resumed run {self.cfg.run!r} at step {self.step_no} (learner state of policy "
@@ -206,8 +164,7 @@ class Learner:
                           f"weights of step {self.step_no} are published again")
                 self.publish(state=False)
         else:
-            if self.main:
-                self.db(lambda: self._roll_back_after(0))
+            self.checkpoints.roll_back_after(0)
             self.tracker = Tracker(self.cfg) if self.main else NullTracker()
             self.tracker.log_config()
             if self.main:  # evaluations made before this run existed (reflexdb run: the base model's)
@@ -215,22 +172,21 @@ class Learner:
             if latest is None:
                 self.publish()  # version 0: the base model, so collectors and resume have a start
             else:  # versions without any learner state (recorded by another writer): start from the base
-                self.version = latest.version
-                self.published_any = True
+                self.checkpoints.adopt(latest)
             self.echo(f"learner for run {self.cfg.run!r}: method {self.method.name} (loss {self.cfg.loss_family}), "
                       f"{self.L.groups_per_step} groups/step, publish every {self.L.publish_every}")
         if self.method.hooks is not None:
             self.hooks = self.method.hooks(self.cfg, self)
             if hasattr(self.hooks, "setup"):
                 self.hooks.setup()
+        self.sources: list[BatchSource] = [MethodGroups(self.store, self.run_id, getattr(self.hooks, "select", None))]
+        if self.L.imported_per_step:
+            self.sources.append(ImportedGroups(self.store, self.run_id, self.L.imported_per_step))
 
-    def _check_state(self, policy) -> None:
-        state = Path(policy.meta["learner_state"]) / policy.meta["state_tag"]
-        if not state.is_dir():
-            raise ReflexdbError(
-                f"cannot resume run {self.cfg.run!r}: the learner state of policy v{policy.version} "
-                f"({state}) is missing. Nothing was changed; restore the directory, or start a new run name."
-            )
+    @property
+    def version(self) -> int:
+        """The newest published policy version (0 before setup)."""
+        return self.checkpoints.version if self.checkpoints is not None else 0
 
     def _reference_model(self):
         from transformers import AutoModelForCausalLM
@@ -239,12 +195,6 @@ class Learner:
         for p in ref.parameters():
             p.requires_grad_(False)
         return ref
-
-    def _roll_back_after(self, step: int) -> int:
-        """Delete this run's steps after ``step`` and restore the consumed trajectories' counts."""
-        with self.store.transaction() as conn:
-            conn.execute(Q["roll_back_consumption"], {"run_id": self.run_id, "step": step})
-            return conn.execute(Q["delete_steps_after"], {"run_id": self.run_id, "step": step}).rowcount
 
     # ------------------------------------------------------------------ the loop
 
@@ -275,49 +225,21 @@ class Learner:
             self.tracker.close()
 
     def finish(self) -> None:
-        """On a clean stop: publish the steps trained since the last publish, with the learner
-        state; if none, and the last publish wrote no state (``learner.state_every``), write it for
-        that version, so that a resume loses no step."""
-        if self.step_no > self.published_step:
-            self.publish(state=True)
-        elif not self.last_has_state:
-            self._attach_state()
-
-    def _attach_state(self) -> None:
-        """Write the learner state of the newest version (published without one) and record it."""
-        states, tag = self.ckpt_dir / "states", f"v{self.version}"
-        with self._writing(f"writing the learner state of policy v{self.version}",
-                           "A resume starts from the newest version with a state.", states / tag):
-            self.engine.save_state(states, tag, {"step": self.step_no, "version": self.version})
-        if self.main:
-            meta = json.dumps({"learner_state": str(states), "state_tag": tag})
-
-            def attach() -> None:
-                with self.store.transaction() as conn:
-                    conn.execute(Q["attach_state"], {"meta": meta, "run_id": self.run_id, "version": self.version})
-
-            self.db(attach)
-            self._prune_states(states)
-        self.last_has_state = True
-        self.echo(f"wrote the learner state of policy v{self.version} (step {self.step_no})")
+        """On a clean stop: publish what was trained since the last publish, with the learner state
+        (:meth:`Checkpointer.finish`)."""
+        self.checkpoints.finish(self.step_no, tracker=self.tracker)
 
     def wait_for_groups(self, deadline: float | None) -> Selection | None:
-        """Block until ``groups_per_step`` eligible groups exist; ``None`` if stopped or out of time.
-
-        With ``learner.imported_per_step`` k > 0, up to k of them are the oldest eligible imported
-        groups, and the method's rule chooses the rest.
-        """
+        """Block until ``groups_per_step`` eligible groups exist in the batch sources
+        (trainer/sources.py); ``None`` if stopped or out of time."""
         n = self.L.groups_per_step
-        select = getattr(self.hooks, "select", None) or (
-            lambda n, min_version: eligible_group_ids(self.store, self.run_id, n, min_version=min_version))
         last_said = time.monotonic()
         drill.phase("wait")
         while not self.stopping:
-            imported = self.db(lambda: eligible_imported_ids(self.store, self.run_id, self.L.imported_per_step))
-            chosen = self.db(lambda: select(n - len(imported), self.version - self.cfg.max_staleness))
-            ids = chosen.group_ids + imported
+            chosen = choose(self.sources, n, self.version - self.cfg.max_staleness, self.db)
+            ids = chosen.group_ids
             if len(ids) >= n:
-                return mix_imported(chosen, imported)
+                return chosen
             if deadline is not None and time.monotonic() >= deadline:
                 return None
             if time.monotonic() - last_said >= self.L.wait_log_every_s:
@@ -350,14 +272,7 @@ class Learner:
         if self.transforms:
             adv = apply_advantage_transforms(batch.rewards, adv, batch.group_index, self.transforms,
                                              valid=batch.valid)
-        rows = [t.rows(batch) for t in self.terms]                                    # each term's rows
-        masks = [t.mask(batch) if t.mask is not None else None for t in self.terms]   # ... and tokens
-        mine = self._shard(batch.size)                                                # this rank's rows
-        part = batch.rows(mine)
-        old, fresh = self.old_logprobs(part)                                          # π_old
-        ref = self.ref_logprobs(part)
-        stats, grad_norm, entropy = self.optimize(part, old, ref, adv[mine], full=batch,  # loss, step
-                                                  rows=rows, mine=mine, fresh=fresh, masks=masks)
+        stats, grad_norm, entropy = self.update.run(batch, adv)                       # π_old, loss, step
         skipped = not math.isfinite(stats["loss"])
         self.bad_in_row = self.bad_in_row + 1 if skipped else 0
         self.step_no += 1
@@ -382,296 +297,19 @@ class Learner:
             )
         return StepResult(self.step_no, stats["loss"], skipped, metrics)
 
-    # ------------------------------------------------------------------ pieces of a step
-
-    def _shard(self, n_rows: int) -> slice:
-        """This rank's contiguous share of a step's rows."""
-        per = math.ceil(n_rows / self.world)
-        return slice(min(self.rank * per, n_rows), min((self.rank + 1) * per, n_rows))
-
-    def _all_reduce(self, values: list[float]) -> list[float]:
-        if self.world == 1:
-            return values
-        t = torch.tensor(values, dtype=torch.float64, device=self.engine.device)  # NCCL reduces CUDA tensors only
-        torch.distributed.all_reduce(t)
-        return t.cpu().tolist()
-
-    def _slices(self, batch: Batch) -> list[slice]:
-        """Exactly ``n_micro`` row slices (the accumulation count DeepSpeed was configured with),
-        whatever the batch size: groups may differ in size (replay, a collector with another G)."""
-        size = math.ceil(batch.size / self.n_micro)
-        return [slice(i * size, min((i + 1) * size, batch.size)) for i in range(self.n_micro)]
-
-    def old_logprobs(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
-        """The ratio denominator per token: ``(old [B, T], fresh [B])``.
-
-        The table of origins (reflexdb/origins.py) says what π_old is for each row: ``old`` holds
-        the stored behaviour log-probs π_beh, used for every row whose origin's π_old is
-        ``stored`` (tokens sampled in another context or earlier) and, with ``learner.pi_old:
-        behaviour``, for the policy's own rows too. ``fresh`` marks the rows whose π_old is the policy at the
-        step's start (``pi_old: recompute``): a step takes exactly one optimizer step, after all
-        its micro-batches, so the weights at the step's start are the weights of the training
-        forward, and :meth:`optimize` takes those rows' π_old from that forward (detached) instead
-        of running a second, no-grad forward over the batch. The values are the same; the
-        forward pass is saved (docs/benchmarks.md, "reflexdb against TRL").
-
-        Rows whose origin's π_old is ``learner`` (imported: no behaviour log-probs) always take the
-        policy at the step's start.
-        """
-        stored = batch.where_origin(pi_old="stored")  # π_beh (each method's paper says so for its rows)
-        learner = batch.where_origin(pi_old="learner")  # no behaviour log-probs (imported)
-        fresh = learner if self.L.pi_old == "behaviour" else ~stored
-        return batch.behaviour_logprobs, fresh
-
-    @torch.no_grad()
-    def ref_logprobs(self, batch: Batch) -> torch.Tensor | None:
-        if self.ref is None:
-            return None
-        out = torch.zeros_like(batch.behaviour_logprobs)
-        for sl in self._slices(batch):
-            if sl.start >= sl.stop:
-                continue
-            mb = batch.rows(sl)
-            logits = self.ref(input_ids=mb.input_ids.to(self.engine.device),
-                              attention_mask=mb.attention_mask.to(self.engine.device)).logits.float()
-            lp, _ = response_logprobs(logits, mb.input_ids.to(logits.device), mb.prompt_lengths.to(logits.device),
-                                      mb.response_lengths.to(logits.device), temperature=self.temperature)
-            out[sl, :lp.shape[1]] = lp.cpu()
-        return out
-
-    def optimize(self, batch: Batch, old: torch.Tensor, ref: torch.Tensor | None, adv: torch.Tensor, *,
-                 full: Batch, rows: list[torch.Tensor], mine: slice, fresh: torch.Tensor | None = None,
-                 masks: list[torch.Tensor | None] | None = None):
-        """The method's loss terms over this rank's micro-batches with gradient accumulation; one
-        optimizer step.
-
-        ``fresh`` (``[B]`` bool, :meth:`old_logprobs`): rows whose π_old is this forward's own
-        log-probs, detached (the weights move only at the step's end); the others use ``old``.
-
-        Term ``k`` applies its loss to its rows (``rows[k]``, ``[B_full]`` bool) only, and to the
-        loss tokens its ``masks[k]`` (``[B_full, T]`` bool, or None: all) keeps of them. Each
-        micro-batch's value of a term is weighted by its share of that term's normaliser over the
-        whole step (``LossSpec.normaliser``: loss tokens, rows with loss tokens, or rows, after the
-        family's own filters; ``full`` is the step's batch over all ranks), so the accumulated
-        gradient equals the full batch's whatever ``micro_batch_size`` (trainer/losses/accumulate.py);
-        DeepSpeed averages gradients over ranks, so the weight carries a factor ``world``. A
-        non-finite loss on any rank skips every backward after it and turns the optimizer step into
-        a no-op (zero gradients, learning rate 0): the weights do not move.
-        """
-        masks = masks or [None] * len(self.terms)
-        full_masks = [full.response_mask if m is None else full.response_mask & m for m in masks]  # [B_full, T]
-        totals = [spec.normaliser(fm[r], t.params, truncated=full.truncated[r])
-                  for spec, t, r, fm in zip(self.specs, self.terms, rows, full_masks)]
-        mine_rows = [r[mine] for r in rows]
-        mine_masks = [fm[mine] for fm in full_masks]
-        total_tokens = float(full.response_mask.sum().clamp(min=1))
-        sums: dict[str, float] = {}
-        entropy_sum, bad = 0.0, False
-        grad_norm = None
-        for i, sl in enumerate(self._slices(batch)):
-            last = i == self.n_micro - 1
-            if sl.start < sl.stop:
-                mb = batch.rows(sl)
-                T = mb.response_mask.shape[1]
-                logprobs, entropy = self.engine.token_logprobs(
-                    mb.input_ids, mb.attention_mask, mb.prompt_lengths, mb.response_lengths,
-                    temperature=self.temperature, with_entropy=True)
-                loss = logprobs.sum() * 0.0  # a micro-batch without rows of any term still joins the accumulation
-                mb_old = old[sl][:, :T].to(logprobs.device)
-                if fresh is not None:  # π_old = π_θ at the step's start = this forward, no gradient
-                    mb_old = torch.where(fresh[sl].to(logprobs.device)[:, None], logprobs.detach(), mb_old)
-                for k, (spec, term, total) in enumerate(zip(self.specs, self.terms, totals)):
-                    idx = mine_rows[k][sl].nonzero().flatten()
-                    if idx.numel() == 0 or total == 0:
-                        continue
-                    mask, truncated = mine_masks[k][sl][idx, :T], mb.truncated[idx]
-                    dev = logprobs.device
-                    out = spec.call(logprobs[idx.to(dev)], mb_old[idx.to(dev)], adv[sl][idx].to(dev),
-                                    mask.to(dev), term.params, truncated=truncated.to(dev),
-                                    ref_logprobs=ref[sl][idx, :T].to(dev) if ref is not None else None)
-                    share = spec.normaliser(mask, term.params, truncated=truncated) / total
-                    loss = loss + out.loss * (term.weight * share)
-                    for name, value in out._asdict().items():
-                        if value.numel() == 1 and (name != "loss" or k > 0):
-                            key = name if k == 0 else f"{term.name}/{name}"
-                            sums[key] = sums.get(key, 0.0) + float(value.detach()) * share
-                sums["loss"] = sums.get("loss", 0.0) + float(loss.detach())
-                if not torch.isfinite(loss):
-                    bad = True
-                elif not bad:
-                    self.engine.backward(loss * self.world)
-                entropy_sum += float(entropy.sum())
-            if last:
-                bad = self._all_reduce([float(bad)])[0] > 0
-            if last and bad:
-                # Finite (zero) gradients for the boundary step, and a learning rate of 0: AdamW then
-                # leaves every weight exactly where it was.
-                self.engine.backward(sum(p.sum() for p in self.engine.ds.module.parameters()) * 0.0)
-                self._set_lr(0.0)
-            grad_norm = self.engine.step()
-        names = sorted(sums)
-        reduced = self._all_reduce([sums[k] for k in names] + [entropy_sum])
-        sums, entropy_sum = dict(zip(names, reduced[:-1])), reduced[-1]
-        sums.setdefault("loss", 0.0)
-        if bad:
-            self._set_lr(self.L.lr)
-            sums["loss"] = float("nan")
-        return sums, grad_norm, entropy_sum / total_tokens
-
-    def _set_lr(self, lr: float) -> None:
-        for g in self.engine.optimizer.param_groups:
-            g["lr"] = lr
-
     # ------------------------------------------------------------------ what a method's hooks use
-
-    def score(self, trajectories) -> list[float]:
-        """ℓ_θ of stored trajectories under the current weights (rank 0, inside :meth:`scoring`;
-        the other ranks join in through :meth:`serve_scores`)."""
-        payload = [(t.prompt_ids, t.response_ids, t.loss_mask) for t in trajectories]
-        if self.world > 1:
-            torch.distributed.broadcast_object_list([payload], src=0)
-        return self._confidences(payload)
-
-    @contextlib.contextmanager
-    def scoring(self):
-        """Rank 0's scoring session: on leaving, tells the other ranks that no more scoring comes."""
-        try:
-            yield
-        finally:
-            if self.world > 1:
-                torch.distributed.broadcast_object_list([None], src=0)
-
-    def serve_scores(self) -> None:
-        """Ranks other than 0: take part in rank 0's scoring forward passes until it is done."""
-        while True:
-            box = [None]
-            torch.distributed.broadcast_object_list(box, src=0)
-            if box[0] is None:
-                return
-            self._confidences(box[0])
 
     def log_step_metrics(self, metrics: dict[str, float]) -> None:
         """Metrics computed after the step (rank 0): to MLflow, and merged into the step's row."""
         self.tracker.log_metrics(metrics, self.step_no)
-
-        def add_to_step() -> None:  # the step's row holds them too (SQL without MLflow)
-            with self.store.transaction() as conn:
-                conn.execute(Q["add_step_metrics"], {"metrics": json.dumps(metrics), "run_id": self.run_id,
-                                                     "step": self.step_no})
-
-        self.db(add_to_step)
-
-    @torch.no_grad()
-    def _confidences(self, payload: list[tuple]) -> list[float]:
-        """``exp(mean_t log π_θ(o_t))`` over each response's loss-masked tokens (a confidence ℓ_θ;
-        in an episode the model's own tokens, as the stored confidence), temperature as sampled."""
-        out: list[float] = []
-        step = max(1, self.L.micro_batch_size)
-        for start in range(0, len(payload), step):
-            chunk = payload[start:start + step]
-            ids, attn, P, T = pack_sequences([(p, r) for p, r, _ in chunk], self.engine.pad_id)
-            lp, _ = self.engine.token_logprobs(ids, attn, P, T, temperature=self.temperature, grad=False)
-            mask = torch.zeros(lp.shape, dtype=torch.float64)
-            for i, (_, r, m) in enumerate(chunk):
-                mask[i, :len(r)] = torch.as_tensor(np.ones(len(r), bool) if m is None else m, dtype=torch.float64)
-            mask = mask.to(lp.device)
-            mean = (lp.double() * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1)
-            out.extend(torch.exp(mean).cpu().tolist())
-        return out
+        # the step's row holds them too (SQL without MLflow)
+        self.db(lambda: self.store.add_step_metrics(self.run_id, self.step_no, metrics))
 
     # ------------------------------------------------------------------ publishing
 
     def publish(self, *, state: bool | None = None) -> None:
-        """Save the HF weights and (see ``state``) the learner state, then record the policy version
-        (the commit point).
-
-        Files first, row last. Each version's state (``states/vK``) and weights (``vK``) are new
-        directories, written under temporary names, flushed to disk and renamed into place when
-        complete: a published version's files are never rewritten, and a publish that is killed
-        or fails leaves no row, only temporary files that the next start removes. Resume then
-        starts from the last version whose row exists and has a state.
-
-        ``state``: write the learner state too; by default at version 0 and every
-        ``learner.state_every``-th publish (weights alone are what collectors need: the state,
-        with the AdamW moments, is about three times their size).
-
-        Raises:
-            PublishFailed: the files could not be written (disk full, I/O error); no row was written.
-            DatabaseUnavailable: the row could not be written within ``learner.db_retry_s``.
-        """
-        version = self.version + 1 if self.published_any else 0
-        if state is None:
-            state = version == 0 or self.since_state + 1 >= self.L.state_every
-        tag = f"v{version}"
-        states = self.ckpt_dir / "states"
-        weights = self.ckpt_dir / f"v{version}"
-        t0 = time.monotonic()
-        drill.phase("publish")
-        with self._writing(f"publishing policy v{version} at step {self.step_no}",
-                           f"Nothing was recorded for v{version}. Free space, then run the same command: the "
-                           f"learner resumes from policy v{self.version} (step {self.published_step}).",
-                           states / tag, weights):
-            if state:
-                self.engine.save_state(states, tag, {"step": self.step_no, "version": version})
-            sha = self.engine.export_hf(weights)
-        if self.main:
-            meta = {"mlflow_run_id": self.tracker.run_id}
-            if state:
-                meta.update(learner_state=str(states), state_tag=tag)
-            self.db(lambda: self.store.publish_policy(self.run_id, version, f"file://{weights}", sha256=sha,
-                                                      step=self.step_no, meta=meta))
-            if state:
-                self._prune_states(states)
-            self._prune_policies(version)
-        self.version = version
-        self.published_step = self.step_no
-        self.published_any = True
-        self.since_state = 0 if state else self.since_state + 1
-        self.last_has_state = state
-        drill.phase("published")
-        self.tracker.log_metrics({"perf/publish_seconds": time.monotonic() - t0, "policy/version": version},
-                                 self.step_no)
-        self.echo(f"published policy v{version} at step {self.step_no} ({weights})")
-
-    @contextlib.contextmanager
-    def _writing(self, what: str, then: str, *partial: Path):
-        """Run a checkpoint write; on failure remove what it left (``partial``: no row names those
-        files) and raise :class:`PublishFailed` saying ``what`` failed, why, the free space, and
-        ``then``. torch.save reports a full disk as RuntimeError, not OSError, so any error counts."""
-        try:
-            yield
-        except Exception as exc:  # noqa: BLE001 - any write error (see above) becomes PublishFailed
-            clean_partial_files(self.ckpt_dir)
-            if self.main:
-                for path in partial:
-                    shutil.rmtree(path, ignore_errors=True)
-            raise PublishFailed(
-                f"{what} failed: {_write_error(exc)} ({_free_space(self.ckpt_dir)}). {then}") from None
-
-    def _prune_states(self, states: Path) -> None:
-        """Delete learner states except those of the newest ``keep_states`` versions (resume reads
-        the newest; the rows say which directory is whose, whatever its name)."""
-        def recent() -> set[str]:
-            with self.store.transaction() as conn:
-                return {r[0] for r in conn.execute(Q["recent_state_tags"],
-                                                   {"run_id": self.run_id, "k": self.L.keep_states})}
-
-        keep = self.db(recent)
-        for old in states.iterdir():
-            if old.is_dir() and old.name not in keep and not old.name.startswith("."):
-                shutil.rmtree(old, ignore_errors=True)
-
-    def _prune_policies(self, newest: int) -> None:
-        """Delete published weight directories older than the newest ``keep_policies`` versions.
-
-        Collectors load only the newest version, and resume reads the DeepSpeed state, so old
-        ``vK`` directories are only needed by ``reflexdb eval --checkpoint vK``.
-        """
-        if self.L.keep_policies is None:
-            return
-        for d in self.ckpt_dir.glob("v*"):
-            if d.is_dir() and d.name[1:].isdigit() and int(d.name[1:]) <= newest - self.L.keep_policies:
-                shutil.rmtree(d, ignore_errors=True)
+        """Publish the current weights as the next version (:meth:`Checkpointer.publish`)."""
+        self.checkpoints.publish(self.step_no, state=state, tracker=self.tracker)
 
     # ------------------------------------------------------------------ metrics
 
@@ -695,11 +333,8 @@ class Learner:
                  if k not in ("imported", AUXILIARY)]
         m["staleness/mean"] = sum(stale) / len(stale) if stale else 0.0  # imported groups have no version
         m["staleness/max"] = float(max(stale, default=0))
-        if self.L.imported_per_step:
-            n_imported = sum(k == "imported" for k in batch.group_kinds)
-            m["imported/groups"] = float(n_imported)
-            imp = batch.imported & valid
-            m["imported/reward_mean"] = float(batch.rewards[imp].mean()) if imp.any() else float("nan")
+        for src in self.sources:
+            m.update(src.metrics(batch))
         m["policy/entropy"] = entropy
         if grad_norm is not None:
             m["policy/grad_norm"] = grad_norm

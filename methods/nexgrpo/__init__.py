@@ -49,11 +49,7 @@ class NexGRPOConfig(BaseModel):
 
 def _crossed(store, run_id: int, threshold: float) -> bool:
     """Whether a surviving step of the run had an on-policy pass@1 above ``threshold``."""
-    from reflexdb.sqlfile import load_queries
-
-    with store.transaction() as conn:
-        return bool(conn.execute(load_queries("learner.sql")["any_step_metric_above"],
-                                 {"run_id": run_id, "metric": "reward/pass_at_1", "threshold": threshold}).fetchone()[0])
+    return store.any_step_metric_above(run_id, "reward/pass_at_1", threshold)
 
 
 def _check(cfg) -> None:
@@ -139,16 +135,16 @@ class ReplayHooks:
             out = {"replay/active": 0.0}
         elif L.main:
             B, depth = self.cfg.learner.groups_per_step, 1 + min(self.cfg.max_staleness, 1)
-            with L.scoring():
+            with L.scorer.session():
                 # With max_staleness ≥ 1 the collectors work a batch ahead: requests posted now are
                 # filled while the learner trains on groups already written, and reach the batch
                 # after next. Two batches' worth in flight lets every batch find its ⌊α·B⌋.
                 stats = L.db(lambda: self.planner.plan(
-                    lambda n_candidates: depth * replay_quota(B, n.replay_ratio, n_candidates), L.score,
+                    lambda n_candidates: depth * replay_quota(B, n.replay_ratio, n_candidates), L.scorer.score,
                     step=L.step_no, version=L.version, min_version=L.version - self.cfg.max_staleness))
             out = {"replay/active": 1.0, **stats.metrics()}
         else:
-            L.serve_scores()
+            L.scorer.serve()
             return
         if L.main:
             out["replay/retired_tasks"] = float(L.db(lambda: replay.retired_count(L.store, L.run_id)))

@@ -88,7 +88,7 @@ def test_a_damaged_state_stops_resume_with_a_message_not_aborted(store, db_url, 
 
 def test_a_full_file_system_fails_the_publish_cleanly(store, tmp_path, monkeypatch, model_cache):
     """The same on a real size-limited file system (a tmpfs; skipped where mounting is not allowed)."""
-    from reflexdb.trainer.learner import PublishFailed
+    from reflexdb.trainer.checkpointer import PublishFailed
 
     mnt = tmp_path / "small"
     mnt.mkdir()

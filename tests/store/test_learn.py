@@ -105,7 +105,7 @@ def test_nan_loss_skips_and_stops(store, tmp_path, monkeypatch, model_cache):
     lr, msgs = _learner(store, tmp_path, monkeypatch, max_bad_steps=2)
     lr.setup()
     before = [p.detach().clone() for p in lr.engine.ds.module.parameters()]
-    real = lr.specs
+    real = lr.update.specs
 
     class NanLoss:  # the registered loss, with a NaN loss
         def __init__(self, spec):
@@ -118,14 +118,14 @@ def test_nan_loss_skips_and_stops(store, tmp_path, monkeypatch, model_cache):
             out = self.spec.call(*args, **kwargs)
             return out._replace(loss=out.loss * float("nan"))
 
-    lr.specs = [NanLoss(s) for s in real]
+    lr.update.specs = [NanLoss(s) for s in real]
     with pytest.raises(LearnerStopped, match="2 learner steps in a row had a non-finite loss"):
         lr.run(max_steps=5)
     after = list(lr.engine.ds.module.parameters())
     assert all(torch.equal(a, b) for a, b in zip(before, after))  # the weights never moved
     assert rows(store, "SELECT step, loss FROM learner_steps ORDER BY 1") == [(1, None), (2, None)]
     assert sum("non-finite loss, step skipped" in m for m in msgs) == 2
-    lr.specs = real
+    lr.update.specs = real
     lr.stopping = False
     lr.bad_in_row = 0
     lr.run(max_steps=3)  # a finite step afterwards trains normally
@@ -153,10 +153,10 @@ def test_pi_old_from_the_training_forward_equals_a_second_forward(store, tmp_pat
                 old = batch.behaviour_logprobs.clone()
                 old[:, :lp.shape[1]] = lp.float()
                 return old, torch.zeros(batch.size, dtype=torch.bool)
-            lr.old_logprobs = old_logprobs
+            lr.update.old_logprobs = old_logprobs
         else:
             batch = pack(store.read_groups(ids, turns=False), lr.engine.pad_id, origins=store.origins())
-            _, fresh = lr.old_logprobs(batch)
+            _, fresh = lr.update.old_logprobs(batch)
             assert fresh.all()  # fresh rollouts: π_old comes from the training forward
         result = lr.step(ids)
         return result, [p.detach().clone() for p in lr.engine.ds.module.parameters()]
@@ -244,7 +244,7 @@ def test_state_every_publishes_weights_and_resumes_from_the_newest_state(store, 
     assert v5 == [(3, False, versions[3][3])]  # v3's weights, byte for byte
     again.run(max_steps=4)  # trains step 4 again, on groups the rolled-back step had consumed
     assert rows(store, "SELECT max(step) FROM learner_steps") == [(4,)]
-    assert again.version == 6 and not again.last_has_state  # v5 and v6: two publishes since v3's state
+    assert again.version == 6 and not again.checkpoints.last_has_state  # v5 and v6: two publishes since v3's state
     again.finish()  # a clean stop: nothing new to publish, but v6 gets its learner state
     assert rows(store, "SELECT version, meta ? 'learner_state' FROM policy_versions WHERE version >= 5 "
                        "ORDER BY 1") == [(5, False), (6, True)]

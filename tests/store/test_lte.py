@@ -473,7 +473,7 @@ def test_lte_workflow_and_learner_end_to_end_on_the_tiny_model(store, tmp_path, 
     chosen = learner.wait_for_groups(None)
     assert chosen.group_ids == [g for g, _ in lte_groups]  # never the originals
     batch = pack(store.read_groups(chosen.group_ids, turns=False), learner.engine.pad_id, origins=store.origins())
-    old, fresh = learner.old_logprobs(batch)
+    old, fresh = learner.update.old_logprobs(batch)
     assert torch.equal(old[batch.hinted], batch.behaviour_logprobs[batch.hinted])
     assert not fresh.any()  # hinted rows and the kept originals (replayed copies): their behaviour log-probs
     learner.run(max_steps=1)

@@ -82,7 +82,7 @@ def test_replay_group_is_filled_by_the_collector_and_trained_with_pi_beh(store, 
     learner.setup()
     batch = pack([group], learner.engine.pad_id, origins=store.origins())
     assert batch.replayed.tolist() == [True, True, False, False]
-    old, fresh = learner.old_logprobs(batch)
+    old, fresh = learner.update.old_logprobs(batch)
     recomputed, _ = learner.engine.token_logprobs(batch.input_ids, batch.attention_mask, batch.prompt_lengths,
                                                   batch.response_lengths, grad=False)
     mask = batch.response_mask
@@ -94,7 +94,7 @@ def test_replay_group_is_filled_by_the_collector_and_trained_with_pi_beh(store, 
     # (test_learn.py: equal to a second forward).
     # The confidence refresh scores a stored trajectory under the same weights: exp(mean log π_θ).
     [neg] = store.read_trajectories([b])
-    [conf] = learner.score([neg])
+    [conf] = learner.scorer.score([neg])
     T = len(neg.response_ids)
     assert conf == pytest.approx(float(torch.exp(recomputed[1, :T].double().mean())), rel=1e-5)
     # Training on it runs and reports the replay metrics of the batch.

@@ -232,7 +232,7 @@ def test_a_publish_that_cannot_write_leaves_no_version_and_resume_starts_from_th
         store, tmp_path, monkeypatch, model_cache, fails_in):
     import errno
 
-    from reflexdb.trainer.learner import PublishFailed
+    from reflexdb.trainer.checkpointer import PublishFailed
 
     seed_groups(store, "learn-test", 6)
     lr, _ = _learner(store, tmp_path, monkeypatch)
@@ -271,7 +271,7 @@ def test_a_state_write_that_fails_at_a_clean_stop_leaves_the_version_as_it_was(s
     a weights-only version: a resume starts from v0's state."""
     import errno
 
-    from reflexdb.trainer.learner import PublishFailed
+    from reflexdb.trainer.checkpointer import PublishFailed
 
     seed_groups(store, "learn-test", 4)
     lr, _ = _learner(store, tmp_path, monkeypatch, state_every=3)
@@ -292,7 +292,7 @@ def test_a_state_write_that_fails_at_a_clean_stop_leaves_the_version_as_it_was(s
     assert rows(store, "SELECT version, meta ? 'learner_state' FROM policy_versions ORDER BY 1") == [(0, True),
                                                                                                     (1, False)]
     assert _leftovers(ckpt) == [] and not (ckpt / "states" / "v1").exists()
-    assert not lr.last_has_state
+    assert not lr.checkpoints.last_has_state
 
 
 # ------------------------------------------------------------------ 6. backup and restore of a live run

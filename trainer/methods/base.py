@@ -32,6 +32,7 @@ if TYPE_CHECKING:  # the declarations stay importable without torch
     from reflexdb.config import Config
 
     from ..batch import Batch, Selection
+    from ..scoring import Scorer
 
 
 @dataclass(frozen=True)
@@ -105,7 +106,7 @@ class LearnerContext(Protocol):
 
     def echo(self, msg: str) -> None: ...
 
-    def score(self, trajectories: Sequence[Any]) -> list[float]: ...  # ℓ_θ under the current weights
+    scorer: Scorer  # ℓ_θ of stored trajectories under the current weights (trainer/scoring.py)
 
     def log_step_metrics(self, metrics: dict[str, float]) -> None: ...  # MLflow + the step's row
 

@@ -1,0 +1,221 @@
+"""The learner's checkpoints: publish, prune, resume.
+
+A version is what its ``policy_versions`` row says. Files come first, the row last: each version's
+learner state (``states/vK``: DeepSpeed's model, optimizer and client state) and weights (``vK``:
+HF safetensors, what collectors load) are new directories, written under temporary names, flushed
+and renamed into place when complete, so a published version's files are never rewritten and a
+publish that is killed or fails leaves no row, only temporary files that the next start removes.
+
+Resume starts from the newest version with a learner state (``learner.state_every``); steps
+recorded after it are rolled back (:meth:`reflexdb.Store.roll_back_steps`), so nothing is consumed
+twice or skipped.
+
+Only rank 0 writes rows and removes files (``main``); every rank writes its share of the state.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from reflexdb import Store, drill
+from reflexdb.errors import ReflexdbError
+from reflexdb.records import PolicyVersion
+from reflexdb.settings import make_dirs
+
+from .engine import StateUnreadable, TrainingEngine, clean_partial_files
+
+
+class PublishFailed(ReflexdbError):
+    """Writing a version's files failed (disk full, I/O error); nothing was recorded for it."""
+
+    exit_code = 8
+
+
+def _write_error(exc: Exception) -> str:
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror + (f" ({exc.filename})" if exc.filename else "")
+    return f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+
+
+def _free_space(path: Path) -> str:
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    try:
+        return f"{shutil.disk_usage(path).free / 2**20:,.0f} MiB free in {path}"
+    except OSError:
+        return f"free space in {path} unknown"
+
+
+def find_resume(store: Store, run_id: int, run: str,
+                db: Callable[[Callable[[], Any]], Any]) -> tuple[PolicyVersion | None, PolicyVersion | None]:
+    """``(newest version, newest version with a learner state)`` of the run (``None``: none yet).
+
+    Raises:
+        ReflexdbError: the state directory the row names is missing (nothing is changed).
+    """
+    latest = db(lambda: store.latest_policy(run_id))
+    stateful = latest if latest is None or latest.meta.get("learner_state") else \
+        db(lambda: store.latest_policy(run_id, with_state=True))
+    if stateful is not None:
+        state = Path(stateful.meta["learner_state"]) / stateful.meta["state_tag"]
+        if not state.is_dir():
+            raise ReflexdbError(
+                f"cannot resume run {run!r}: the learner state of policy v{stateful.version} "
+                f"({state}) is missing. Nothing was changed; restore the directory, or start a new run name."
+            )
+    return latest, stateful
+
+
+class Checkpointer:
+    """Publishes a learner's versions, prunes old files and restores the state it resumes from.
+
+    ``version``: the newest published version; ``published_step``: the step it was published at
+    (a clean stop publishes only past it); ``last_has_state``: whether the newest version has a
+    learner state.
+    """
+
+    def __init__(self, store: Store, run_id: int, run: str, directory: Path, engine: TrainingEngine, *,
+                 state_every: int, keep_states: int, keep_policies: int | None, main: bool,
+                 db: Callable[[Callable[[], Any]], Any], echo: Callable[[str], None]):
+        self.store, self.run_id, self.run, self.dir, self.engine = store, run_id, run, directory, engine
+        self.state_every, self.keep_states, self.keep_policies = state_every, keep_states, keep_policies
+        self.main, self.db, self.echo = main, db, echo
+        self.version = 0
+        self.published_step = 0
+        self.published_any = False  # whether any version exists (the first publish is version 0)
+        self.since_state = 0  # publishes since the last one that wrote the learner state
+        self.last_has_state = True
+
+    def prepare(self) -> None:
+        """Create the directory and remove what publishes that were killed or failed left there."""
+        if self.main:
+            make_dirs(self.dir)
+            for path in clean_partial_files(self.dir):
+                self.echo(f"removed {path}, left by a publish that did not finish")
+
+    def restore(self, latest: PolicyVersion, stateful: PolicyVersion) -> tuple[int, int]:
+        """Load ``stateful``'s learner state into the engine and roll back the steps recorded after
+        it; return ``(step, steps rolled back)``."""
+        try:
+            client = self.engine.load_state(stateful.meta["learner_state"], stateful.meta["state_tag"])
+        except StateUnreadable as exc:
+            raise ReflexdbError(
+                f"cannot resume run {self.run!r}: the learner state of policy v{stateful.version} is damaged "
+                f"({exc}). Nothing was changed; restore the directory from a backup, or start a new run name."
+            ) from None
+        step = int(client["step"])
+        self.version, self.published_step, self.published_any = latest.version, step, True
+        return step, self.roll_back_after(step)
+
+    def adopt(self, latest: PolicyVersion) -> None:
+        """Versions exist but none has a learner state (another writer recorded them): the next
+        publish follows the newest."""
+        self.version, self.published_any = latest.version, True
+
+    def roll_back_after(self, step: int) -> int:
+        return self.db(lambda: self.store.roll_back_steps(self.run_id, step)) if self.main else 0
+
+    def publish(self, step: int, *, state: bool | None = None, tracker=None) -> int:
+        """Save the HF weights and (see ``state``) the learner state, then record the policy version
+        (the commit point); return the version.
+
+        ``state``: write the learner state too; by default at version 0 and every ``state_every``-th
+        publish (weights alone are what collectors need: the state, with the AdamW moments, is
+        about three times their size).
+
+        Raises:
+            PublishFailed: the files could not be written (disk full, I/O error); no row was written.
+            DatabaseUnavailable: the row could not be written within ``learner.db_retry_s``.
+        """
+        version = self.version + 1 if self.published_any else 0
+        if state is None:
+            state = version == 0 or self.since_state + 1 >= self.state_every
+        tag = f"v{version}"
+        states = self.dir / "states"
+        weights = self.dir / f"v{version}"
+        t0 = time.monotonic()
+        drill.phase("publish")
+        with self._writing(f"publishing policy v{version} at step {step}",
+                           f"Nothing was recorded for v{version}. Free space, then run the same command: the "
+                           f"learner resumes from policy v{self.version} (step {self.published_step}).",
+                           states / tag, weights):
+            if state:
+                self.engine.save_state(states, tag, {"step": step, "version": version})
+            sha = self.engine.export_hf(weights)
+        if self.main:
+            meta = {"mlflow_run_id": getattr(tracker, "run_id", None)}
+            if state:
+                meta.update(learner_state=str(states), state_tag=tag)
+            self.db(lambda: self.store.publish_policy(self.run_id, version, f"file://{weights}", sha256=sha,
+                                                      step=step, meta=meta))
+            if state:
+                self._prune_states(states)
+            self._prune_policies(version)
+        self.version, self.published_step, self.published_any = version, step, True
+        self.since_state = 0 if state else self.since_state + 1
+        self.last_has_state = state
+        drill.phase("published")
+        if tracker is not None:
+            tracker.log_metrics({"perf/publish_seconds": time.monotonic() - t0, "policy/version": version}, step)
+        self.echo(f"published policy v{version} at step {step} ({weights})")
+        return version
+
+    def finish(self, step: int, *, tracker=None) -> None:
+        """On a clean stop: publish the steps trained since the last publish, with the learner
+        state; if none, and the last publish wrote no state (``state_every``), write it for that
+        version, so that a resume loses no step."""
+        if step > self.published_step:
+            self.publish(step, state=True, tracker=tracker)
+        elif not self.last_has_state:
+            self.attach_state(step)
+
+    def attach_state(self, step: int) -> None:
+        """Write the learner state of the newest version (published without one) and record it."""
+        states, tag = self.dir / "states", f"v{self.version}"
+        with self._writing(f"writing the learner state of policy v{self.version}",
+                           "A resume starts from the newest version with a state.", states / tag):
+            self.engine.save_state(states, tag, {"step": step, "version": self.version})
+        if self.main:
+            self.db(lambda: self.store.attach_state(self.run_id, self.version, str(states), tag))
+            self._prune_states(states)
+        self.last_has_state = True
+        self.echo(f"wrote the learner state of policy v{self.version} (step {step})")
+
+    @contextlib.contextmanager
+    def _writing(self, what: str, then: str, *partial: Path):
+        """Run a checkpoint write; on failure remove what it left (``partial``: no row names those
+        files) and raise :class:`PublishFailed` saying ``what`` failed, why, the free space, and
+        ``then``. torch.save reports a full disk as RuntimeError, not OSError, so any error counts."""
+        try:
+            yield
+        except Exception as exc:  # noqa: BLE001 - any write error (see above) becomes PublishFailed
+            clean_partial_files(self.dir)
+            if self.main:
+                for path in partial:
+                    shutil.rmtree(path, ignore_errors=True)
+            raise PublishFailed(f"{what} failed: {_write_error(exc)} ({_free_space(self.dir)}). {then}") from None
+
+    def _prune_states(self, states: Path) -> None:
+        """Delete learner states except those of the newest ``keep_states`` versions (resume reads
+        the newest; the rows say which directory is whose, whatever its name)."""
+        keep = self.db(lambda: self.store.recent_state_tags(self.run_id, self.keep_states))
+        for old in states.iterdir():
+            if old.is_dir() and old.name not in keep and not old.name.startswith("."):
+                shutil.rmtree(old, ignore_errors=True)
+
+    def _prune_policies(self, newest: int) -> None:
+        """Delete published weight directories older than the newest ``keep_policies`` versions.
+
+        Collectors load only the newest version, and resume reads the DeepSpeed state, so old
+        ``vK`` directories are only needed by ``reflexdb eval --checkpoint vK``.
+        """
+        if self.keep_policies is None:
+            return
+        for d in self.dir.glob("v*"):
+            if d.is_dir() and d.name[1:].isdigit() and int(d.name[1:]) <= newest - self.keep_policies:
+                shutil.rmtree(d, ignore_errors=True)

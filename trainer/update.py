@@ -1,0 +1,179 @@
+"""One learner step's computation: the method's loss terms over a packed batch, this rank's share
+of its rows in micro-batches with gradient accumulation, and one optimizer step (the learner's
+``loss`` line, trainer/learner.py).
+
+π_old per row comes from the table of origins (:meth:`PolicyUpdate.old_logprobs`); each term's
+micro-batch values are weighted by their share of the term's normaliser over the whole step, so
+the accumulated gradient equals the full batch's whatever ``micro_batch_size``
+(trainer/losses/accumulate.py).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from reflexdb.logprobs import response_logprobs
+
+from .batch import Batch
+from .engine import TrainingEngine
+
+
+class PolicyUpdate:
+    """The step computation of one rank: ``run(batch, adv)`` → ``(stats, grad_norm, entropy)``."""
+
+    def __init__(self, engine: TrainingEngine, terms: list, specs: list, *, ref, rank: int, world: int,
+                 n_micro: int, lr: float, pi_old: str, temperature: float):
+        self.engine, self.terms, self.specs, self.ref = engine, terms, specs, ref
+        self.rank, self.world, self.n_micro = rank, world, n_micro
+        self.lr, self.pi_old, self.temperature = lr, pi_old, temperature
+
+    def run(self, batch: Batch, adv: torch.Tensor):
+        """The step on ``batch`` (all ranks' rows; ``adv`` ``[B]``): each term's rows and tokens,
+        this rank's share, π_old, the reference log-probs, the losses and one optimizer step."""
+        rows = [t.rows(batch) for t in self.terms]                                    # each term's rows
+        masks = [t.mask(batch) if t.mask is not None else None for t in self.terms]   # ... and tokens
+        mine = self.shard(batch.size)                                                 # this rank's rows
+        part = batch.rows(mine)
+        old, fresh = self.old_logprobs(part)                                          # π_old
+        ref = self.ref_logprobs(part)
+        return self.optimize(part, old, ref, adv[mine], full=batch, rows=rows, mine=mine, fresh=fresh, masks=masks)
+
+    def shard(self, n_rows: int) -> slice:
+        """This rank's contiguous share of a step's rows."""
+        per = math.ceil(n_rows / self.world)
+        return slice(min(self.rank * per, n_rows), min((self.rank + 1) * per, n_rows))
+
+    def all_reduce(self, values: list[float]) -> list[float]:
+        if self.world == 1:
+            return values
+        t = torch.tensor(values, dtype=torch.float64, device=self.engine.device)  # NCCL reduces CUDA tensors only
+        torch.distributed.all_reduce(t)
+        return t.cpu().tolist()
+
+    def slices(self, batch: Batch) -> list[slice]:
+        """Exactly ``n_micro`` row slices (the accumulation count DeepSpeed was configured with),
+        whatever the batch size: groups may differ in size (replay, a collector with another G)."""
+        size = math.ceil(batch.size / self.n_micro)
+        return [slice(i * size, min((i + 1) * size, batch.size)) for i in range(self.n_micro)]
+
+    def old_logprobs(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """The ratio denominator per token: ``(old [B, T], fresh [B])``.
+
+        The table of origins (reflexdb/origins.py) says what π_old is for each row: ``old`` holds
+        the stored behaviour log-probs π_beh, used for every row whose origin's π_old is
+        ``stored`` (tokens sampled in another context or earlier) and, with ``learner.pi_old:
+        behaviour``, for the policy's own rows too. ``fresh`` marks the rows whose π_old is the policy at the
+        step's start (``pi_old: recompute``): a step takes exactly one optimizer step, after all
+        its micro-batches, so the weights at the step's start are the weights of the training
+        forward, and :meth:`optimize` takes those rows' π_old from that forward (detached) instead
+        of running a second, no-grad forward over the batch. The values are the same; the
+        forward pass is saved (docs/benchmarks.md, "reflexdb against TRL").
+
+        Rows whose origin's π_old is ``learner`` (imported: no behaviour log-probs) always take the
+        policy at the step's start.
+        """
+        stored = batch.where_origin(pi_old="stored")  # π_beh (each method's paper says so for its rows)
+        learner = batch.where_origin(pi_old="learner")  # no behaviour log-probs (imported)
+        fresh = learner if self.pi_old == "behaviour" else ~stored
+        return batch.behaviour_logprobs, fresh
+
+    @torch.no_grad()
+    def ref_logprobs(self, batch: Batch) -> torch.Tensor | None:
+        if self.ref is None:
+            return None
+        out = torch.zeros_like(batch.behaviour_logprobs)
+        for sl in self.slices(batch):
+            if sl.start >= sl.stop:
+                continue
+            mb = batch.rows(sl)
+            logits = self.ref(input_ids=mb.input_ids.to(self.engine.device),
+                              attention_mask=mb.attention_mask.to(self.engine.device)).logits.float()
+            lp, _ = response_logprobs(logits, mb.input_ids.to(logits.device), mb.prompt_lengths.to(logits.device),
+                                      mb.response_lengths.to(logits.device), temperature=self.temperature)
+            out[sl, :lp.shape[1]] = lp.cpu()
+        return out
+
+    def optimize(self, batch: Batch, old: torch.Tensor, ref: torch.Tensor | None, adv: torch.Tensor, *,
+                 full: Batch, rows: list[torch.Tensor], mine: slice, fresh: torch.Tensor | None = None,
+                 masks: list[torch.Tensor | None] | None = None):
+        """The method's loss terms over this rank's micro-batches with gradient accumulation; one
+        optimizer step.
+
+        ``fresh`` (``[B]`` bool, :meth:`old_logprobs`): rows whose π_old is this forward's own
+        log-probs, detached (the weights move only at the step's end); the others use ``old``.
+
+        Term ``k`` applies its loss to its rows (``rows[k]``, ``[B_full]`` bool) only, and to the
+        loss tokens its ``masks[k]`` (``[B_full, T]`` bool, or None: all) keeps of them. Each
+        micro-batch's value of a term is weighted by its share of that term's normaliser over the
+        whole step (``LossSpec.normaliser``: loss tokens, rows with loss tokens, or rows, after the
+        family's own filters; ``full`` is the step's batch over all ranks), so the accumulated
+        gradient equals the full batch's whatever ``micro_batch_size`` (trainer/losses/accumulate.py);
+        DeepSpeed averages gradients over ranks, so the weight carries a factor ``world``. A
+        non-finite loss on any rank skips every backward after it and turns the optimizer step into
+        a no-op (zero gradients, learning rate 0): the weights do not move.
+        """
+        masks = masks or [None] * len(self.terms)
+        full_masks = [full.response_mask if m is None else full.response_mask & m for m in masks]  # [B_full, T]
+        totals = [spec.normaliser(fm[r], t.params, truncated=full.truncated[r])
+                  for spec, t, r, fm in zip(self.specs, self.terms, rows, full_masks)]
+        mine_rows = [r[mine] for r in rows]
+        mine_masks = [fm[mine] for fm in full_masks]
+        total_tokens = float(full.response_mask.sum().clamp(min=1))
+        sums: dict[str, float] = {}
+        entropy_sum, bad = 0.0, False
+        grad_norm = None
+        for i, sl in enumerate(self.slices(batch)):
+            last = i == self.n_micro - 1
+            if sl.start < sl.stop:
+                mb = batch.rows(sl)
+                T = mb.response_mask.shape[1]
+                logprobs, entropy = self.engine.token_logprobs(
+                    mb.input_ids, mb.attention_mask, mb.prompt_lengths, mb.response_lengths,
+                    temperature=self.temperature, with_entropy=True)
+                loss = logprobs.sum() * 0.0  # a micro-batch without rows of any term still joins the accumulation
+                mb_old = old[sl][:, :T].to(logprobs.device)
+                if fresh is not None:  # π_old = π_θ at the step's start = this forward, no gradient
+                    mb_old = torch.where(fresh[sl].to(logprobs.device)[:, None], logprobs.detach(), mb_old)
+                for k, (spec, term, total) in enumerate(zip(self.specs, self.terms, totals)):
+                    idx = mine_rows[k][sl].nonzero().flatten()
+                    if idx.numel() == 0 or total == 0:
+                        continue
+                    mask, truncated = mine_masks[k][sl][idx, :T], mb.truncated[idx]
+                    dev = logprobs.device
+                    out = spec.call(logprobs[idx.to(dev)], mb_old[idx.to(dev)], adv[sl][idx].to(dev),
+                                    mask.to(dev), term.params, truncated=truncated.to(dev),
+                                    ref_logprobs=ref[sl][idx, :T].to(dev) if ref is not None else None)
+                    share = spec.normaliser(mask, term.params, truncated=truncated) / total
+                    loss = loss + out.loss * (term.weight * share)
+                    for name, value in out._asdict().items():
+                        if value.numel() == 1 and (name != "loss" or k > 0):
+                            key = name if k == 0 else f"{term.name}/{name}"
+                            sums[key] = sums.get(key, 0.0) + float(value.detach()) * share
+                sums["loss"] = sums.get("loss", 0.0) + float(loss.detach())
+                if not torch.isfinite(loss):
+                    bad = True
+                elif not bad:
+                    self.engine.backward(loss * self.world)
+                entropy_sum += float(entropy.sum())
+            if last:
+                bad = self.all_reduce([float(bad)])[0] > 0
+            if last and bad:
+                # Finite (zero) gradients for the boundary step, and a learning rate of 0: AdamW then
+                # leaves every weight exactly where it was.
+                self.engine.backward(sum(p.sum() for p in self.engine.ds.module.parameters()) * 0.0)
+                self.set_lr(0.0)
+            grad_norm = self.engine.step()
+        names = sorted(sums)
+        reduced = self.all_reduce([sums[k] for k in names] + [entropy_sum])
+        sums, entropy_sum = dict(zip(names, reduced[:-1])), reduced[-1]
+        sums.setdefault("loss", 0.0)
+        if bad:
+            self.set_lr(self.lr)
+            sums["loss"] = float("nan")
+        return sums, grad_norm, entropy_sum / total_tokens
+
+    def set_lr(self, lr: float) -> None:
+        for g in self.engine.optimizer.param_groups:
+            g["lr"] = lr
