@@ -159,7 +159,7 @@ def to_raw(g: GroupIn) -> RawGroup:
     for i, t in enumerate(p.trajectories):
         s = t.src
         trajs.append((
-            g.run_id, g.task_id, i, s.origin, s.parent_trajectory_id, s.reflection_id, s.hint_id,
+            g.run_id, g.task_id, i, s.origin, s.parent_trajectory_id,
             t.policy_version, t.reward, s.correct, t.truncated, s.finish_reason, s.extracted_answer,
             t.confidence, max(1, len(t.turns)), t.response_ids.shape[0], s.error, Jsonb(s.meta),
         ))

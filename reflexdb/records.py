@@ -78,8 +78,9 @@ class TrajectoryIn:
         origin: where the trajectory comes from: a name of ``reflexdb.origins.ORIGINS`` (``base``:
             sampled by the policy for the task's plain prompt; the table says what each other
             origin means for the learner).
-        parent_trajectory_id, reflection_id, hint_id: lineage. ``parent_trajectory_id`` may be a
-            :class:`Sibling` (a trajectory written in the same transaction).
+        parent_trajectory_id: lineage; may be a :class:`Sibling` (a trajectory written in the same
+            transaction). A method's own links (a reflection, a hint) are rows of its tables,
+            written by the group's attachments (reflexdb/attachments.py).
     """
 
     response_ids: Any
@@ -94,8 +95,6 @@ class TrajectoryIn:
     confidence: float | None = None
     origin: str = "base"
     parent_trajectory_id: int | Sibling | None = None
-    reflection_id: int | None = None
-    hint_id: int | None = None
     policy_version: int | None = None
     token_policy_versions: Any = None
     loss_mask: Any = None
@@ -184,8 +183,6 @@ class Trajectory:
     index_in_group: int
     origin: str
     parent_trajectory_id: int | None
-    reflection_id: int | None
-    hint_id: int | None
     policy_version: int
     reward: float | None
     correct: bool | None

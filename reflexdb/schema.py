@@ -196,9 +196,9 @@ trajectories = Table(
     # foreign key (0015; a partition referring to itself could not be dropped): the store checks that
     # the parent exists when it writes the row.
     Column("parent_trajectory_id", BigInteger),
-    # R3L retries and LTE hinted rollouts name the reflection / hint that produced them.
-    Column("reflection_id", BigInteger),
-    Column("hint_id", BigInteger),
+    # A method's links from a row to its own rows (a reflection, a hint) live in the method's tables
+    # (trajectory_reflections, trajectory_hints), not here: the columns reflection_id and hint_id
+    # moved out in the methods' branches (r3l_0001, lte_0001).
     Column("policy_version", Integer, nullable=False),
     Column("reward", Float),  # NULL when the reward function failed (see error)
     Column("correct", Boolean),
@@ -218,16 +218,10 @@ trajectories = Table(
     CheckConstraint(_in("finish_reason", FINISH_REASONS), name="finish_reason"),
     CheckConstraint("reward IS NULL OR reward = reward", name="reward_not_nan"),
     CheckConstraint("confidence IS NULL OR (confidence >= 0 AND confidence <= 1)", name="confidence_range"),
-    # Checked at commit (0012): a group's transaction writes the reflections after the trajectories
-    # they reflect on, and the retries that refer to them in the same COPY (reflexdb/attachments.py).
-    ForeignKeyConstraint(["reflection_id"], ["reflections.id"], ondelete="SET NULL", use_alter=True,
-                         deferrable=True, initially="DEFERRED"),
-    ForeignKeyConstraint(["hint_id"], ["hints.id"], ondelete="SET NULL", use_alter=True),
     # A row of table origins (0018): what the collector and the learner read of a row's origin.
     ForeignKeyConstraint(["origin"], ["origins.name"]),
     Index(None, "task_id", "correct"),
     Index(None, "parent_trajectory_id"),
-    Index(None, "reflection_id"),
     **_BY_RUN,
 )
 
@@ -353,6 +347,30 @@ hints = Table(
     _now(),
     CheckConstraint(_in("kind", HINT_KINDS), name="kind"),
     Index(None, "group_id"),
+)
+
+# The reflection a trajectory belongs to (R3L's origins reflection, guided_retry, distilled): R3L's
+# branch, r3l_0001. Written with the group (an attachment), removed with the run or the reflection; no
+# foreign key to trajectories, like a plug-in's table (drop_run_partitions needs to know nothing of it).
+trajectory_reflections = Table(
+    "trajectory_reflections",
+    metadata,
+    Column("trajectory_id", BigInteger, nullable=False),
+    Column("run_id", BigInteger, ForeignKey("runs.id", ondelete="CASCADE"), nullable=False),
+    Column("reflection_id", BigInteger, ForeignKey("reflections.id", ondelete="CASCADE"), nullable=False),
+    PrimaryKeyConstraint("trajectory_id", "run_id"),
+    Index(None, "reflection_id"),
+)
+
+# The hint a trajectory was sampled under (LTE's origin hinted): LTE's branch, lte_0001 (as above).
+trajectory_hints = Table(
+    "trajectory_hints",
+    metadata,
+    Column("trajectory_id", BigInteger, nullable=False),
+    Column("run_id", BigInteger, ForeignKey("runs.id", ondelete="CASCADE"), nullable=False),
+    Column("hint_id", BigInteger, ForeignKey("hints.id", ondelete="CASCADE"), nullable=False),
+    PrimaryKeyConstraint("trajectory_id", "run_id"),
+    Index(None, "hint_id"),
 )
 
 # CLEANER rollbacks: one row per failed tool call that was rolled back in a purified trajectory.

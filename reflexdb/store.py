@@ -65,11 +65,11 @@ POLICY_CHANNEL = "reflexdb_policy"
 
 _TRAJ_COLUMNS = (
     "id", "group_id", "run_id", "task_id", "index_in_group", "origin", "parent_trajectory_id",
-    "reflection_id", "hint_id", "policy_version", "reward", "correct", "truncated", "finish_reason",
+    "policy_version", "reward", "correct", "truncated", "finish_reason",
     "extracted_answer", "confidence", "num_turns", "response_length", "error", "meta",
 )
 _TRAJ_TYPES = (
-    "int8", "int8", "int8", "int8", "int2", "text", "int8", "int8", "int8", "int4", "float8", "bool",
+    "int8", "int8", "int8", "int8", "int2", "text", "int8", "int4", "float8", "bool",
     "bool", "text", "text", "float8", "int2", "int4", "text", "jsonb",
 )
 # The per-trajectory tables carry the trajectory's run_id last (their partition key, 0015).
@@ -503,8 +503,7 @@ class Store:
             if isinstance(parent, Sibling):
                 parent = write_ids[parent.group][parent.index]
             out.trajectories.append((
-                tid, group_id, g.run_id, g.task_id, i, s.origin, parent, s.reflection_id,
-                s.hint_id, t.policy_version, t.reward, s.correct, t.truncated, s.finish_reason,
+                tid, group_id, g.run_id, g.task_id, i, s.origin, parent, t.policy_version, t.reward, s.correct, t.truncated, s.finish_reason,
                 s.extracted_answer, t.confidence, max(1, len(t.turns)), t.response_ids.shape[0], s.error,
                 Jsonb(s.meta),
             ))
@@ -849,7 +848,7 @@ def _check_parents(conn: psycopg.Connection, prepared: Sequence[PreparedGroup]) 
 
 def _fk_field(exc: psycopg.errors.ForeignKeyViolation) -> str:
     detail = exc.diag.message_detail or ""
-    for name in ("task_id", "run_id", "parent_trajectory_id", "reflection_id", "hint_id"):
+    for name in ("task_id", "run_id", "parent_trajectory_id"):
         if f"({name})" in detail:
             return name if name in ("task_id", "run_id") else f"trajectories[].{name}"
     return exc.diag.constraint_name or "foreign key"

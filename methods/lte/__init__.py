@@ -18,13 +18,17 @@ rollouts are on-policy rows of the first term.
 from __future__ import annotations
 
 from collections import Counter
+from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from reflexdb.plugins import MIGRATIONS
 from reflexdb.trainer.methods import LossTerm, Method, WorkflowUse, register_method
 
 from . import loss, workflow  # noqa: F401  (importing registers the loss family lte_shaped and the workflow lte_hint)
+
+MIGRATIONS.register("lte", Path(__file__).parent / "migrations")  # its migration branch (docs/store.md)
 
 
 class LTEConfig(BaseModel):
@@ -88,9 +92,9 @@ class LTEHooks:
         self.cfg, self.lte, self.learner = cfg, _cfg(cfg), learner
 
     def select(self, n: int, min_version: int):
-        from . import stages as lte
-
         from reflexdb.trainer.batch import Selection
+
+        from . import stages as lte
 
         L = self.learner
         ids, snapshot, _ = lte.eligible_group_ids(L.store, L.run_id, n, min_version=min_version,

@@ -42,7 +42,8 @@ class HintIn:
 @dataclass(frozen=True)
 class LteStageIn:
     """The stage an LTE group finishes: the group's attachment (``reflexdb/attachments.py``), so the
-    hints row comes before the group and the stage is completed in the group's transaction.
+    hints row comes before the group, and the stage is completed and each hinted row linked to the
+    hint (table ``trajectory_hints``) in the group's transaction.
 
     Attributes:
         group_id: the original none-pass group.
@@ -83,6 +84,8 @@ class LteStageIn:
             raise ClaimLost(f"the hint stage of group {self.group_id} is no longer collector {collector!r}'s "
                             "(claim expired and taken by another collector, or released to the learner after "
                             "its timeout); nothing of it was written")
+        if written is not None and self.hint is not None:  # each hinted row's hint: LTE's table trajectory_hints
+            cur.execute(Q["link_hinted_rows"], {"hint_id": self.hint.id, "lte_group_id": written.group_id})
 
 
 @dataclass(frozen=True)

@@ -122,15 +122,14 @@ def lte_group(original, correct: list[TrajectoryIn], stage: LteStageIn, *, rng: 
 def as_replacement(new: TrajectoryIn, replaced: Trajectory, stage: LteStageIn) -> TrajectoryIn:
     """An extra rollout as the member that replaces ``replaced``: its prompt ids and prompt turns
     become the plain prompt's (π_θ(o'|q) is trained on the plain prompt, LTE.md Eq. 6); its
-    tokens, behaviour log-probs (under the hint) and own turns stay; lineage to the hint and to
-    the rollout it replaced."""
+    tokens, behaviour log-probs (under the hint) and own turns stay; lineage to the rollout it
+    replaced (its hint: a row of ``trajectory_hints``, written by the stage's attachment)."""
     n_prompt = sum(1 for u in new.turns if u.token_start is None and u.role != "assistant")
     plain = [TurnIn(u.role, u.text) for u in replaced.turns if u.token_start is None and u.role != "assistant"]
     hinted = stage.hint is not None
     new.prompt_ids = replaced.prompt_ids
     new.turns = plain + list(new.turns[n_prompt:])
     new.origin = "hinted" if hinted else "base"
-    new.hint_id = stage.hint.id if hinted else None
     new.parent_trajectory_id = replaced.id
     new.meta = {**(new.meta or {}), "replaced": replaced.id}
     return new

@@ -21,13 +21,17 @@ positive amplification.
 from __future__ import annotations
 
 from collections import Counter
+from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from reflexdb.plugins import MIGRATIONS
 from reflexdb.trainer.methods import LossTerm, Method, WorkflowUse, register_method
 
 from . import workflow  # noqa: F401  (importing registers the collectors' workflow r3l)
+
+MIGRATIONS.register("r3l", Path(__file__).parent / "migrations")  # its migration branch (docs/store.md)
 
 #: Origins of the SFT rows (reflexdb/origins.py): never rows of the policy-gradient term.
 SFT_ORIGINS = ("reflection", "guided_retry")
@@ -132,9 +136,9 @@ class R3LHooks:
         self.cfg, self.r, self.learner = cfg, _cfg(cfg), learner
 
     def select(self, n: int, min_version: int):
-        from . import reflections as r3l
-
         from reflexdb.trainer.batch import Selection, eligible_group_ids
+
+        from . import reflections as r3l
 
         L, r = self.learner, self.r
         chosen = eligible_group_ids(L.store, L.run_id, n, min_version=min_version)

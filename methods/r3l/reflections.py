@@ -6,11 +6,13 @@ valid only when every key is present, ``trajectory_outcome`` is one of :data:`OU
 ``0 ≤ retry_from_step < number of assistant turns``. Every reflection is stored (table
 ``reflections``), invalid ones too, with the raw text and the parse error.
 
-The collector side is ``collector/workflows/r3l.py``; it writes, in one transaction, the
-exploration group (base and distilled episodes) with the attachment :class:`Reflections` (their
-rows, inserted once the base episodes' ids exist) and a group of kind ``retry`` holding each
-reflection's own tokens (origin ``reflection``) and each guided retry (origin ``guided_retry``).
-The learner side is ``trainer/methods/r3l.py``; the views are ``r3l_*``.
+The collector side is ``workflow.py``; it writes, in one transaction, the exploration group (base
+and distilled episodes) with the attachment :class:`Reflections` (their rows, inserted once the
+base episodes' ids exist) and a group of kind ``retry`` holding each reflection's own tokens
+(origin ``reflection``) and each guided retry (origin ``guided_retry``). Which reflection a
+distilled, reflection or guided-retry row belongs to is a row of R3L's table
+``trajectory_reflections`` (:class:`ReflectionLinks`, revision r3l_0001). The learner side is
+``__init__.py``; the views are ``r3l_*``.
 """
 
 from __future__ import annotations
@@ -183,6 +185,27 @@ class Reflections:
                 "policy_version": r.policy_version})
 
 
+@dataclass(frozen=True)
+class ReflectionLinks:
+    """A group's attachment: which of its trajectories belong to which reflection (rows of
+    ``trajectory_reflections``), written after the group and after the reflections of the same
+    transaction (an exploration group lists :class:`Reflections` first). Not a claim."""
+
+    run_id: int
+    links: tuple[tuple[int, int], ...]  # (position in the group, reflection id)
+    claim: bool = False
+
+    def before(self, cur) -> None:
+        return None
+
+    def after(self, cur, written, collector: str | None) -> None:
+        if written is None or not self.links:
+            return
+        cur.execute(Q["insert_trajectory_reflections"], {
+            "run_id": self.run_id, "ids": [written.trajectory_ids[i] for i, _ in self.links],
+            "reflections": [r for _, r in self.links]})
+
+
 def reserve_ids(store: Store, n: int) -> list[int]:
     """``n`` ids for reflections rows about to be written (trajectories of the same transaction refer to them)."""
     if n <= 0:
@@ -229,5 +252,5 @@ def set_sizes(store: Store, run_id: int) -> tuple[int, int, int, int]:
         return tuple(int(x) for x in conn.execute(Q["set_sizes"], {"run_id": run_id}).fetchone())
 
 
-__all__ = ["DECODINGS", "KEYS", "OUTCOMES", "ParsedReflection", "ReflectionIn", "ReflectionStats", "Reflections",
+__all__ = ["DECODINGS", "KEYS", "OUTCOMES", "ParsedReflection", "ReflectionIn", "ReflectionLinks", "ReflectionStats", "Reflections",
            "parse_reflection", "reflection_schema", "reflections_of", "reserve_ids", "set_sizes", "sft_pairs"]

@@ -21,8 +21,8 @@
                   ``guided_retry``), both linked to the base episode and the reflection
 
 Lineage: a distilled, guided-retry or reflection row has ``parent_trajectory_id`` = its base
-episode (a :class:`~reflexdb.Sibling`, resolved in the transaction) and ``reflection_id`` = its
-reflection. A base episode with a twin, and the twin, carry ``meta.pivot`` (k) and
+episode (a :class:`~reflexdb.Sibling`, resolved in the transaction) and a row of R3L's table
+``trajectory_reflections`` naming its reflection (:class:`~.reflections.ReflectionLinks`). A base episode with a twin, and the twin, carry ``meta.pivot`` (k) and
 ``meta.pivot_token`` (where turn k starts in ``response_ids``): the learner's pivotal mask (Eq. 10).
 """
 
@@ -156,6 +156,7 @@ class R3LWorkflow(GroupWorkflow):
         """The exploration group and the retry group of one task (written in one transaction)."""
         c = self.ctx
         explore, aux, rows = [], [], []
+        explore_links, aux_links = [], []  # (position in the group, reflection id)
         for b in bases:
             t = b.trajectory
             t.meta = {**t.meta, "reflected": True}
@@ -168,22 +169,27 @@ class R3LWorkflow(GroupWorkflow):
         for b in bases:
             twin = distilled.get(id(b))
             if twin is not None:
-                twin.parent_trajectory_id, twin.reflection_id = Sibling(0, b.index), b.reflection_id
+                twin.parent_trajectory_id = Sibling(0, b.index)
                 explore.append(twin)
+                explore_links.append((len(explore) - 1, b.reflection_id))
         explore += filled
         for b in bases:
             aux.append(_reflection_row(b))
+            aux_links.append((len(aux) - 1, b.reflection_id))
         for b in bases:
             if b.retry is not None:
                 aux.append(_guided_row(b))
+                aux_links.append((len(aux) - 1, b.reflection_id))
         meta = {"n_base": len(bases), "n_distilled": sum(id(b) in distilled for b in bases), "n_filled": len(filled),
                 "decoding": self.decoding}
         group = GroupIn(run_id=c.run_id, task_id=task.id, policy_version=c.version, trajectories=explore,
                         workflow="r3l", kind="fresh", collector=c.name, embedding_model=c.embedding_model,
-                        embedding_layer=-1, meta=meta, attachments=[r3l.Reflections(tuple(rows))])
+                        embedding_layer=-1, meta=meta, attachments=[
+                            r3l.Reflections(tuple(rows)), r3l.ReflectionLinks(c.run_id, tuple(explore_links))])
         retries = GroupIn(run_id=c.run_id, task_id=task.id, policy_version=c.version, trajectories=aux,
                           workflow="r3l", kind="retry", collector=c.name, embedding_model=c.embedding_model,
-                          embedding_layer=-1, meta={"decoding": self.decoding})
+                          embedding_layer=-1, meta={"decoding": self.decoding},
+                          attachments=[r3l.ReflectionLinks(c.run_id, tuple(aux_links))])
         return [group, retries]
 
 
@@ -245,7 +251,7 @@ def _reflection_row(b: _Base) -> TrajectoryIn:
     return TrajectoryIn(
         prompt_ids=s.prompt_ids, response_ids=s.token_ids, logprobs=s.logprobs,
         reward=None if retry is None else retry.reward, correct=None, turns=turns, finish_reason=s.finish_reason,
-        origin="reflection", parent_trajectory_id=Sibling(0, b.index), reflection_id=b.reflection_id,
+        origin="reflection", parent_trajectory_id=Sibling(0, b.index),
         meta={"valid": p.valid, "outcome": p.outcome, "pivot": p.pivot},
     )
 
@@ -255,7 +261,7 @@ def _guided_row(b: _Base) -> TrajectoryIn:
     suffix from turn k, its sampled log-probs (origin ``guided_retry``)."""
     t = b.retry.trajectory()
     t.origin = "guided_retry"
-    t.parent_trajectory_id, t.reflection_id = Sibling(0, b.index), b.reflection_id
+    t.parent_trajectory_id = Sibling(0, b.index)
     t.meta = {**t.meta, "pivot": b.parsed.pivot, "logprobs_from": "sampled"}
     t.embedding = None
     return t

@@ -99,6 +99,13 @@ ON CONFLICT (group_id) DO UPDATE SET status = 'released', claimed_by = NULL, com
 WHERE lte_stages.status <> 'done'
 RETURNING group_id;
 
+-- name: link_hinted_rows
+-- The hint each hinted row of an LTE group was sampled under (LTE's table, revision lte_0001).
+INSERT INTO trajectory_hints (trajectory_id, run_id, hint_id)
+SELECT t.id, t.run_id, %(hint_id)s
+FROM groups g JOIN trajectories t ON t.group_id = g.id AND t.run_id = g.run_id
+WHERE g.id = %(lte_group_id)s AND t.origin = 'hinted';
+
 -- name: stages_of_groups
 -- The stages of a batch's groups (as the original, or as the LTE group trained instead), with the
 -- hint kind and the stage latency (completion, or now, minus the original group's creation).

@@ -56,16 +56,16 @@ FROM groups WHERE id = ANY(%(ids)s);
 
 -- name: select_trajectories_of_groups
 -- The trajectories of some groups (of runs %(runs)s: only their partitions are read), in group order.
-SELECT id, group_id, run_id, task_id, index_in_group, origin, parent_trajectory_id, reflection_id,
-       hint_id, policy_version, reward, correct, truncated, finish_reason, extracted_answer,
+SELECT id, group_id, run_id, task_id, index_in_group, origin, parent_trajectory_id,
+       policy_version, reward, correct, truncated, finish_reason, extracted_answer,
        confidence, num_turns, response_length, times_sampled, error, meta, created_at
 FROM trajectories WHERE group_id = ANY(%(ids)s) AND run_id = ANY(%(runs)s)
 ORDER BY group_id, index_in_group;
 
 -- name: select_trajectories
 -- Trajectories by id.
-SELECT id, group_id, run_id, task_id, index_in_group, origin, parent_trajectory_id, reflection_id,
-       hint_id, policy_version, reward, correct, truncated, finish_reason, extracted_answer,
+SELECT id, group_id, run_id, task_id, index_in_group, origin, parent_trajectory_id,
+       policy_version, reward, correct, truncated, finish_reason, extracted_answer,
        confidence, num_turns, response_length, times_sampled, error, meta, created_at
 FROM trajectories WHERE id = ANY(%(ids)s);
 

@@ -13,6 +13,11 @@ VALUES (%(id)s, %(trajectory_id)s, %(raw_text)s, %(parsed)s, %(pivot)s, %(outcom
         %(valid)s, %(error)s, %(decoding)s, %(policy_version)s,
         (SELECT run_id FROM trajectories WHERE id = %(trajectory_id)s));
 
+-- name: insert_trajectory_reflections
+-- Which of a group's trajectories belong to which reflection (R3L's table, revision r3l_0001).
+INSERT INTO trajectory_reflections (trajectory_id, run_id, reflection_id)
+SELECT x.t, %(run_id)s, x.r FROM unnest(CAST(%(ids)s AS bigint[]), CAST(%(reflections)s AS bigint[])) AS x(t, r);
+
 -- name: available_reflect_set
 -- The oldest pairs of the reflect set the learner may still train on (r3l.sft_max_uses).
 SELECT trajectory_id FROM r3l_reflect_set

@@ -39,13 +39,14 @@ GRANT SELECT ON ALL TABLES IN SCHEMA public TO reflexdb_reader;
 -- touch the learner's tables (learner_steps, consumption, policy_versions beyond reading).
 GRANT SELECT ON alembic_version, policy_versions, run_settings, tasks, groups, trajectories, turns,
                 token_bytes, token_payloads, trajectory_tokens, embeddings, collectors, replay_requests, hints,
-                reflections, purifications, nexgrpo_retired_tasks, origins
+                reflections, purifications, nexgrpo_retired_tasks, origins, trajectory_reflections,
+                trajectory_hints
     TO reflexdb_collector;
 GRANT SELECT (id, name, algorithm, embedding_dim, embedding_model, created_at) ON runs TO reflexdb_collector;
 GRANT INSERT (name, algorithm, config) ON runs TO reflexdb_collector;
 GRANT UPDATE (embedding_dim, embedding_model) ON runs TO reflexdb_collector;
 GRANT INSERT ON tasks, groups, trajectories, turns, token_bytes, embeddings, collectors, hints, reflections,
-                purifications
+                purifications, trajectory_reflections, trajectory_hints
     TO reflexdb_collector;
 GRANT UPDATE (claimed_by, claimed_at, times_collected, times_passed) ON tasks TO reflexdb_collector;
 GRANT UPDATE (host, pid, engine, model, policy_version, status, started_at, last_seen, stopped_at, groups_written,

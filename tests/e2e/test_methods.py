@@ -141,7 +141,8 @@ def check_r3l(store, m, env, args):
         WHERE b.origin <> 'base'""") == [(0,)]
     assert rows(store, """
         SELECT count(*) FROM trajectories t
-        LEFT JOIN reflections r ON r.id = t.reflection_id LEFT JOIN trajectories b ON b.id = t.parent_trajectory_id
+        LEFT JOIN trajectory_reflections l ON l.trajectory_id = t.id AND l.run_id = t.run_id
+        LEFT JOIN reflections r ON r.id = l.reflection_id LEFT JOIN trajectories b ON b.id = t.parent_trajectory_id
         WHERE t.origin = 'guided_retry' AND (r.id IS NULL OR b.id IS NULL OR b.task_id <> t.task_id
                                             OR r.trajectory_id <> b.id)""") == [(0,)]
     assert m["r3l/reflections"] > 0 and _loss_finite(store)
@@ -306,6 +307,6 @@ def test_a_collector_killed_mid_work_leaves_nothing_and_its_work_is_done_again(m
                            "WHERE p.origin = 'purified' AND r.origin = 'raw'") == \
             rows(store, "SELECT count(*) FROM trajectories WHERE origin = 'purified'")
     if method == "r3l":  # each retry refers to its reflection and its base episode
-        assert rows(store, "SELECT count(*) FROM trajectories t JOIN reflections r ON r.id = t.reflection_id "
-                           "WHERE t.origin = 'guided_retry' AND r.trajectory_id = t.parent_trajectory_id") == \
+        assert rows(store, "SELECT count(*) FROM trajectories t JOIN trajectory_reflections l ON l.trajectory_id = t.id "
+                           "JOIN reflections r ON r.id = l.reflection_id WHERE t.origin = 'guided_retry' AND r.trajectory_id = t.parent_trajectory_id") == \
             rows(store, "SELECT count(*) FROM trajectories WHERE origin = 'guided_retry'")

@@ -22,8 +22,8 @@ VIEWS = ("group_stats", "learner_eligible", "untrained_groups", "episode_turns",
 
 def _a_run(store, name="busy"):
     """A run with a row in every table that can hold one: groups with payloads, turns and
-    embeddings, lineage, settings, versions, steps and their consumption, a hint, a reflection, a
-    rollback, a collector, a replay request and an LTE stage."""
+    embeddings, lineage, settings, versions, steps and their consumption, a hint, a reflection, their
+    links to trajectories, a rollback, a collector, a replay request and an LTE stage."""
     rng = np.random.default_rng(5)
     run, tasks = setup_run(store, name, n_tasks=3)
     store.set_settings(run, {"learner.max_staleness": 2, "nexgrpo.conf_low": 0.3})
@@ -36,8 +36,14 @@ def _a_run(store, name="busy"):
     with store.transaction() as conn:
         conn.execute("INSERT INTO hints (group_id, task_id, kind, wrong_answers, hinted_prompt) "
                      "VALUES (%s, %s, 'wrong_answers', ARRAY['7', '8'], 'hinted')", (gid, tasks[0]))
-        conn.execute("INSERT INTO reflections (trajectory_id, raw_text, parsed, pivot, outcome, valid, run_id) "
-                     "VALUES (%s, '{}', '{\"outcome\": \"failure\"}', 1, 'failure', true, %s)", (tid, run))
+        (hint,) = conn.execute("SELECT max(id) FROM hints").fetchone()
+        (refl,) = conn.execute("INSERT INTO reflections (trajectory_id, raw_text, parsed, pivot, outcome, valid, run_id) "
+                               "VALUES (%s, '{}', '{\"outcome\": \"failure\"}', 1, 'failure', true, %s) RETURNING id",
+                               (tid, run)).fetchone()
+        conn.execute("INSERT INTO trajectory_reflections (trajectory_id, run_id, reflection_id) VALUES (%s, %s, %s)",
+                     (written[0].trajectory_ids[2], run, refl))
+        conn.execute("INSERT INTO trajectory_hints (trajectory_id, run_id, hint_id) VALUES (%s, %s, %s)",
+                     (written[0].trajectory_ids[3], run, hint))
         conn.execute("INSERT INTO purifications (trajectory_id, turn_index, attempts, recovered, similarity, run_id) "
                      "VALUES (%s, 1, 3, true, 0.25, %s)", (tid, run))
         conn.execute("INSERT INTO collectors (run_id, name, host, pid, engine, model, status) "

@@ -226,14 +226,15 @@ def test_an_lte_group_replaces_failures_with_lineage_in_one_transaction(store):
     assert (g.kind, g.workflow, g.policy_version, g.size) == ("hinted", "lte", orig.policy_version, 4)
     replaced = group.meta["replaced"]
     assert len(replaced) == 2
+    hint_of = dict(rows(store, "SELECT trajectory_id, hint_id FROM trajectory_hints"))  # LTE's table
     for pos, (t, o) in enumerate(zip(g.trajectories, orig.trajectories)):
         assert t.parent_trajectory_id == o.id  # a copy of the original, or the rollout that replaced it
         assert list(t.prompt_ids) == list(o.prompt_ids)  # training prompt: always the plain one
         if pos in replaced:
             assert (t.origin, t.correct, len(t.response_ids)) == ("hinted", True, 10)
-            assert t.hint_id is not None and t.turns[0].text == o.turns[0].text
+            assert hint_of.get(t.id) is not None and t.turns[0].text == o.turns[0].text
         else:
-            assert (t.origin, t.correct, t.hint_id) == ("replayed", False, None)
+            assert (t.origin, t.correct, hint_of.get(t.id)) == ("replayed", False, None)
     [(status, hint_id, lte_gid, n_sampled, n_correct, mode)] = rows(
         store, "SELECT status, hint_id, lte_group_id, n_sampled, n_correct, mode FROM lte_stages")
     assert (status, lte_gid, n_sampled, n_correct, mode) == ("done", w.group_id, 4, 2, "hint")
@@ -358,7 +359,7 @@ def test_grpo_extra_mode_writes_no_hint_and_on_policy_replacements(store):
     w = store.write_group(group, complete_claim="a")
     [g] = store.read_groups([w.group_id])
     assert sorted(t.origin for t in g.trajectories) == ["base", "base", "base", "replayed"]
-    assert all(t.hint_id is None for t in g.trajectories)
+    assert rows(store, "SELECT count(*) FROM trajectory_hints") == [(0,)]
     assert rows(store, "SELECT mode, hint_id FROM lte_stages") == [("extra", None)]
     assert rows(store, "SELECT count(*) FROM hints") == [(0,)]
     assert rows(store, "SELECT count(*) FROM lte_hint_pool") == [(0,)]
@@ -463,7 +464,8 @@ def test_lte_workflow_and_learner_end_to_end_on_the_tiny_model(store, tmp_path, 
     for gid, orig in zip([g for g, _ in lte_groups], originals):
         [g], [o] = store.read_groups([gid]), store.read_groups([orig])
         hinted = [t for t in g.trajectories if t.origin == "hinted"]
-        assert len(hinted) == 2 and all(t.hint_id is not None and t.correct for t in hinted)
+        linked = {r[0] for r in rows(store, "SELECT trajectory_id FROM trajectory_hints")}
+        assert len(hinted) == 2 and all(t.id in linked and t.correct for t in hinted)
         assert {t.parent_trajectory_id for t in g.trajectories} == {t.id for t in o.trajectories}
         assert all(list(t.prompt_ids) == list(o.trajectories[0].prompt_ids) for t in g.trajectories)
         assert g.policy_version == o.policy_version

@@ -39,6 +39,10 @@ def downgrade() -> None:
 '''
 
 
+#: The head without the test's branch: reflexdb's chain and the built-in methods' branches.
+BUILT_IN = "0018, lte_0001, r3l_0001"
+
+
 @pytest.fixture
 def branch(tmp_path, monkeypatch):
     folder = tmp_path / "testbranch_versions"
@@ -50,17 +54,17 @@ def branch(tmp_path, monkeypatch):
 
 
 def test_a_branch_is_upgraded_with_the_core_and_named_in_the_head(branch, empty_db_url):
-    assert migrate.head_revision() == "0018, testbranch_0001"
+    assert migrate.head_revision() == f"{BUILT_IN}, testbranch_0001"
     engine = make_engine(empty_db_url)
     try:
         migrate.upgrade(engine)  # an empty database: the core first (depends_on), then the branch
         with engine.connect() as conn:
-            assert migrate.current_revision(conn) == "0018, testbranch_0001"
+            assert migrate.current_revision(conn) == f"{BUILT_IN}, testbranch_0001"
             assert conn.execute(text("SELECT method FROM origins WHERE name = 'checked'")).scalar() == "testbranch"
         migrate.check_current(engine)
         migrate.downgrade(engine, "testbranch@base")  # the branch alone goes
         with engine.connect() as conn:
-            assert migrate.current_revision(conn) == "0018"
+            assert migrate.current_revision(conn) == BUILT_IN
             assert conn.execute(text("SELECT to_regclass('testbranch_notes')")).scalar() is None
     finally:
         engine.dispose()
@@ -70,13 +74,13 @@ def test_upgrade_adds_a_branch_to_a_database_made_before_it(db_url, tmp_path, mo
     engine = make_engine(db_url)  # made at the core's head, with no branch installed
     try:
         with engine.connect() as conn:
-            assert migrate.current_revision(conn) == "0018"
+            assert migrate.current_revision(conn) == BUILT_IN
         folder = tmp_path / "v"
         folder.mkdir()
         (folder / "testbranch_0001.py").write_text(REVISION)
         MIGRATIONS.names()
         monkeypatch.setattr(MIGRATIONS, "_items", {**MIGRATIONS._items, "testbranch": folder})
-        with pytest.raises(SchemaOutdated, match=r"at revision 0018 but this code needs 0018, testbranch_0001: "
+        with pytest.raises(SchemaOutdated, match=rf"at revision {BUILT_IN} but this code needs {BUILT_IN}, testbranch_0001: "
                                                  r"run `reflexdb db upgrade`"):
             Store.open(db_url)
         migrate.upgrade(engine)

@@ -314,7 +314,7 @@ def test_bad_r3l_config_is_refused_naming_the_key(data, says):
 # ---------------------------------------------------------------- the views on hand-made data
 
 
-def _traj(origin="base", reward=0.0, *, n_turns=2, parent=None, reflection_id=None, meta=None, text="4"):
+def _traj(origin="base", reward=0.0, *, n_turns=2, parent=None, meta=None, text="4"):
     """An episode of ``n_turns`` assistant turns of 3 tokens with 2 feedback tokens between them."""
     turns, ids, T = [TurnIn("user", "What is 2+2?")], [], 0
     for k in range(n_turns):
@@ -325,8 +325,7 @@ def _traj(origin="base", reward=0.0, *, n_turns=2, parent=None, reflection_id=No
             T += 2
     return TrajectoryIn(prompt_ids=np.arange(5), response_ids=np.arange(T), logprobs=np.full(T, -0.5, np.float32),
                         reward=reward, correct=None if reward is None else reward >= 1.0, turns=turns, origin=origin,
-                        parent_trajectory_id=parent,
-                        reflection_id=reflection_id, meta=meta or {}, extracted_answer=text)
+                        parent_trajectory_id=parent, meta=meta or {}, extracted_answer=text)
 
 
 def _write_r3l_task(store, run, task, outcomes):
@@ -334,23 +333,25 @@ def _write_r3l_task(store, run, task, outcomes):
     per base episode (retry reward None: no retry). Returns the written groups and reflection ids."""
     ids = r3l.reserve_ids(store, len(outcomes))
     base = [_traj(reward=b) for _, _, _, b, _ in outcomes]
-    twins, aux, refl = [], [], []
+    twins, aux, refl, twin_links, aux_links = [], [], [], [], []
     for j, ((valid, outcome, pivot, b, rr), rid) in enumerate(zip(outcomes, ids)):
         parsed = ParsedReflection(valid, {"root_cause_analysis": f"cause {j}"} if valid else None,
                                   outcome if valid else None, pivot if valid else None,
                                   f"cause {j}" if valid else None, None if valid else "missing key(s): retry_from_step")
         refl.append(ReflectionIn(rid, j, f'{{"reflection": {j}}}', parsed, "free", 0))
-        aux.append(_traj("reflection", rr if rr is not None else None, n_turns=1, parent=Sibling(0, j),
-                         reflection_id=rid))
+        aux.append(_traj("reflection", rr if rr is not None else None, n_turns=1, parent=Sibling(0, j)))
         aux[-1].correct = None
+        aux_links.append((len(aux) - 1, rid))
         if rr is not None:
-            twins.append(_traj("distilled", rr, parent=Sibling(0, j), reflection_id=rid,
-                               meta={"pivot": pivot, "pivot_token": 5 * pivot}))
-            aux.append(_traj("guided_retry", rr, n_turns=2 - pivot, parent=Sibling(0, j), reflection_id=rid))
+            twins.append(_traj("distilled", rr, parent=Sibling(0, j), meta={"pivot": pivot, "pivot_token": 5 * pivot}))
+            twin_links.append((len(base) + len(twins) - 1, rid))
+            aux.append(_traj("guided_retry", rr, n_turns=2 - pivot, parent=Sibling(0, j)))
+            aux_links.append((len(aux) - 1, rid))
     fill = [_traj(reward=0.0, meta={"reflected": False}) for _ in range(len(outcomes) - len(twins))]
     explore = GroupIn(run_id=run, task_id=task, policy_version=0, trajectories=base + twins + fill, workflow="r3l",
-                      attachments=[r3l.Reflections(tuple(refl))])
-    retry = GroupIn(run_id=run, task_id=task, policy_version=0, trajectories=aux, workflow="r3l", kind="retry")
+                      attachments=[r3l.Reflections(tuple(refl)), r3l.ReflectionLinks(run, tuple(twin_links))])
+    retry = GroupIn(run_id=run, task_id=task, policy_version=0, trajectories=aux, workflow="r3l", kind="retry",
+                    attachments=[r3l.ReflectionLinks(run, tuple(aux_links))])
     return store.write_groups([explore, retry]), ids
 
 
@@ -380,7 +381,8 @@ def test_views_on_hand_made_data(store):
         (ids[3], ea.group_id, b[3], True, "success_but_inefficient", 0, None, 0.25, -0.25, False, 2, True, True),
     ]
     # lineage: the distilled twins and the aux rows point at their base episode (Siblings resolved)
-    lineage = rows(store, "SELECT origin, parent_trajectory_id, reflection_id FROM trajectories "
+    lineage = rows(store, "SELECT origin, parent_trajectory_id, l.reflection_id FROM trajectories t "
+                          "LEFT JOIN trajectory_reflections l ON l.trajectory_id = t.id AND l.run_id = t.run_id "
                           "WHERE group_id IN (:e, :r) AND origin <> 'base' ORDER BY id", e=ea.group_id, r=ra.group_id)
     assert lineage == [("distilled", b[0], ids[0]), ("distilled", b[3], ids[3]),
                        ("reflection", b[0], ids[0]), ("guided_retry", b[0], ids[0]), ("reflection", b[1], ids[1]),
@@ -510,9 +512,10 @@ def test_the_workflow_end_to_end_on_the_tiny_model(store, tmp_path, monkeypatch,
     assert [r[1:] for r in refl] == [(base[0].id, True, "failure", n_turns - 1, False, "free"),
                                      (base[1].id, True, "success", 0, False, "free"),
                                      (base[2].id, False, None, None, True, "free")]
-    assert [t.reflection_id for t in aux] == [r[0] for r in refl] + [refl[0][0]]
+    links = dict(rows(store, "SELECT trajectory_id, reflection_id FROM trajectory_reflections"))  # R3L's table
+    assert [links.get(t.id) for t in aux] == [r[0] for r in refl] + [refl[0][0]]
     assert {t.parent_trajectory_id for t in aux} == {t.id for t in base}
-    assert (distilled.parent_trajectory_id, distilled.reflection_id) == (base[0].id, refl[0][0])
+    assert (distilled.parent_trajectory_id, links.get(distilled.id)) == (base[0].id, refl[0][0])
     # the guided retry: the restored conversation and the guidance as its prompt, the suffix from turn k
     guided = aux[3]
     pivot, cut = distilled.meta["pivot"], distilled.meta["pivot_token"]
@@ -536,7 +539,7 @@ def test_the_workflow_end_to_end_on_the_tiny_model(store, tmp_path, monkeypatch,
     assert guided.meta["logprobs_from"] == "sampled" and list(guided.prompt_ids) != list(distilled.prompt_ids)
     # the reflection's tokens: prompt = the episode log; its reward is its retry's (none: NULL)
     assert "Step 0 (assistant)" in aux[0].turns[1].text and aux[0].reward == guided.reward and aux[1].reward is None
-    assert all(f.meta.get("reflected") is False and f.reflection_id is None for f in fills)
+    assert all(f.meta.get("reflected") is False and f.id not in links for f in fills)
 
 
 def test_the_learner_trains_exploration_groups_and_the_sft_pairs(store, tmp_path, monkeypatch, model_cache):

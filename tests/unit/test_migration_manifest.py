@@ -1,5 +1,5 @@
 """A landed migration is never edited (issue 35): migrations/MANIFEST.json holds the SHA-256 of every
-landed revision file and of every SQL file a revision reads (views, functions and their pinned
+landed revision file (reflexdb's chain and each built-in method's branch, methods/*/migrations/) and of every SQL file a revision reads (views, functions and their pinned
 copies in history/).
 
 - a revision file or a pinned copy whose text changed fails: write a new revision instead;
@@ -31,6 +31,8 @@ def files() -> dict[str, dict[str, str]]:
     out: dict[str, dict[str, str]] = {"versions": {}, "pinned": {}, "current": {}}
     for p in sorted((ROOT / "migrations" / "versions").glob("[0-9]*.py")):
         out["versions"][p.name] = _sha(p)
+    for p in sorted((ROOT / "methods").glob("*/migrations/*_[0-9]*.py")):  # the methods' own branches
+        out["versions"][str(p.relative_to(ROOT))] = _sha(p)
     for kind in ("views", "functions"):
         for p in sorted((SQL / kind / "history").glob("*.sql")):
             out["pinned"][f"{kind}/history/{p.name}"] = _sha(p)

@@ -16,6 +16,8 @@
 -- reflection_trajectory_id (the reflection's tokens, origin 'reflection'), retry_trajectory_id,
 -- distilled_trajectory_id, retry_reward, gain (retry_reward - base_reward), improved,
 -- policy_version, created_at.
+-- A trajectory's reflection is a row of table trajectory_reflections (R3L's migration branch,
+-- r3l_0001; before it, the column trajectories.reflection_id).
 -- Settings read: none.
 -- Example: SELECT outcome, valid, count(*), avg(gain) FROM r3l_reflections WHERE run_id = 1
 --          GROUP BY 1, 2;
@@ -48,6 +50,9 @@ SELECT
     f.created_at
 FROM reflections f
 JOIN trajectories b ON b.id = f.trajectory_id
-LEFT JOIN trajectories rt ON rt.reflection_id = f.id AND rt.origin = 'reflection'
-LEFT JOIN trajectories gr ON gr.reflection_id = f.id AND gr.origin = 'guided_retry'
-LEFT JOIN trajectories d ON d.reflection_id = f.id AND d.origin = 'distilled';
+LEFT JOIN (trajectory_reflections lr JOIN trajectories rt ON rt.id = lr.trajectory_id AND rt.run_id = lr.run_id)
+       ON lr.reflection_id = f.id AND rt.origin = 'reflection'
+LEFT JOIN (trajectory_reflections lg JOIN trajectories gr ON gr.id = lg.trajectory_id AND gr.run_id = lg.run_id)
+       ON lg.reflection_id = f.id AND gr.origin = 'guided_retry'
+LEFT JOIN (trajectory_reflections ld JOIN trajectories d ON d.id = ld.trajectory_id AND d.run_id = ld.run_id)
+       ON ld.reflection_id = f.id AND d.origin = 'distilled';
