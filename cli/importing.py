@@ -28,7 +28,7 @@ def import_command(
     from reflexdb.db import name_process
     from reflexdb.errors import NotFound
     from reflexdb.importer import Tokenizer, check_file, import_file
-    from reflexdb.sqlfile import load_queries
+    from reflexdb import runs
 
     check_file(file)  # a missing file, a .csv, a broken Parquet file: refused before anything is created
     cfg = load_config(config, parse_overrides(overrides))
@@ -48,8 +48,7 @@ def import_command(
             stats = import_file(store, run_id, file, tokenizer, dataset=dataset, batch_size=batch_size,
                                 on_batch=lambda s: progress.update(task, description=f"importing {file}: {s.rows:,} rows"))
         if new_run and not stats.imported and not stats.already:  # nothing came of it: leave no empty run
-            with store.transaction() as conn:
-                conn.execute(load_queries("runs.sql")["delete_run"], {"run_id": run_id})
+            runs.delete(store, run_id)
     finally:
         store.close()
     for line in stats.bad[:50]:

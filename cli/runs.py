@@ -29,13 +29,9 @@ def _pass(version, value) -> str:
 
 
 def _rows(store, name: str | None) -> list[dict]:
-    from reflexdb.sqlfile import load_queries
+    from reflexdb import runs
 
-    q = load_queries("runs.sql")
-    with store.transaction() as conn:
-        cur = conn.execute(q["list_runs"], {"name": name})
-        cols = [d.name for d in cur.description]
-        return [dict(zip(cols, row)) for row in cur.fetchall()]
+    return runs.list_runs(store, name)
 
 
 def _one(store, name: str) -> dict:
@@ -76,16 +72,11 @@ def runs(ctx: typer.Context, url: str = URL_OPTION) -> None:
 @app.command()
 def show(name: str = typer.Argument(..., help="The run's name."), url: str = URL_OPTION) -> None:
     """One run: its config's main keys, what it holds by origin, and every held-out evaluation."""
-    from reflexdb import Store
-    from reflexdb.sqlfile import load_queries
+    from reflexdb import Store, runs
 
-    q = load_queries("runs.sql")
     with Store.open(url) as store:
         r = _one(store, name)
-        with store.transaction() as conn:
-            evals = conn.execute(q["run_evals"], {"run_id": r["id"]}).fetchall()
-            origins = conn.execute(q["run_origins"], {"run_id": r["id"]}).fetchall()
-            live = conn.execute(q["run_processes"], {"name": name}).fetchall()
+        evals, origins, live = runs.evals(store, r["id"]), runs.origins(store, r["id"]), runs.processes(store, name)
     cfg = r["config"] or {}
     fields = {
         "run": f"{r['name']} (id {r['id']}), created {r['created_at']:%Y-%m-%d %H:%M:%S %Z}",
@@ -125,9 +116,8 @@ def delete(
     from reflexdb import admin
     from reflexdb.index import default_directory
     from reflexdb.settings import home
-    from reflexdb.sqlfile import load_queries
+    from reflexdb import runs
 
-    q = load_queries("runs.sql")
     with Store.open(url) as store:
         r = _one(store, name)
         live = admin.run_processes(store, name)
@@ -141,8 +131,7 @@ def delete(
                 + ("" if keep_files else f", {ckpt}" if ckpt.exists() else ""))
         if not yes:
             typer.confirm(f"delete {what}?", abort=True)
-        with store.transaction() as conn:
-            conn.execute(q["delete_run"], {"run_id": r["id"]})
+        runs.delete(store, r["id"])
     if not keep_files:
         if ckpt.exists():
             shutil.rmtree(ckpt)

@@ -108,9 +108,7 @@ def evaluate(cfg: Config, store: Store, checkpoint: str = "latest", *, split: st
     k = k or cfg.learner.eval_samples
     run_id = store.create_run(cfg.run, algorithm=cfg.algorithm, config=cfg.masked())
     store.add_tasks(run_id, build_tasks(cfg.tasks)[0])  # idempotent: the collector adds the same ones
-    with store.transaction() as conn:
-        tasks = [EvalTask(*row) for row in conn.execute(
-            work.W["split_tasks"], {"run_id": run_id, "split": split, "n": max_tasks or 2**31 - 1})]
+    tasks = [EvalTask(*row) for row in work.split_tasks(store, run_id, split, max_tasks)]
     if not tasks:
         raise ReflexdbError(f"run {cfg.run!r} has no tasks in split {split!r} (tasks.eval_size is 0?)")
     label, path, version = resolve_checkpoint(store, run_id, checkpoint, resolve_model(cfg.model))

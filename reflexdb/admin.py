@@ -11,10 +11,10 @@ from sqlalchemy import inspect, text
 from sqlalchemy.exc import DBAPIError
 
 from . import embedded, migrate, roles, schema
+from . import runs as run_table
 from .db import database_url, libpq_url, make_engine
 from .errors import ReflexdbError
 from .settings import mask_url, resolve_target
-from .sqlfile import load_queries
 
 
 def _engine(url: str | None):
@@ -99,7 +99,7 @@ def status(url: str | None) -> Status:
                 counts = dict(conn.execute(text(sql)).all())
             runs = []
             if conn.execute(text("SELECT to_regproc('run_partitions_size')")).scalar() is not None:  # >= 0015
-                runs = [tuple(r) for r in conn.execute(text(load_queries("runs.sql")["run_sizes"]))]
+                runs = run_table.sizes(conn)
     finally:
         engine.dispose()
     head = migrate.head_revision()
@@ -177,6 +177,5 @@ def run_processes(store, name: str) -> list[str]:
     """The processes of run ``name`` that make it "in use" (``reflexdb runs delete`` and ``reflexdb
     db archive`` refuse then): connected sessions of its collect, learn, eval or import, and
     collectors with a recent heartbeat, each as ``who (pid P on host)``."""
-    with store.transaction() as conn:
-        live = conn.execute(load_queries("runs.sql")["run_processes"], {"name": name}).fetchall()
+    live = run_table.processes(store, name)
     return [f"{w} (pid {pid}{f' on {h}' if h else ''})" for _, w, h, pid in live]

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import migrate, schema
+from . import migrate, runs, schema
 from .admin import run_processes
 from .errors import NotFound, ReflexdbError
 
@@ -100,7 +100,6 @@ def archive(store, name: str, directory: Path, *, on_table: Callable[[str, int],
             (nothing is deleted then).
     """
     from .export import export
-    from .sqlfile import load_queries
 
     directory = Path(directory).expanduser()
     run_id = store.run_id(name)
@@ -127,8 +126,7 @@ def archive(store, name: str, directory: Path, *, on_table: Callable[[str, int],
     manifest = {"format": FORMAT, "run": name, "run_id": run_id, "schema_revision": revision, "tables": files,
                 "origins": used}
     (directory / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
-    with store.transaction() as conn:  # the run's partitions dropped, then its other rows (runs.sql)
-        conn.execute(load_queries("runs.sql")["delete_run"], {"run_id": run_id})
+    runs.delete(store, run_id)  # the run's partitions dropped, then its other rows
     size = sum(p.stat().st_size for p in directory.iterdir())
     return ArchiveResult(name, run_id, directory, {t: f["rows"] for t, f in files.items()}, size)
 

@@ -115,11 +115,10 @@ class Tracker:
     def log_evaluations(self, store, run_id: int) -> None:
         """Log the held-out evaluations the database already holds (``reflexdb eval`` before this
         learner run existed, e.g. the base model's in ``reflexdb run``) into this run."""
-        from reflexdb.sqlfile import load_queries
+        from reflexdb import runs
 
         try:
-            with store.transaction() as conn:
-                rows = conn.execute(load_queries("runs.sql")["run_evals"], {"run_id": run_id}).fetchall()
+            rows = runs.evals(store, run_id)
             for _, attempts, p1, _, _, _, step in rows:
                 suffix = "" if attempts == 1 else f"_{attempts}_attempts"
                 self.log_metrics({f"eval/pass_at_1{suffix}": float(p1)}, int(step))

@@ -104,6 +104,12 @@ def claim_tasks(
     return kept
 
 
+def split_tasks(store: Store, run_id: int, split: str, n: int | None = None) -> list[tuple]:
+    """Up to ``n`` tasks of a split of the run (``split_tasks``: what ``reflexdb eval`` samples)."""
+    with store.transaction() as conn:
+        return conn.execute(W["split_tasks"], {"run_id": run_id, "split": split, "n": n or 2**31 - 1}).fetchall()
+
+
 def tasks_left(store: Store, run_id: int, max_collections: int) -> int:
     """Train tasks collected fewer than ``max_collections`` times."""
     with store.transaction() as conn:

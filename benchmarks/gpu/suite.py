@@ -709,7 +709,7 @@ def run_facts(home: Path, name: str) -> dict:
 
     os.environ["REFLEXDB_HOME"] = str(home)
     from reflexdb import Store
-    from reflexdb.sqlfile import load_queries
+    from reflexdb import runs as run_table
 
     store = Store.open()
     try:
@@ -720,9 +720,8 @@ def run_facts(home: Path, name: str) -> dict:
             traj = c.execute(text("SELECT count(*), extract(epoch FROM min(t.created_at)), "
                                   "extract(epoch FROM max(t.created_at)) FROM trajectories t JOIN groups g "
                                   "ON g.id = t.group_id WHERE t.run_id = :r AND g.kind <> 'eval'"), {"r": rid}).one()
-        with store.transaction() as conn:  # held-out pass@1 by version, as `reflexdb runs` reports it
-            evals = [(r[0], r[2]) for r in conn.execute(load_queries("runs.sql")["run_evals"], {"run_id": rid})
-                     if r[1] == 1]
+        # held-out pass@1 by version, as `reflexdb runs` reports it
+        evals = [(r[0], r[2]) for r in run_table.evals(store, rid) if r[1] == 1]
     finally:
         store.close()
     m = [s[2] for s in steps]

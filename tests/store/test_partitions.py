@@ -5,8 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from reflexdb import InvalidGroup, Store, TaskIn, schema
-from reflexdb.sqlfile import load_queries
+from reflexdb import InvalidGroup, Store, TaskIn, runs, schema
 from tests.factories import make_group, make_trajectory, setup_run
 from tests.processes import rows
 from tests.store.test_roles import roles  # noqa: F401  (the fixture)
@@ -50,7 +49,7 @@ def test_deleting_a_run_drops_its_partitions_and_leaves_others(store):
                      (written[0].trajectory_ids[0], a))
     before_b = rows(store, "SELECT count(*) FROM trajectories WHERE run_id = :r", r=b)
     with store.transaction() as conn:
-        conn.execute(load_queries("runs.sql")["delete_run"], {"run_id": a})
+        conn.execute(runs.Q["delete_run"], {"run_id": a})
     assert _partitions(store, a) == {}
     assert rows(store, "SELECT count(*) FROM reflections") == [(0,)]
     assert rows(store, "SELECT count(*) FROM runs WHERE id = :r", r=a) == [(0,)]

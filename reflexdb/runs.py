@@ -1,0 +1,59 @@
+"""The runs as a whole: listing, evaluations, origins, live processes, sizes and deletion.
+
+The one module that reads ``sql/runs.sql``; ``reflexdb runs``, ``reflexdb db status``, archive,
+import and MLflow tracking go through it. Making a run and its settings are the store's
+(:meth:`reflexdb.Store.create_run`, ``set_settings``), as its groups, steps and versions are.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .sqlfile import load_queries
+
+if TYPE_CHECKING:
+    from .store import Store
+
+Q = load_queries("runs.sql")
+
+
+def list_runs(store: Store, name: str | None = None) -> list[dict[str, Any]]:
+    """Every run (or the one named), a dict per run with the columns of ``list_runs``."""
+    with store.transaction() as conn:
+        cur = conn.execute(Q["list_runs"], {"name": name})
+        cols = [d.name for d in cur.description]
+        return [dict(zip(cols, row)) for row in cur.fetchall()]
+
+
+def evals(store: Store, run_id: int) -> list[tuple]:
+    """The run's held-out evaluations, one row per (policy version, attempts): ``run_evals``."""
+    with store.transaction() as conn:
+        return conn.execute(Q["run_evals"], {"run_id": run_id}).fetchall()
+
+
+def origins(store: Store, run_id: int) -> list[tuple]:
+    """What the run holds by origin: ``run_origins``."""
+    with store.transaction() as conn:
+        return conn.execute(Q["run_origins"], {"run_id": run_id}).fetchall()
+
+
+def processes(store: Store, name: str) -> list[tuple]:
+    """The run's live processes (connected sessions, collectors with a recent heartbeat): ``run_processes``."""
+    with store.transaction() as conn:
+        return conn.execute(Q["run_processes"], {"name": name}).fetchall()
+
+
+def sizes(conn) -> list[tuple]:
+    """Every run's size on disk (``run_sizes``), on a SQLAlchemy connection (``reflexdb db status``)."""
+    from sqlalchemy import text
+
+    return [tuple(r) for r in conn.execute(text(Q["run_sizes"]))]
+
+
+def delete(store: Store, run_id: int) -> None:
+    """Delete a run: its partitions dropped, then its other rows (``delete_run``)."""
+    with store.transaction() as conn:
+        conn.execute(Q["delete_run"], {"run_id": run_id})
+
+
+__all__ = ["delete", "evals", "list_runs", "origins", "processes", "sizes"]
