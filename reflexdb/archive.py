@@ -34,30 +34,33 @@ from .errors import NotFound, ReflexdbError
 FORMAT = 1
 MANIFEST = "manifest.json"
 
-# Every table that holds rows of a run: how to select them (``%(run)s`` is the run id) and the key
-# that orders them. Listed in the order restore inserts them (foreign keys first); a test checks
-# that every table of reflexdb/schema.py is here.
-TABLES: tuple[tuple[str, str, str], ...] = (
+# Every table of reflexdb's own that holds rows of a run: how to select them (``%(run)s`` is the run
+# id) and the key that orders them, in the order restore inserts them (foreign keys first). A
+# method's tables follow, as its package registers them (``reflexdb.plugins.ARCHIVED``, method by
+# method: :func:`tables`); a test checks that every declared table is one of them.
+CORE: tuple[tuple[str, str, str], ...] = (
     ("runs", "id = %(run)s", "id"),
     ("run_settings", "run_id = %(run)s", "key"),
     ("tasks", "run_id = %(run)s", "id"),
     ("policy_versions", "run_id = %(run)s", "version"),
     ("groups", "run_id = %(run)s", "id"),
-    ("hints", "task_id IN (SELECT id FROM tasks WHERE run_id = %(run)s)", "id"),
     ("trajectories", "run_id = %(run)s", "id"),
-    ("reflections", "run_id = %(run)s", "id"),
-    ("trajectory_reflections", "run_id = %(run)s", "trajectory_id"),
-    ("trajectory_hints", "run_id = %(run)s", "trajectory_id"),
     ("turns", "run_id = %(run)s", "trajectory_id, turn_index"),
     ("token_bytes", "run_id = %(run)s", "trajectory_id"),
     ("embeddings", "run_id = %(run)s", "trajectory_id"),
-    ("purifications", "run_id = %(run)s", "trajectory_id, turn_index"),
     ("learner_steps", "run_id = %(run)s", "id"),
     ("consumption", "step_id IN (SELECT id FROM learner_steps WHERE run_id = %(run)s)", "step_id, trajectory_id"),
     ("collectors", "run_id = %(run)s", "id"),
-    ("replay_requests", "run_id = %(run)s", "id"),
-    ("lte_stages", "run_id = %(run)s", "group_id"),
 )
+
+
+def tables() -> list[tuple[str, str, str]]:
+    """Every table that holds rows of a run, in restore order: reflexdb's own (:data:`CORE`), then
+    each installed method's (``reflexdb.plugins.ARCHIVED``; a plug-in's too)."""
+    from .plugins import ARCHIVED
+
+    return [*CORE, *(t for _, own in ARCHIVED.items() for t in own)]
+
 #: Tables that hold no run's rows (the table of origins, which a run's trajectories refer to): not
 #: archived; the manifest names the origins the run's rows use, and restore checks they exist.
 SHARED = ("origins",)
@@ -113,7 +116,7 @@ def archive(store, name: str, directory: Path, *, on_table: Callable[[str, int],
     with store.engine.connect() as conn:
         revision = migrate.current_revision(conn)
     files: dict[str, dict[str, Any]] = {}
-    for table, where, order in TABLES:
+    for table, where, order in tables():
         path = directory / f"{table}.parquet"
         stats = export(store.url, _query(table, where, order, run_id), path, with_trajectories=False)
         files[table] = {"rows": stats.rows, "sha256": _sha256(path), "order_by": order}
@@ -145,7 +148,7 @@ def _verify_against_database(store, run_id: int, directory: Path) -> None:
 
     with store.transaction() as conn:
         conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
-        for table, where, order in TABLES:
+        for table, where, order in tables():
             path = directory / f"{table}.parquet"
             cur = conn.cursor(name=f"reflexdb_verify_{table}")
             cur.execute(_query(table, where, order, run_id))
@@ -205,7 +208,7 @@ def restore(store, directory: Path) -> ArchiveResult:
         raise ArchiveError(f"the archive was written at schema revision {manifest.get('schema_revision')}, the "
                            f"database is at {revision}; restore into a database at that revision (reflexdb db "
                            "upgrade/downgrade)")
-    for table, *_ in TABLES:
+    for table, *_ in tables():
         entry = manifest["tables"].get(table)
         path = directory / f"{table}.parquet"
         if entry is None or not path.exists():
@@ -229,7 +232,7 @@ def restore(store, directory: Path) -> ArchiveResult:
     try:
         with store.transaction() as conn:
             lock_run_creation(conn)  # the run's row creates its partitions (store.lock_run_creation)
-            for table, *_ in TABLES:
+            for table, *_ in tables():
                 rows[table] = _copy_back(conn, table, directory / f"{table}.parquet")
                 if table == "runs":
                     conn.execute("SET LOCAL lock_timeout = DEFAULT")
@@ -273,4 +276,4 @@ def _converter(kind: str, jsonb) -> Callable[[Any], Any]:
     return lambda v: v
 
 
-__all__ = ["ArchiveError", "ArchiveResult", "TABLES", "archive", "read_manifest", "restore"]
+__all__ = ["CORE", "ArchiveError", "ArchiveResult", "archive", "read_manifest", "restore", "tables"]

@@ -140,8 +140,11 @@ ENGINES: Registry[Any] = Registry("engine")
 TEMPLATES: Registry[Any] = Registry("prompt template")
 #: A method's migration branch: name -> the folder of its revisions (reflexdb/migrate.py).
 MIGRATIONS: Registry[Any] = Registry("migration branch")
+#: A method's tables that hold rows of a run: name -> ``((table, where, order by), ...)`` in the
+#: order restore inserts them (reflexdb/archive.py; ``%(run)s`` in ``where`` is the run's id).
+ARCHIVED: Registry[Any] = Registry("archived tables")
 
 #: Every registry by the kind it holds.
 REGISTRIES: dict[str, Registry[Any]] = {r.kind: r for r in (METHODS, WORKFLOWS, ENVIRONMENTS, LOSSES,
                                                                ADVANTAGE_TRANSFORMS, REWARDS, ENGINES, TEMPLATES,
-                                                               MIGRATIONS)}
+                                                               MIGRATIONS, ARCHIVED)}

@@ -17,9 +17,13 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from reflexdb.plugins import ARCHIVED
 from reflexdb.trainer.methods import Method, WorkflowUse, register_method
 
 from . import workflow  # noqa: F401  (importing registers the collectors' workflow cleaner)
+
+# its rows of a run, archived and restored with it (reflexdb/archive.py)
+ARCHIVED.register("cleaner", (("purifications", "run_id = %(run)s", "trajectory_id, turn_index"),))
 
 
 class CleanerConfig(BaseModel):

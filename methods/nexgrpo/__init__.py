@@ -18,9 +18,13 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from reflexdb.plugins import ARCHIVED
 from reflexdb.trainer.methods import Method, WorkflowUse, register_method
 
 from . import workflow  # noqa: F401  (importing registers the collectors' workflow nexgrpo_replay)
+
+# its rows of a run, archived and restored with it (reflexdb/archive.py)
+ARCHIVED.register("nexgrpo", (("replay_requests", "run_id = %(run)s", "id"),))
 
 if TYPE_CHECKING:
     from reflexdb.trainer.methods import LearnerContext

@@ -35,10 +35,8 @@ METHOD_NAME = re.compile(r"(?<![a-z0-9])(nexgrpo|lte|r3l|cleaner|grpo_lambda|grp
 
 #: Imports that go up or sideways today: ``{file: {module imported}}``.
 KNOWN_IMPORTS: dict[str, set[str]] = {}
-#: Method names in shared modules today: ``{file: how many}`` (the schema's method tables, the archive's
-#: list of tables, the loss package's re-exports).
+#: Method names in shared modules today: ``{file: how many}`` (the schema's method tables).
 KNOWN_NAMES = {
-    "reflexdb/archive.py": 1,
     "reflexdb/schema.py": 18,
 }
 

@@ -17,8 +17,10 @@ by the ``reflexdb.plugins`` entry point of its ``pyproject.toml``:
 
 from pathlib import Path
 
-from reflexdb.plugins import MIGRATIONS
+from reflexdb.plugins import ARCHIVED, MIGRATIONS
 
 MIGRATIONS.register("selfcheck", Path(__file__).parent / "migrations")
+# its rows of a run, archived and restored with the run (reflexdb db archive / restore)
+ARCHIVED.register("selfcheck", (("selfcheck_verifications", "run_id = %(run)s", "trajectory_id"),))
 
 from . import method, workflow  # noqa: E402, F401  (importing registers them)
