@@ -1,8 +1,9 @@
 """Create and drop the versioned SQL views and functions from migrations.
 
-A view's current definition lives in ``reflexdb/sql/views/<name>.sql``. When a later revision
-changes a view, the definition the older revision created is first copied to
-``reflexdb/sql/views/history/<name>.<revision>.sql``, so every revision keeps creating exactly
+A view's current definition lives in ``reflexdb/sql/views/<name>.sql``, or, for a view a method
+owns, in its package's ``sql/views/<name>.sql`` (found by name: ``reflexdb.sqlfile.find``). When a
+later revision changes a view, the definition the older revision created is first copied to
+``history/<name>.<revision>.sql`` beside it, so every revision keeps creating exactly
 what it created the day it was written (upgrade and downgrade stay reproducible). The older
 revision's file is never edited (migrations/MANIFEST.json holds each landed file's hash): an
 ``upgrade()`` that names no ``version`` reads its own revision's copy when one exists
@@ -17,9 +18,10 @@ SQL functions the views call live in ``reflexdb/sql/functions/<name>.sql`` (one
 from __future__ import annotations
 
 import sys
-from importlib import resources
 
 from alembic import op
+
+from reflexdb.sqlfile import find
 
 
 def _calling_revision() -> str | None:
@@ -34,13 +36,14 @@ def _calling_revision() -> str | None:
 
 
 def _sql_file(kind: str, name: str, version: str | None) -> str:
-    folder = resources.files("reflexdb") / "sql" / kind
+    """The file's text, found by name in reflexdb's SQL folder or a method package's
+    (``reflexdb.sqlfile.find``: a view keeps its name when its file moves into the package that owns it)."""
     if version is None:  # a revision's own pinned copy, once a later revision changed the file
         rev = _calling_revision()
-        pinned = folder / "history" / f"{name}.{rev}.sql" if rev else None
-        if pinned is not None and pinned.is_file():
+        pinned = find(f"{kind}/history", f"{name}.{rev}.sql", missing_ok=True) if rev else None
+        if pinned is not None:
             return pinned.read_text()
-    path = folder / "history" / f"{name}.{version}.sql" if version else folder / f"{name}.sql"
+    path = find(f"{kind}/history", f"{name}.{version}.sql") if version else find(kind, f"{name}.sql")
     return path.read_text()
 
 

@@ -143,8 +143,14 @@ MIGRATIONS: Registry[Any] = Registry("migration branch")
 #: A method's tables that hold rows of a run: name -> ``((table, where, order by), ...)`` in the
 #: order restore inserts them (reflexdb/archive.py; ``%(run)s`` in ``where`` is the run's id).
 ARCHIVED: Registry[Any] = Registry("archived tables")
+#: A package's SQL folder: name -> the path of its ``sql/`` (views, their pinned copies, query files,
+#: ``roles.sql``; reflexdb/sqlfile.py). A view's file is found by its name in any registered folder.
+SQL: Registry[Any] = Registry("sql folder")
+#: A package's tables: name -> the module that declares them on ``reflexdb.schema.metadata``
+#: (reflexdb/schema.py ``full_metadata``); importing the package has already imported it.
+TABLES: Registry[Any] = Registry("tables")
 
 #: Every registry by the kind it holds.
 REGISTRIES: dict[str, Registry[Any]] = {r.kind: r for r in (METHODS, WORKFLOWS, ENVIRONMENTS, LOSSES,
                                                                ADVANTAGE_TRANSFORMS, REWARDS, ENGINES, TEMPLATES,
-                                                               MIGRATIONS, ARCHIVED)}
+                                                               MIGRATIONS, ARCHIVED, SQL, TABLES)}

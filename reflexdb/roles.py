@@ -21,7 +21,7 @@ from __future__ import annotations
 from sqlalchemy.engine import Engine
 
 from .errors import ReflexdbError
-from .sqlfile import load_queries
+from .sqlfile import folders, load_queries, parse_queries
 
 ROLES = {"collector": "reflexdb_collector", "learner": "reflexdb_learner", "reader": "reflexdb_reader"}
 _BLOCKS = ("create_roles", "reset", "reader", "collector", "learner")
@@ -36,15 +36,31 @@ def apply(engine: Engine) -> None:
     import psycopg
 
     sql = load_queries("roles.sql")
+    blocks = [sql[block] for block in _BLOCKS] + method_grants()
     try:
         with engine.begin() as conn:
             raw = conn.connection.driver_connection
-            for block in _BLOCKS:
-                raw.execute(sql[block])
+            for block in blocks:
+                raw.execute(block)
     except psycopg.errors.InsufficientPrivilege as exc:
         raise ReflexdbError(f"cannot create or grant the reflexdb roles: {exc.diag.message_primary}. Run "
                             "`reflexdb db roles` as the database owner with CREATEROLE, or as a superuser; "
                             "nothing was changed") from None
+
+
+def method_grants() -> list[str]:
+    """The block ``grants`` of each installed package's ``sql/roles.sql`` (its tables and views), in
+    registration order; a package without one grants nothing beyond what the learner and the reader
+    read already."""
+    out = []
+    for owner, folder in folders()[1:]:
+        path = folder / "roles.sql"
+        if path.is_file():
+            blocks = parse_queries(path.read_text())
+            if "grants" not in blocks:
+                raise ReflexdbError(f"{path} ({owner}'s roles) has no block '-- name: grants'")
+            out.append(blocks["grants"])
+    return out
 
 
 def exist(engine: Engine) -> bool:

@@ -1,21 +1,58 @@
-"""Load named SQL blocks from ``reflexdb/sql/*.sql`` (procrastinate's ``-- name:`` convention)."""
+"""SQL files: named query blocks, and the folders that hold view and function definitions.
+
+reflexdb's own SQL lives in ``reflexdb/sql/``; a method package keeps its own in ``<package>/sql/``
+(views in ``views/``, their pinned copies in ``views/history/``, query files, and ``roles.sql``)
+and registers that folder in ``reflexdb.plugins.SQL`` (docs/design.md, "Adding a method").
+"""
 
 from __future__ import annotations
 
 import re
 from functools import cache
 from importlib import resources
+from pathlib import Path
 
 _NAME = re.compile(r"^-- name: *(\w+) *$", re.MULTILINE)
 
 
-@cache
-def load_queries(filename: str = "queries.sql") -> dict[str, str]:
-    """Map each ``-- name: x`` block of ``reflexdb/sql/<filename>`` to its SQL text."""
-    text = (resources.files("reflexdb") / "sql" / filename).read_text()
+def parse_queries(text: str) -> dict[str, str]:
+    """Map each ``-- name: x`` block of ``text`` to its SQL (procrastinate's ``-- name:`` convention)."""
     parts = _NAME.split(text)
     queries = {}
     for name, body in zip(parts[1::2], parts[2::2]):
         sql = "\n".join(line for line in body.strip().splitlines() if not line.startswith("--")).strip()
         queries[name] = sql.rstrip(";")
     return queries
+
+
+@cache
+def load_queries(filename: str = "queries.sql", package: str = "reflexdb") -> dict[str, str]:
+    """Map each ``-- name: x`` block of ``<package>/sql/<filename>`` to its SQL text.
+
+    A method package passes its own name (``load_queries("r3l.sql", __package__)``).
+    """
+    return parse_queries((resources.files(package) / "sql" / filename).read_text())
+
+
+def folders() -> list[tuple[str, Path]]:
+    """Every SQL folder, reflexdb's first, then each registered package's (``(owner, path)``)."""
+    from .plugins import SQL
+
+    return [("reflexdb", Path(str(resources.files("reflexdb") / "sql"))), *SQL.items()]
+
+
+def find(kind: str, filename: str, missing_ok: bool = False) -> Path | None:
+    """``<folder>/<kind>/<filename>`` in the one SQL folder that has it (``kind``: ``views``,
+    ``functions``, ``views/history``, ...).
+
+    Raises:
+        FileNotFoundError: no folder has it (unless ``missing_ok``: None), or more than one does
+            (names are global in the database).
+    """
+    found = [folder / kind / filename for _, folder in folders() if (folder / kind / filename).is_file()]
+    if not found and missing_ok:
+        return None
+    if len(found) != 1:
+        where = ", ".join(str(f) for f in found) or f"no SQL folder ({', '.join(o for o, _ in folders())})"
+        raise FileNotFoundError(f"{kind}/{filename}: {'found in ' if found else ''}{where}")
+    return found[0]

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from reflexdb.sqlfile import load_queries
 from reflexdb.storable import storable_text
 
-Q = load_queries("cleaner.sql")
+Q = load_queries("cleaner.sql", "reflexdb.methods.cleaner")
 
 
 @dataclass(frozen=True)

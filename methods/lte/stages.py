@@ -26,7 +26,7 @@ from reflexdb.sqlfile import load_queries
 if TYPE_CHECKING:
     from reflexdb.store import Store
 
-Q = load_queries("lte.sql")
+Q = load_queries("lte.sql", "reflexdb.methods.lte")
 
 
 @dataclass(frozen=True)

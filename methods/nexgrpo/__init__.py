@@ -14,15 +14,17 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from reflexdb.plugins import ARCHIVED
+from reflexdb.plugins import ARCHIVED, SQL
 from reflexdb.trainer.methods import Method, WorkflowUse, register_method
 
 from . import workflow  # noqa: F401  (importing registers the collectors' workflow nexgrpo_replay)
 
+SQL.register("nexgrpo", Path(__file__).parent / "sql")  # its views and queries (reflexdb/sqlfile.py)
 # its rows of a run, archived and restored with it (reflexdb/archive.py)
 ARCHIVED.register("nexgrpo", (("replay_requests", "run_id = %(run)s", "id"),))
 

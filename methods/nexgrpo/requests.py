@@ -24,7 +24,7 @@ from reflexdb.sqlfile import load_queries
 if TYPE_CHECKING:  # the store (SQLAlchemy) is imported by whoever passes one in
     from reflexdb.store import Store
 
-R = load_queries("replay.sql")
+R = load_queries("replay.sql", "reflexdb.methods.nexgrpo")
 
 
 @dataclass(frozen=True)

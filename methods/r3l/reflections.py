@@ -29,7 +29,7 @@ from reflexdb.storable import storable_json, storable_text
 if TYPE_CHECKING:
     from reflexdb.store import Store
 
-Q = load_queries("r3l.sql")
+Q = load_queries("r3l.sql", "reflexdb.methods.r3l")
 
 #: The reflection's keys (R3L.md Fig. 13), in the order the template asks for them.
 KEYS = ("trajectory_summary", "root_cause_analysis", "trajectory_outcome", "improvement_suggestion", "retry_from_step")

@@ -2,8 +2,9 @@
 -- Three group roles (NOLOGIN): people and machines log in as their own roles, members of one.
 -- Roles belong to the server; the grants below are made on the current database (and must be
 -- made again after a migration adds tables: `reflexdb db upgrade` does it when the roles exist).
--- Blocks run in file order. Views run with their owner's rights, so granting a view exposes
--- exactly its columns.
+-- Blocks run in file order, then the block "grants" of each installed method's own roles.sql
+-- (<package>/sql/roles.sql: its tables and views). Views run with their owner's rights, so
+-- granting a view exposes exactly its columns.
 
 -- name: create_roles
 -- The three roles, created once per server.
@@ -38,21 +39,16 @@ GRANT SELECT ON ALL TABLES IN SCHEMA public TO reflexdb_reader;
 -- (groups, trajectories, payloads, embeddings, turns); read another run's config (runs.config);
 -- touch the learner's tables (learner_steps, consumption, policy_versions beyond reading).
 GRANT SELECT ON alembic_version, policy_versions, run_settings, tasks, groups, trajectories, turns,
-                token_bytes, token_payloads, trajectory_tokens, embeddings, collectors, replay_requests, hints,
-                reflections, purifications, nexgrpo_retired_tasks, origins, trajectory_reflections,
-                trajectory_hints
+                token_bytes, token_payloads, trajectory_tokens, embeddings, collectors, origins
     TO reflexdb_collector;
 GRANT SELECT (id, name, algorithm, embedding_dim, embedding_model, created_at) ON runs TO reflexdb_collector;
 GRANT INSERT (name, algorithm, config) ON runs TO reflexdb_collector;
 GRANT UPDATE (embedding_dim, embedding_model) ON runs TO reflexdb_collector;
-GRANT INSERT ON tasks, groups, trajectories, turns, token_bytes, embeddings, collectors, hints, reflections,
-                purifications, trajectory_reflections, trajectory_hints
-    TO reflexdb_collector;
+GRANT INSERT ON tasks, groups, trajectories, turns, token_bytes, embeddings, collectors TO reflexdb_collector;
 GRANT UPDATE (claimed_by, claimed_at, times_collected, times_passed) ON tasks TO reflexdb_collector;
 GRANT UPDATE (host, pid, engine, model, policy_version, status, started_at, last_seen, stopped_at, groups_written,
               trajectories_written, tokens_generated, reward_errors, skipped_rows, rejected_groups, last_rejection)
     ON collectors TO reflexdb_collector;
-GRANT UPDATE (status, claimed_by, claimed_at, group_id, completed_at) ON replay_requests TO reflexdb_collector;
 GRANT USAGE ON ALL SEQUENCES IN SCHEMA public TO reflexdb_collector;
 
 -- name: learner
@@ -67,6 +63,5 @@ GRANT INSERT, UPDATE ON run_settings TO reflexdb_learner;
 GRANT INSERT, UPDATE, DELETE ON learner_steps, consumption TO reflexdb_learner;
 GRANT UPDATE (times_sampled) ON trajectories TO reflexdb_learner;
 GRANT INSERT ON policy_versions TO reflexdb_learner;
-GRANT INSERT, UPDATE ON replay_requests TO reflexdb_learner;
 GRANT INSERT ON tasks, groups, trajectories, turns, token_bytes, embeddings TO reflexdb_learner;
 GRANT USAGE ON ALL SEQUENCES IN SCHEMA public TO reflexdb_learner;

@@ -83,3 +83,33 @@ def test_upgrade_regrants_when_the_roles_exist(roles, db_url):
     admin.upgrade(db_url)
     assert _refused(roles["collector"], ["SELECT * FROM policy_versions"]) == []
     engine.dispose()
+
+
+def test_each_method_grants_its_own_tables(roles, store):
+    """A method's grants come from its package (<package>/sql/roles.sql), run after reflexdb's own:
+    collectors write R3L's reflections, CLEANER's rollbacks and LTE's stages and hints, and claim
+    NexGRPO's replay requests, but never post one (the learner does) or delete any."""
+    from reflexdb.roles import method_grants
+
+    assert len(method_grants()) >= 4  # nexgrpo, lte, r3l, cleaner
+    checks = [("reflexdb_collector", "reflections", "INSERT", True),
+              ("reflexdb_collector", "trajectory_reflections", "INSERT", True),
+              ("reflexdb_collector", "purifications", "INSERT", True),
+              ("reflexdb_collector", "hints", "INSERT", True),
+              ("reflexdb_collector", "trajectory_hints", "INSERT", True),
+              ("reflexdb_collector", "lte_stages", "INSERT", True),
+              ("reflexdb_collector", "lte_hint_pool", "SELECT", True),
+              ("reflexdb_collector", "nexgrpo_retired_tasks", "SELECT", True),
+              ("reflexdb_collector", "replay_requests", "INSERT", False),
+              ("reflexdb_collector", "reflections", "DELETE", False),
+              ("reflexdb_learner", "replay_requests", "INSERT", True),
+              ("reflexdb_learner", "lte_stages", "UPDATE", True),
+              ("reflexdb_reader", "reflections", "SELECT", True),
+              ("reflexdb_reader", "lte_stages", "UPDATE", False)]
+    got = [(role, table, priv, rows(store, f"SELECT has_table_privilege('{role}', '{table}', '{priv}')")[0][0])
+           for role, table, priv, _ in checks]
+    assert got == checks
+    claim = ("UPDATE lte_stages SET status = 'claimed', claimed_by = 'c', claimed_at = now(), mode = 'hint', "
+             "hint_id = NULL, lte_group_id = NULL, n_sampled = 0, n_correct = 0, completed_at = now()")
+    assert _refused(roles["collector"], [claim, "UPDATE replay_requests SET status = 'done'"]) == []
+    assert _refused(roles["collector"], ["UPDATE lte_stages SET run_id = 0"]) == ["UPDATE lte_stages SET run_id = 0"]

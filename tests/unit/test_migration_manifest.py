@@ -19,7 +19,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 MANIFEST = ROOT / "migrations" / "MANIFEST.json"
-SQL = ROOT / "reflexdb" / "sql"
+#: reflexdb's SQL folder and each built-in method's: a view or function keeps its name (and its entry
+#: here, ``views/<name>.sql``) when its file moves into the package that owns it.
+SQL_FOLDERS = (ROOT / "reflexdb" / "sql", *sorted(ROOT.glob("methods/*/sql")))
 
 
 def _sha(path: Path) -> str:
@@ -33,11 +35,14 @@ def files() -> dict[str, dict[str, str]]:
         out["versions"][p.name] = _sha(p)
     for p in sorted((ROOT / "methods").glob("*/migrations/*_[0-9]*.py")):  # the methods' own branches
         out["versions"][str(p.relative_to(ROOT))] = _sha(p)
-    for kind in ("views", "functions"):
-        for p in sorted((SQL / kind / "history").glob("*.sql")):
-            out["pinned"][f"{kind}/history/{p.name}"] = _sha(p)
-        for p in sorted((SQL / kind).glob("*.sql")):
-            out["current"][f"{kind}/{p.name}"] = _sha(p)
+    for folder in SQL_FOLDERS:
+        for kind in ("views", "functions"):
+            for section, sub in (("pinned", f"{kind}/history"), ("current", kind)):
+                for p in sorted((folder / sub).glob("*.sql")):
+                    key = f"{sub}/{p.name}"
+                    if key in out[section]:  # names are global in the database: one file per name
+                        raise AssertionError(f"{key} is in two SQL folders (the second: {folder})")
+                    out[section][key] = _sha(p)
     return out
 
 
@@ -111,7 +116,7 @@ def test_an_upgrade_reads_its_own_pinned_copy_and_nothing_else_does(tmp_path, mo
     (tmp_path / "sql" / "views" / "history").mkdir(parents=True)
     (tmp_path / "sql" / "views" / "v.sql").write_text("current")
     (tmp_path / "sql" / "views" / "history" / "v.0042.sql").write_text("pinned")
-    monkeypatch.setattr(sqlfiles.resources, "files", lambda package: tmp_path)
+    monkeypatch.setattr("reflexdb.sqlfile.folders", lambda: [("test", tmp_path / "sql")])
     module = {"revision": "0042", "down_revision": "0041", "view_sql": sqlfiles.view_sql}
     exec("def upgrade():\n    return view_sql('v')\n\ndef downgrade():\n    return view_sql('v')\n", module)
     assert module["upgrade"]() == "pinned"
