@@ -3,7 +3,7 @@
 from alembic import context
 from sqlalchemy import text
 
-from reflexdb.schema import metadata
+from reflexdb.schema import full_metadata
 
 engine = context.config.attributes.get("engine")
 if engine is None:  # pragma: no cover - `alembic` CLI use
@@ -17,7 +17,7 @@ MIGRATION_LOCK = 0x7265666C  # "refl"
 with engine.connect() as connection:
     connection.execute(text("SELECT pg_advisory_lock(:k)"), {"k": MIGRATION_LOCK})
     connection.commit()
-    context.configure(connection=connection, target_metadata=metadata, transaction_per_migration=True)
+    context.configure(connection=connection, target_metadata=full_metadata(), transaction_per_migration=True)
     with context.begin_transaction():
         context.run_migrations()
     connection.commit()

@@ -92,7 +92,7 @@ def status(url: str | None) -> Status:
             version = conn.execute(text("SHOW server_version")).scalar()
             size = conn.execute(text("SELECT pg_size_pretty(pg_database_size(current_database()))")).scalar()
             existing = set(inspect(conn).get_table_names())
-            names = [t.name for t in schema.metadata.sorted_tables if t.name in existing]
+            names = [t.name for t in schema.full_metadata().sorted_tables if t.name in existing]
             counts = {}
             if names:
                 sql = " UNION ALL ".join(f"SELECT '{n}', count(*) FROM {n}" for n in names)

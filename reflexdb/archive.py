@@ -250,7 +250,7 @@ def _copy_back(conn, table: str, path: Path) -> int:
     import pyarrow.parquet as pq
     from psycopg.types.json import Jsonb
 
-    columns = [c.name for c in schema.metadata.tables[table].columns]
+    columns = [c.name for c in schema.full_metadata().tables[table].columns]
     types = dict(conn.execute(
         "SELECT a.attname, format_type(a.atttypid, NULL) FROM pg_attribute a "
         "WHERE a.attrelid = %s::regclass AND a.attnum > 0 AND NOT a.attisdropped", (table,)).fetchall())

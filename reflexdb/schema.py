@@ -1,8 +1,10 @@
 """The experience store's tables, declared once in SQLAlchemy Core.
 
-Alembic migrations (``migrations/versions``) create and evolve the real schema; this module is
-the declaration that ``tests/test_migrations.py`` compares a migrated database against. Change
-both together.
+Alembic migrations (``migrations/versions``, and each method's branch) create and evolve the real
+schema; this module is the declaration that ``tests/store/test_migrations.py`` compares a migrated
+database against. Change both together. A method declares its own tables on :data:`metadata` in
+its package (``methods/<name>/tables.py``, registered in ``reflexdb.plugins.TABLES``);
+:func:`full_metadata` imports them.
 
 Layout rules:
 - Narrow, scannable rows (``trajectories``, ``groups``) are separate from wide payloads
@@ -58,15 +60,13 @@ FINISH_REASONS = ("stop", "length", "error", "abort")
 #: (PostgreSQL's default, 2032, would compress or move out of line any response over ~150 tokens;
 #: 8160, one row a page, left half of most pages empty for responses of 300 tokens: measured, 0015).
 TOAST_TUPLE_TARGET = 4080
-#: Values allowed in ``hints.kind`` (LTE, METHODS.md §2).
-HINT_KINDS = ("concise", "wrong_answers", "concise_wrong_answers")
 
 
-def _in(column: str, values: tuple[str, ...]) -> str:
+def one_of(column: str, values: tuple[str, ...]) -> str:
     return f"{column} IN ({', '.join(repr(v) for v in values)})"
 
 
-def _now() -> Column:
+def created_at() -> Column:
     return Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now())
 
 
@@ -80,7 +80,7 @@ runs = Table(
     # Fixed on the first group written with an embedding; later vectors must match it.
     Column("embedding_dim", Integer),
     Column("embedding_model", Text),
-    _now(),
+    created_at(),
 )
 
 # Per-run settings the SQL views read (e.g. NexGRPO's confidence gate), so views stay plain
@@ -114,7 +114,7 @@ tasks = Table(
     # NexGRPO soft retirement (METHODS.md §3): turns a retired task was passed over (not drawn).
     # Whether a task is retired is the view nexgrpo_retired_tasks, computed from its groups.
     Column("times_passed", Integer, nullable=False, server_default=text("0")),
-    _now(),
+    created_at(),
     UniqueConstraint("run_id", "dataset", "split", "task_key"),
     Index(None, "run_id", "split"),
 )
@@ -128,7 +128,7 @@ policy_versions = Table(
     Column("sha256", Text),
     Column("step", Integer, nullable=False, server_default=text("0")),
     Column("meta", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
-    _now(),
+    created_at(),
     PrimaryKeyConstraint("run_id", "version"),
     CheckConstraint("version >= 0", name="version_nonnegative"),
 )
@@ -146,14 +146,14 @@ groups = Table(
     Column("size", SmallInteger, nullable=False),
     Column("collector", Text),
     Column("meta", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
-    _now(),
+    created_at(),
     # The writing transaction's id (pg_current_xact_id()): with a learner step's recorded snapshot
     # it tells whether the step could see the group (view untrained_groups). NULL before 0005.
     Column("xact_id", BigInteger, server_default=text("(pg_current_xact_id())::text::bigint")),
     # Chosen by the writer once per group: a retried write whose first attempt did commit (the
     # connection dropped before the acknowledgement) finds its group instead of writing it twice.
     Column("write_key", UUID(as_uuid=True), unique=True),
-    CheckConstraint(_in("kind", GROUP_KINDS), name="kind"),
+    CheckConstraint(one_of("kind", GROUP_KINDS), name="kind"),
     CheckConstraint("size > 0", name="size_positive"),
     Index(None, "run_id", "id"),
     Index(None, "run_id", "policy_version"),
@@ -179,7 +179,7 @@ origins = Table(
     Column("sampled", Boolean, nullable=False),
     Column("method", Text),
     Column("summary", Text, nullable=False),
-    CheckConstraint(_in("pi_old", ("policy", "stored", "learner")), name="pi_old"),
+    CheckConstraint(one_of("pi_old", ("policy", "stored", "learner")), name="pi_old"),
 )
 
 trajectories = Table(
@@ -212,10 +212,10 @@ trajectories = Table(
     Column("times_sampled", Integer, nullable=False, server_default=text("0")),
     Column("error", Text),
     Column("meta", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
-    _now(),
+    created_at(),
     PrimaryKeyConstraint("id", "run_id"),
     UniqueConstraint("group_id", "index_in_group", "run_id"),
-    CheckConstraint(_in("finish_reason", FINISH_REASONS), name="finish_reason"),
+    CheckConstraint(one_of("finish_reason", FINISH_REASONS), name="finish_reason"),
     CheckConstraint("reward IS NULL OR reward = reward", name="reward_not_nan"),
     CheckConstraint("confidence IS NULL OR (confidence >= 0 AND confidence <= 1)", name="confidence_range"),
     # A row of table origins (0018): what the collector and the learner read of a row's origin.
@@ -226,7 +226,7 @@ trajectories = Table(
 )
 
 
-def _of_trajectory(ondelete: str = "CASCADE") -> ForeignKeyConstraint:
+def of_trajectory(ondelete: str = "CASCADE") -> ForeignKeyConstraint:
     """The composite reference to a trajectory: (trajectory_id, run_id) -> trajectories (id, run_id)."""
     return ForeignKeyConstraint(["trajectory_id", "run_id"], ["trajectories.id", "trajectories.run_id"],
                                 ondelete=ondelete)
@@ -257,8 +257,8 @@ turns = Table(
     # tool_calls). NULL on other turns.
     Column("tool_call", JSONB),
     PrimaryKeyConstraint("trajectory_id", "turn_index", "run_id"),
-    _of_trajectory(),
-    CheckConstraint(_in("role", ROLES), name="role"),
+    of_trajectory(),
+    CheckConstraint(one_of("role", ROLES), name="role"),
     CheckConstraint("token_start IS NULL OR (token_start >= 0 AND token_end >= token_start)", name="span"),
     **_BY_RUN,
 )
@@ -286,7 +286,7 @@ token_bytes = Table(
     CheckConstraint("4 * length(loss_mask) = length(response_ids)", name="mask_length"),
     Column("run_id", BigInteger, nullable=False),
     PrimaryKeyConstraint("trajectory_id", "run_id"),
-    _of_trajectory(),
+    of_trajectory(),
     **_BY_RUN,  # each partition is created WITH (toast_tuple_target = TOAST_TUPLE_TARGET)
 )
 
@@ -301,98 +301,8 @@ embeddings = Table(
     CheckConstraint("array_length(vector, 1) = dim", name="dim_matches"),
     Column("run_id", BigInteger, nullable=False),
     PrimaryKeyConstraint("trajectory_id", "run_id"),
-    _of_trajectory(),
+    of_trajectory(),
     **_BY_RUN,
-)
-
-reflections = Table(
-    "reflections",
-    metadata,
-    Column("id", BigInteger, Identity(), primary_key=True),
-    # The trajectory reflected on (R3L base trajectory).
-    Column("trajectory_id", BigInteger, nullable=False),
-    Column("raw_text", Text, nullable=False),
-    Column("parsed", JSONB),
-    # retry_from_step: the assistant turn the retry restarts from (0 = initial strategy).
-    Column("pivot", Integer),
-    Column("outcome", Text),
-    Column("root_cause", Text),
-    Column("valid", Boolean, nullable=False),
-    Column("policy_version", Integer),
-    _now(),
-    # Why the reflection is invalid (no JSON, a missing key, an outcome or pivot out of range); NULL when valid (0012).
-    Column("error", Text),
-    # How it was sampled: 'free' (the paper) or 'json_schema' (constrained to the reflection's schema).
-    Column("decoding", Text, nullable=False, server_default="free"),
-    CheckConstraint(
-        "outcome IS NULL OR outcome IN ('success', 'success_but_inefficient', 'failure')", name="outcome"
-    ),
-    CheckConstraint("decoding IN ('free', 'json_schema')", name="decoding"),
-    Column("run_id", BigInteger, nullable=False),  # the trajectory's (0015)
-    _of_trajectory(),
-    Index(None, "trajectory_id"),
-    Index(None, "run_id"),
-)
-
-hints = Table(
-    "hints",
-    metadata,
-    Column("id", BigInteger, Identity(), primary_key=True),
-    # The none-pass group the hint was built from (LTE).
-    Column("group_id", BigInteger, ForeignKey("groups.id", ondelete="CASCADE"), nullable=False),
-    Column("task_id", BigInteger, ForeignKey("tasks.id", ondelete="CASCADE"), nullable=False),
-    Column("kind", Text, nullable=False),
-    Column("wrong_answers", ARRAY(Text), nullable=False, server_default=text("'{}'::text[]")),
-    Column("hinted_prompt", Text, nullable=False),
-    _now(),
-    CheckConstraint(_in("kind", HINT_KINDS), name="kind"),
-    Index(None, "group_id"),
-)
-
-# The reflection a trajectory belongs to (R3L's origins reflection, guided_retry, distilled): R3L's
-# branch, r3l_0001. Written with the group (an attachment), removed with the run or the reflection; no
-# foreign key to trajectories, like a plug-in's table (drop_run_partitions needs to know nothing of it).
-trajectory_reflections = Table(
-    "trajectory_reflections",
-    metadata,
-    Column("trajectory_id", BigInteger, nullable=False),
-    Column("run_id", BigInteger, ForeignKey("runs.id", ondelete="CASCADE"), nullable=False),
-    Column("reflection_id", BigInteger, ForeignKey("reflections.id", ondelete="CASCADE"), nullable=False),
-    PrimaryKeyConstraint("trajectory_id", "run_id"),
-    Index(None, "reflection_id"),
-)
-
-# The hint a trajectory was sampled under (LTE's origin hinted): LTE's branch, lte_0001 (as above).
-trajectory_hints = Table(
-    "trajectory_hints",
-    metadata,
-    Column("trajectory_id", BigInteger, nullable=False),
-    Column("run_id", BigInteger, ForeignKey("runs.id", ondelete="CASCADE"), nullable=False),
-    Column("hint_id", BigInteger, ForeignKey("hints.id", ondelete="CASCADE"), nullable=False),
-    PrimaryKeyConstraint("trajectory_id", "run_id"),
-    Index(None, "hint_id"),
-)
-
-# CLEANER rollbacks: one row per failed tool call that was rolled back in a purified trajectory.
-purifications = Table(
-    "purifications",
-    metadata,
-    Column("trajectory_id", BigInteger, nullable=False),
-    Column("turn_index", SmallInteger, nullable=False),
-    Column("attempts", SmallInteger, nullable=False),
-    Column("recovered", Boolean, nullable=False),
-    Column("similarity", Float),
-    Column("replacement", Text),  # shallow | deep | NULL when not recovered
-    Column("error_text", Text),
-    Column("error_status", Text),  # the failed call's ToolResult status: error | timeout | limit (0013)
-    Column("failed_code", Text),
-    Column("corrected_code", Text),
-    Column("run_id", BigInteger, nullable=False),  # the trajectory's (0015)
-    PrimaryKeyConstraint("trajectory_id", "turn_index"),
-    _of_trajectory(),
-    Index(None, "run_id"),
-    CheckConstraint("replacement IS NULL OR replacement IN ('shallow', 'deep')", name="replacement"),
-    CheckConstraint("error_status IS NULL OR error_status IN ('error', 'timeout', 'limit')", name="error_status"),
 )
 
 learner_steps = Table(
@@ -408,7 +318,7 @@ learner_steps = Table(
     # pg_current_snapshot() of the query that chose the step's groups: which groups were committed
     # (visible) when the learner chose (view untrained_groups). NULL before 0005.
     Column("batch_snapshot", Text),
-    _now(),
+    created_at(),
     UniqueConstraint("run_id", "step"),
 )
 
@@ -420,7 +330,7 @@ consumption = Table(
     Column("group_id", BigInteger, ForeignKey("groups.id", ondelete="CASCADE"), nullable=False),
     Column("run_id", BigInteger, nullable=False),  # the trajectory's (0015: the partition key)
     PrimaryKeyConstraint("step_id", "trajectory_id", "run_id"),
-    _of_trajectory(),
+    of_trajectory(),
     Index(None, "trajectory_id"),
     Index(None, "group_id"),
     **_BY_RUN,
@@ -455,81 +365,32 @@ collectors = Table(
     UniqueConstraint("run_id", "name"),
 )
 
-#: Values allowed in ``replay_requests.status``.
-REPLAY_STATUSES = ("pending", "claimed", "done", "cancelled")
-
-# NexGRPO replay requests (METHODS.md §3): the learner asks for a replay group around a stored
-# positive anchor y+ and boundary failure b*; a collector claims the request (SKIP LOCKED), samples
-# G - 2 fresh rollouts and writes the group of kind 'replay', completing the request in the same
-# transaction.
-replay_requests = Table(
-    "replay_requests",
-    metadata,
-    Column("id", BigInteger, Identity(), primary_key=True),
-    Column("run_id", BigInteger, ForeignKey("runs.id", ondelete="CASCADE"), nullable=False),
-    Column("task_id", BigInteger, ForeignKey("tasks.id", ondelete="CASCADE"), nullable=False),
-    # y+ (uniform from the positive pool) and b* (the most similar negative that passed the refresh).
-    Column("positive_id", BigInteger, nullable=False),
-    Column("negative_id", BigInteger, nullable=False),
-    Column("cosine", Float, nullable=False),  # cos(phi(y+), phi(b*))
-    Column("negative_confidence", Float),  # b*'s stored (behaviour) confidence
-    Column("refreshed_confidence", Float),  # b*'s confidence under the learner's weights at request time
-    Column("discarded", SmallInteger, nullable=False, server_default=text("0")),  # more similar candidates the refresh discarded
-    Column("group_size", SmallInteger, nullable=False),  # G of the replay group: y+, b* and G - 2 fresh rollouts
-    Column("learner_step", Integer, nullable=False),
-    Column("learner_version", Integer, nullable=False),
-    Column("status", Text, nullable=False, server_default="pending"),
-    Column("claimed_by", Text),
-    Column("claimed_at", DateTime(timezone=True)),
-    Column("group_id", BigInteger, ForeignKey("groups.id", ondelete="SET NULL")),  # the group that fulfilled it
-    Column("completed_at", DateTime(timezone=True)),
-    _now(),
-    CheckConstraint(_in("status", REPLAY_STATUSES), name="status"),
-    CheckConstraint("group_size >= 2", name="group_size"),
-    ForeignKeyConstraint(["positive_id", "run_id"], ["trajectories.id", "trajectories.run_id"], ondelete="CASCADE"),
-    ForeignKeyConstraint(["negative_id", "run_id"], ["trajectories.id", "trajectories.run_id"], ondelete="CASCADE"),
-    Index(None, "run_id", "status", "id"),
-    Index(None, "group_id"),
-)
-
-#: Values allowed in ``lte_stages.status``.
-LTE_STAGE_STATUSES = ("pending", "claimed", "done", "released")
-#: Values allowed in ``lte_stages.mode``: hinted extra rollouts (LTE), or plain ones (GRPO_Extra).
-LTE_MODES = ("hint", "extra")
-
-# LTE's hint stage of a none-pass group (METHODS.md §2; docs/lte.md): opened as 'pending' from the
-# view lte_hint_pool, claimed by a collector (SKIP LOCKED, TTL), 'done' when the collector wrote
-# the hints row and, if any extra rollout was correct, the LTE group (same transaction); 'released'
-# when the learner took the original group after the stage timed out. A group has at most one.
-lte_stages = Table(
-    "lte_stages",
-    metadata,
-    Column("group_id", BigInteger, ForeignKey("groups.id", ondelete="CASCADE"), primary_key=True),
-    Column("run_id", BigInteger, ForeignKey("runs.id", ondelete="CASCADE"), nullable=False),
-    Column("status", Text, nullable=False, server_default="pending"),
-    Column("claimed_by", Text),
-    Column("claimed_at", DateTime(timezone=True)),
-    Column("mode", Text),  # hint | extra (GRPO_Extra), set when done
-    Column("hint_id", BigInteger, ForeignKey("hints.id", ondelete="SET NULL")),
-    Column("lte_group_id", BigInteger, ForeignKey("groups.id", ondelete="SET NULL")),  # the group trained instead
-    Column("n_sampled", SmallInteger),  # extra rollouts sampled (G)
-    Column("n_correct", SmallInteger),  # G': correct ones, each replacing a failed original
-    Column("completed_at", DateTime(timezone=True)),
-    _now(),
-    CheckConstraint(_in("status", LTE_STAGE_STATUSES), name="status"),
-    CheckConstraint(_in("mode", LTE_MODES), name="mode"),
-    Index(None, "run_id", "status"),
-    Index(None, "lte_group_id"),
-)
-
-#: Views created by migrations from ``reflexdb/sql/views/<name>.sql``, in creation order.
+#: reflexdb's own views, created by migrations from ``reflexdb/sql/views/<name>.sql``, in creation
+#: order; a method's are the files of its package's ``sql/views/`` (:func:`views`).
 VIEWS = (
-    "failures", "group_stats", "staleness", "learner_eligible",
-    "task_latest_group", "nexgrpo_positive_pool", "nexgrpo_negative_pool", "nexgrpo_retired_tasks",
-    "nexgrpo_replay_candidates", "untrained_groups", "episode_turns", "lte_hint_pool",
-    "r3l_reflections", "r3l_reflect_set", "r3l_retry_set", "r3l_exploration_groups", "cleaner_tool_errors",
-    "token_payloads", "trajectory_tokens", "tool_calls",
+    "failures", "group_stats", "staleness", "learner_eligible", "task_latest_group", "untrained_groups",
+    "episode_turns", "token_payloads", "trajectory_tokens", "tool_calls",
 )
+
+
+def views() -> list[str]:
+    """Every view: reflexdb's (:data:`VIEWS`), then each registered SQL folder's (``reflexdb.plugins.SQL``)."""
+    from .sqlfile import folders
+
+    return [*VIEWS, *(p.stem for _, folder in folders()[1:] for p in sorted((folder / "views").glob("*.sql")))]
+
+
+def full_metadata() -> MetaData:
+    """:data:`metadata` with every installed method's tables declared on it too (each package's module
+    registered in ``reflexdb.plugins.TABLES``, imported here): what a migrated database holds."""
+    import importlib
+
+    from .plugins import TABLES
+
+    for _, module in TABLES.items():
+        importlib.import_module(module)
+    return metadata
+
 
 #: SQL functions created by migrations from ``reflexdb/sql/functions/<name>.sql`` (the views call them).
 FUNCTIONS = ("run_setting", "int4_array", "float4_array", "bool_array", "create_run_partitions", "drop_run_partitions",

@@ -785,7 +785,7 @@ class Store:
 
     def table_counts(self) -> dict[str, int]:
         """Exact row counts of every table."""
-        names = [t.name for t in schema.metadata.sorted_tables]
+        names = [t.name for t in schema.full_metadata().sorted_tables]
         sql = " UNION ALL ".join(f"SELECT '{n}', count(*) FROM {n}" for n in names)
         with self.engine.connect() as conn:
             return dict(conn.execute(text(sql)).all())

@@ -19,12 +19,13 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from reflexdb.plugins import ARCHIVED, SQL
+from reflexdb.plugins import ARCHIVED, SQL, TABLES
 from reflexdb.trainer.methods import Method, WorkflowUse, register_method
 
 from . import workflow  # noqa: F401  (importing registers the collectors' workflow cleaner)
 
 SQL.register("cleaner", Path(__file__).parent / "sql")  # its views and queries (reflexdb/sqlfile.py)
+TABLES.register("cleaner", f"{__name__}.tables")  # its tables, declared for the schema test (reflexdb/schema.py)
 # its rows of a run, archived and restored with it (reflexdb/archive.py)
 ARCHIVED.register("cleaner", (("purifications", "run_id = %(run)s", "trajectory_id, turn_index"),))
 

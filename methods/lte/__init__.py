@@ -23,13 +23,14 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from reflexdb.plugins import ARCHIVED, MIGRATIONS, SQL
+from reflexdb.plugins import ARCHIVED, MIGRATIONS, SQL, TABLES
 from reflexdb.trainer.methods import LossTerm, Method, WorkflowUse, register_method
 
 from . import loss, workflow  # noqa: F401  (importing registers the loss family lte_shaped and the workflow lte_hint)
 
 MIGRATIONS.register("lte", Path(__file__).parent / "migrations")  # its migration branch (docs/store.md)
 SQL.register("lte", Path(__file__).parent / "sql")  # its views and queries (reflexdb/sqlfile.py)
+TABLES.register("lte", f"{__name__}.tables")  # its tables, declared for the schema test (reflexdb/schema.py)
 ARCHIVED.register("lte", (  # its rows of a run, archived and restored with it (reflexdb/archive.py)
     ("hints", "task_id IN (SELECT id FROM tasks WHERE run_id = %(run)s)", "id"),
     ("lte_stages", "run_id = %(run)s", "group_id"),

@@ -19,12 +19,13 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from reflexdb.plugins import ARCHIVED, SQL
+from reflexdb.plugins import ARCHIVED, SQL, TABLES
 from reflexdb.trainer.methods import Method, WorkflowUse, register_method
 
 from . import workflow  # noqa: F401  (importing registers the collectors' workflow nexgrpo_replay)
 
 SQL.register("nexgrpo", Path(__file__).parent / "sql")  # its views and queries (reflexdb/sqlfile.py)
+TABLES.register("nexgrpo", f"{__name__}.tables")  # its tables, declared for the schema test (reflexdb/schema.py)
 # its rows of a run, archived and restored with it (reflexdb/archive.py)
 ARCHIVED.register("nexgrpo", (("replay_requests", "run_id = %(run)s", "id"),))
 

@@ -26,13 +26,14 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from reflexdb.plugins import ARCHIVED, MIGRATIONS, SQL
+from reflexdb.plugins import ARCHIVED, MIGRATIONS, SQL, TABLES
 from reflexdb.trainer.methods import LossTerm, Method, WorkflowUse, register_method
 
 from . import workflow  # noqa: F401  (importing registers the collectors' workflow r3l)
 
 MIGRATIONS.register("r3l", Path(__file__).parent / "migrations")  # its migration branch (docs/store.md)
 SQL.register("r3l", Path(__file__).parent / "sql")  # its views and queries (reflexdb/sqlfile.py)
+TABLES.register("r3l", f"{__name__}.tables")  # its tables, declared for the schema test (reflexdb/schema.py)
 ARCHIVED.register("r3l", (  # its rows of a run, archived and restored with it (reflexdb/archive.py)
     ("reflections", "run_id = %(run)s", "id"),
     ("trajectory_reflections", "run_id = %(run)s", "trajectory_id"),

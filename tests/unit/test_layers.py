@@ -9,7 +9,9 @@ Two checks on the code as text (ast and tokenize; nothing is imported):
 - **Shared modules name no method**: outside a method's package (``methods/<name>/``), no
   identifier or string literal names a method (comments and docstrings may: they explain).
 
-Both hold exceptions that exist today (``KNOWN_IMPORTS``, ``KNOWN_NAMES``), each to be removed by
+A third reads reflexdb's own SQL the same way: it names no method and reads no method's table or view.
+
+All hold exceptions that exist today (``KNOWN_IMPORTS``, ``KNOWN_NAMES``, ``KNOWN_SQL_LINES``), each to be removed by
 the restructuring of issue 35. The tests fail on any new violation, and on an exception that is no
 longer needed (so the lists only shrink).
 """
@@ -35,9 +37,15 @@ METHOD_NAME = re.compile(r"(?<![a-z0-9])(nexgrpo|lte|r3l|cleaner|grpo_lambda|grp
 
 #: Imports that go up or sideways today: ``{file: {module imported}}``.
 KNOWN_IMPORTS: dict[str, set[str]] = {}
-#: Method names in shared modules today: ``{file: how many}`` (the schema's method tables).
-KNOWN_NAMES = {
-    "reflexdb/schema.py": 18,
+#: Method names in shared modules today: ``{file: how many}``.
+KNOWN_NAMES: dict[str, int] = {}
+#: Lines of reflexdb's own SQL (``reflexdb/sql``, pinned copies aside) that name a method or read a
+#: method's table or view today: ``{file: how many lines}``.
+KNOWN_SQL_LINES = {
+    "reflexdb/sql/functions/drop_run_partitions.sql": 3,  # deletes the methods' rows that refer to trajectories
+    "reflexdb/sql/views/failures.sql": 1,  # a failure's reflection (R3L's table)
+    "reflexdb/sql/views/untrained_groups.sql": 7,  # a group that waits for its LTE stage
+    "reflexdb/sql/work.sql": 2,  # NexGRPO's soft retirement in the claim, its claimed replay requests in admission
 }
 
 
@@ -133,6 +141,39 @@ def test_shared_modules_name_no_method():
         f"{f}: " + ", ".join(f"line {ln} {name!r}" for ln, name in hits) for f, hits in more.items())
     fewer = {f: (n, len(found.get(f, []))) for f, n in KNOWN_NAMES.items() if len(found.get(f, [])) < n}
     assert not fewer, f"fewer than KNOWN_NAMES allows, so lower it (allowed, found): {fewer}"
+
+
+def method_objects() -> set[str]:
+    """The tables and views the method packages own (their ``tables.py`` and ``sql/views/``)."""
+    names = set()
+    for path in (ROOT / "methods").glob("*/tables.py"):
+        names |= set(re.findall(r'Table\(\s*"(\w+)"', path.read_text()))
+    names |= {p.stem for p in (ROOT / "methods").glob("*/sql/views/*.sql")}
+    return names
+
+
+def sql_method_lines() -> dict[str, list[int]]:
+    """``{file: [line]}``: lines of reflexdb's own SQL (not comments, not pinned copies) that name a
+    method or a method's table or view."""
+    objects = re.compile(r"(?<![a-z0-9_])(" + "|".join(sorted(method_objects())) + r")(?![a-z0-9_])")
+    found = {}
+    for path in sorted((ROOT / "reflexdb" / "sql").rglob("*.sql")):
+        if "history" in path.parts:
+            continue
+        lines = [i for i, line in enumerate(path.read_text().splitlines(), 1)
+                 if METHOD_NAME.search(line.split("--")[0]) or objects.search(line.split("--")[0])]
+        if lines:
+            found[path.relative_to(ROOT).as_posix()] = lines
+    return found
+
+
+def test_shared_sql_reads_no_method_object():
+    assert {"reflections", "lte_stages", "replay_requests", "r3l_reflect_set"} <= method_objects()
+    found = sql_method_lines()
+    more = {f: lines for f, lines in found.items() if len(lines) > KNOWN_SQL_LINES.get(f, 0)}
+    assert not more, f"reflexdb's SQL names a method or reads its objects (lines): {more}"
+    fewer = {f: (n, len(found.get(f, []))) for f, n in KNOWN_SQL_LINES.items() if len(found.get(f, [])) < n}
+    assert not fewer, f"fewer than KNOWN_SQL_LINES allows, so lower it (allowed, found): {fewer}"
 
 
 def test_the_checks_see_what_they_are_for(tmp_path):
