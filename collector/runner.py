@@ -258,12 +258,14 @@ class Collector:
 
     def _admitted(self, wait_s: float) -> bool:
         settings = self.db(lambda: self.store.get_settings(self.run_id))
+        # groups other collectors are making from a method's own claims (a workflow's in_flight)
+        in_flight = sum(self.db(w.in_flight) for w in self.workflows if hasattr(w, "in_flight"))
         a = self.db(lambda: work.admission(
             self.store, self.run_id, self.name, policy_version=self.version, eta=self.cfg.max_staleness,
             groups_per_step=int(settings.get("learner.groups_per_step", self.cfg.learner.groups_per_step)),
             publish_every=int(settings.get("learner.publish_every", self.cfg.learner.publish_every)),
             imported_per_step=int(settings.get("learner.imported_per_step", self.cfg.learner.imported_per_step)),
-            claim_ttl_s=self.c.claim_ttl_s,
+            claim_ttl_s=self.c.claim_ttl_s, in_flight=in_flight,
         ))
         if a.allowed:
             return True

@@ -6,7 +6,8 @@
   complete_claim=name)``). A claim older than ``claim_ttl_s`` is considered abandoned (a collector
   died) and can be taken by another.
 - **Soft retirement** (NexGRPO, METHODS.md §3): with ``retire_prob`` set, a claimed task that is
-  retired (view ``nexgrpo_retired_tasks``: its latest group was all correct) is kept with
+  retired (listed by the view ``retired`` names, the method's: NexGRPO's ``nexgrpo_retired_tasks``
+  lists tasks whose latest group was all correct) is kept with
   probability ε and otherwise passed over: released, with its turn counted (``times_passed``), so
   it waits for the next epoch. Each time a retired task's turn comes it is drawn with probability ε.
 - **Admission control** (AReaL's ``max_head_offpolicyness``): the n-th on-policy group of a run
@@ -65,7 +66,7 @@ MAX_CLAIM_ROUNDS = 64
 def claim_tasks(
     store: Store, run_id: int, collector: str, n: int = 1, *, split: str = "train",
     max_collections: int = 2**31 - 1, claim_ttl_s: float = 600.0, retire_prob: float | None = None,
-    rng: np.random.Generator | None = None, draws: RetirementDraws | None = None,
+    retired: str | None = None, rng: np.random.Generator | None = None, draws: RetirementDraws | None = None,
 ) -> list[ClaimedTask]:
     """Claim up to ``n`` tasks for ``collector`` (possibly none, if all are taken or done).
 
@@ -74,16 +75,21 @@ def claim_tasks(
             in turn. Otherwise each claimed retired task is kept with probability ``retire_prob``
             and passed over otherwise (its turn counted); the claim continues until ``n`` tasks are
             kept, no task is left to claim, or :data:`MAX_CLAIM_ROUNDS` rounds were drawn.
+        retired: with ``retire_prob``, the view (or table) whose ``task_id`` column lists the retired
+            tasks: the method's, named in its workflow options.
         rng: the random generator of the draws (default: a fresh one).
         draws: if given, counts the retired tasks drawn and passed over.
     """
     soft = retire_prob is not None
+    if soft and not retired:
+        raise ValueError("soft retirement (retire_prob) needs the view that lists the retired tasks (retired)")
+    claim = _claim_sql(retired)
     rng = rng if rng is not None else np.random.default_rng()
     kept: list[ClaimedTask] = []
     with store.transaction() as conn:  # one transaction: passed-over tasks are released with the claim
         for _ in range(MAX_CLAIM_ROUNDS if soft else 1):
             rows = conn.execute(
-                W["claim_tasks"],
+                claim,
                 {"run_id": run_id, "split": split, "max_collections": max_collections, "ttl": claim_ttl_s,
                  "n": n - len(kept), "collector": collector, "soft_retirement": soft},
             ).fetchall()
@@ -102,6 +108,15 @@ def claim_tasks(
             if not rows or len(kept) >= n:
                 break
     return kept
+
+
+def _claim_sql(retired: str | None):
+    """The claim query, reading the retired tasks from ``retired`` (a quoted identifier, ``schema.view``
+    allowed), or from nothing: the lookup is skipped then."""
+    from psycopg import sql
+
+    view = sql.Identifier(*retired.split(".")) if retired else sql.SQL("(SELECT NULL::bigint AS task_id)")
+    return sql.SQL(W["claim_tasks"]).format(retired=view)
 
 
 def split_tasks(store: Store, run_id: int, split: str, n: int | None = None) -> list[tuple]:
@@ -164,14 +179,18 @@ class Admission:
 
 def admission(
     store: Store, run_id: int, collector: str, *, policy_version: int, eta: int, groups_per_step: int,
-    publish_every: int, claim_ttl_s: float = 600.0, imported_per_step: int = 0,
+    publish_every: int, claim_ttl_s: float = 600.0, imported_per_step: int = 0, in_flight: int = 0,
 ) -> Admission:
-    """May ``collector`` (holding ``policy_version``) start another on-policy group now?"""
+    """May ``collector`` (holding ``policy_version``) start another on-policy group now?
+
+    ``in_flight``: groups other collectors are making from claims other than tasks' (a method's
+    work, counted by its workflow's ``in_flight``: NexGRPO's claimed replay requests).
+    """
     with store.transaction() as conn:
-        written, in_flight = conn.execute(
+        written, claimed = conn.execute(
             W["produced_groups"], {"run_id": run_id, "collector": collector, "ttl": claim_ttl_s}
         ).fetchone()
-        n = written + in_flight
+        n = written + claimed + in_flight
         G = max(1, groups_per_step)
         if imported_per_step > 0:
             steps, consumed, imported_left = conn.execute(W["imported_share"], {"run_id": run_id}).fetchone()

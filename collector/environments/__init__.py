@@ -10,6 +10,8 @@ The rollout driver (``collector/episodes.py``) runs many episodes of it at once.
 
 from __future__ import annotations
 
+from typing import Any
+
 from reflexdb.config import parse_environment_options
 from reflexdb.plugins import ENVIRONMENTS
 

@@ -91,6 +91,12 @@ class CollectContext(Protocol):
 
 
 class Workflow(Protocol):
+    """What a collector asks of a workflow: ``claim`` work, ``collect`` it into groups. Optional,
+    found with ``hasattr``: ``release()`` (give back this collector's claims: on stop, and after a
+    refused write), ``exhausted()`` (no work will come), ``in_flight()`` (groups other collectors
+    are making from this workflow's own claims, which admission control counts with the task
+    claims), ``admission_free`` (its groups are not on-policy groups the learner counts)."""
+
     name: str
 
     def claim(self, want: int) -> list: ...

@@ -21,18 +21,19 @@ work = lazy("reflexdb.work")  # the store (SQLAlchemy) on first use: loading a p
 class GroupWorkflow:
     """Args:
         retire_prob: soft retirement's ε (None: retirement ignored, every task drawn in turn).
+        retired: under soft retirement, the view that lists the retired tasks (the method's).
     """
 
-    def __init__(self, ctx, *, retire_prob: float | None = None):
+    def __init__(self, ctx, *, retire_prob: float | None = None, retired: str | None = None):
         self.ctx = ctx
-        self.retire_prob = retire_prob
+        self.retire_prob, self.retired = retire_prob, retired
         self.retirement = work.RetirementDraws()
 
     def claim(self, want: int) -> list[work.ClaimedTask]:
         c, C = self.ctx, self.ctx.cfg.collector
         return c.db(lambda: work.claim_tasks(
             c.store, c.run_id, c.name, want, max_collections=C.max_collections or 2**31 - 1,
-            claim_ttl_s=C.claim_ttl_s, retire_prob=self.retire_prob, rng=c.rng, draws=self.retirement))
+            claim_ttl_s=C.claim_ttl_s, retire_prob=self.retire_prob, retired=self.retired, rng=c.rng, draws=self.retirement))
 
     def collect(self, claimed: list[work.ClaimedTask]) -> list[GroupIn]:
         c = self.ctx

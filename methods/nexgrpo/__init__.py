@@ -66,7 +66,8 @@ def _check(cfg) -> None:
 
 
 def _workflows(cfg) -> list[WorkflowUse]:
-    return [WorkflowUse("nexgrpo_replay"), WorkflowUse("group", {"retire_prob": cfg.section("nexgrpo").retire_prob})]
+    return [WorkflowUse("nexgrpo_replay"), WorkflowUse("group", {"retire_prob": cfg.section("nexgrpo").retire_prob,
+                                                                   "retired": "nexgrpo_retired_tasks"})]
 
 
 def _settings(cfg) -> dict:

@@ -149,6 +149,13 @@ def release_requests(store: Store, run_id: int, collector: str) -> None:
         conn.execute(R["release_requests"], {"run_id": run_id, "collector": collector})
 
 
+def claimed_by_others(store: Store, run_id: int, collector: str, *, claim_ttl_s: float = 600.0) -> int:
+    """Requests other collectors hold live claims on (each becomes a replay group): admission's in-flight count."""
+    with store.transaction() as conn:
+        return int(conn.execute(R["claimed_by_others"], {"run_id": run_id, "collector": collector,
+                                                         "ttl": claim_ttl_s}).fetchone()[0])
+
+
 def cancel_request(store: Store, request_id: int) -> None:
     with store.transaction() as conn:
         conn.execute(R["cancel_request"], {"id": request_id})

@@ -51,6 +51,11 @@ class ReplayWorkflow:
     def release(self) -> None:
         replay.release_requests(self.ctx.store, self.ctx.run_id, self.ctx.name)
 
+    def in_flight(self) -> int:
+        """Replay groups other collectors are making (their live claims): admission counts them."""
+        c = self.ctx
+        return replay.claimed_by_others(c.store, c.run_id, c.name, claim_ttl_s=c.cfg.collector.claim_ttl_s)
+
 
 def replay_group(request: ReplayRequest, positive: Trajectory, negative: Trajectory, fresh: list[TrajectoryIn], *,
                  policy_version: int, collector: str | None = None, embedding_model: str = "unknown") -> GroupIn:

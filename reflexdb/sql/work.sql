@@ -4,8 +4,9 @@
 -- Claim up to n tasks of a run for one collector: the least-collected first (epochs; a turn a
 -- retired task was passed over by soft retirement counts as its turn), in a pseudo-random order
 -- within an epoch, skipping tasks another collector holds (SKIP LOCKED never waits; a claim
--- older than the TTL is treated as abandoned by a dead collector). retired (nexgrpo_retired_tasks)
--- is looked up for the claimed rows only, and only when soft retirement is on.
+-- older than the TTL is treated as abandoned by a dead collector). retired is looked up for the
+-- claimed rows only, and only under soft retirement: {retired} is then the view that lists the
+-- retired tasks (column task_id) of the method that asks for it (reflexdb.work.claim_tasks).
 WITH c AS (
     SELECT id FROM tasks
     WHERE run_id = %(run_id)s AND split = %(split)s
@@ -19,7 +20,7 @@ WITH c AS (
 UPDATE tasks t SET claimed_by = %(collector)s, claimed_at = now()
 FROM c WHERE t.id = c.id
 RETURNING t.id, t.dataset, t.split, t.task_key, t.prompt, t.ground_truth, t.meta, t.times_collected,
-          (%(soft_retirement)s AND EXISTS (SELECT 1 FROM nexgrpo_retired_tasks v WHERE v.task_id = t.id));
+          (%(soft_retirement)s AND EXISTS (SELECT 1 FROM {retired} v WHERE v.task_id = t.id));
 
 -- name: pass_tasks
 -- Soft retirement: the draw passed over these claimed retired tasks; release them and count the
@@ -65,13 +66,11 @@ UPDATE collectors SET status = %(status)s, stopped_at = now(), last_seen = now()
 
 -- name: produced_groups
 -- Groups the learner trains on (fresh and replay) written so far for a run, plus the ones other
--- collectors hold claims for (in flight: task claims and replay-request claims): the admission
--- check counts both.
+-- collectors hold task claims for (in flight): the admission check counts both, and the claims of
+-- other work a method's workflow counts itself (reflexdb.work.admission's in_flight).
 SELECT
     (SELECT count(*) FROM groups WHERE run_id = %(run_id)s AND kind IN ('fresh', 'replay')),
     (SELECT count(*) FROM tasks WHERE run_id = %(run_id)s AND claimed_by IS NOT NULL
-       AND claimed_by <> %(collector)s AND claimed_at >= now() - make_interval(secs => %(ttl)s))
-    + (SELECT count(*) FROM replay_requests WHERE run_id = %(run_id)s AND status = 'claimed'
        AND claimed_by <> %(collector)s AND claimed_at >= now() - make_interval(secs => %(ttl)s));
 
 -- name: imported_share

@@ -309,7 +309,7 @@ def test_retired_tasks_are_drawn_at_the_configured_rate(store):
     draw_rng = np.random.default_rng(12345)
     # Each epoch, every active task is claimed once; claiming ahead of that passes retired tasks over.
     for _ in range(epochs * n_active):
-        [task] = work.claim_tasks(store, run, "c1", 1, retire_prob=eps, rng=draw_rng, draws=draws)
+        [task] = work.claim_tasks(store, run, "c1", 1, retired="nexgrpo_retired_tasks", retire_prob=eps, rng=draw_rng, draws=draws)
         collected[task.id] += 1
         with store.transaction() as conn:
             conn.execute("UPDATE tasks SET claimed_by = NULL, times_collected = times_collected + 1 WHERE id = %s",
@@ -337,12 +337,12 @@ def test_without_soft_retirement_retired_tasks_are_drawn_in_turn(store):
     assert sorted(t.id for t in got) == sorted(tasks) and not any(t.retired for t in got)
     work.release_claims(store, run, "c1")
     # With ε = 1 retirement changes nothing either.
-    got = work.claim_tasks(store, run, "c1", 3, retire_prob=1.0)
+    got = work.claim_tasks(store, run, "c1", 3, retired="nexgrpo_retired_tasks", retire_prob=1.0)
     assert sorted(t.id for t in got) == sorted(tasks) and all(t.retired for t in got)
     work.release_claims(store, run, "c1")
     # With ε = 0 a fully retired run yields nothing (every turn passed over), and says so by counting.
     draws = work.RetirementDraws()
-    assert work.claim_tasks(store, run, "c1", 2, retire_prob=0.0, draws=draws) == []
+    assert work.claim_tasks(store, run, "c1", 2, retired="nexgrpo_retired_tasks", retire_prob=0.0, draws=draws) == []
     assert (draws.drawn, draws.passed) == (0, 2 * work.MAX_CLAIM_ROUNDS)
     assert rows(store, "SELECT count(*) FROM tasks WHERE claimed_by IS NOT NULL") == [(0,)]
 
@@ -439,7 +439,10 @@ def test_admission_counts_replay_groups_and_claimed_requests(store):
     write(store, run, t1, [traj(rng, True)], kind="eval")
     _request(store, run, t1, *g.trajectory_ids)
     replay.claim_requests(store, run, "other", 1)
-    a = work.admission(store, run, "me", policy_version=0, eta=0, groups_per_step=2, publish_every=1)
+    assert replay.claimed_by_others(store, run, "other") == 0 and replay.claimed_by_others(store, run, "me") == 1
+    in_flight = replay.claimed_by_others(store, run, "me")  # what the replay workflow's in_flight says
+    a = work.admission(store, run, "me", policy_version=0, eta=0, groups_per_step=2, publish_every=1,
+                       in_flight=in_flight)
     assert a.next_group == 3  # fresh + replay written, plus another collector's claimed request
     assert not a.allowed and a.consume_version == 1
 

@@ -35,6 +35,26 @@ def test_claims_are_exclusive_until_completed_or_released(store):
     assert work.claim_tasks(store, run, "d", 5, max_collections=1) == []
 
 
+def test_soft_retirement_reads_the_view_its_method_names(store):
+    """reflexdb's claim names no method's view: the workflow passes the one that lists retired tasks."""
+    import pytest
+
+    run, tasks = _setup(store, 3)
+    with pytest.raises(ValueError, match="needs the view that lists the retired tasks"):
+        work.claim_tasks(store, run, "a", 1, retire_prob=0.5)
+    with store.transaction() as conn:
+        conn.execute("CREATE VIEW every_task_retired AS SELECT id AS task_id FROM tasks")
+    try:
+        got = work.claim_tasks(store, run, "a", 3, retire_prob=1.0, retired="every_task_retired")
+        assert len(got) == 3 and all(t.retired for t in got)  # ε = 1: kept, and seen as retired
+    finally:
+        with store.transaction() as conn:
+            conn.execute("DROP VIEW every_task_retired")
+    assert [t.retired for t in work.claim_tasks(store, run, "b", 3)] == []  # all held by a
+    work.release_claims(store, run, "a")
+    assert not any(t.retired for t in work.claim_tasks(store, run, "b", 3))  # no soft retirement: never looked up
+
+
 def test_complete_claim_only_counts_own_claim(store):
     run, tasks = _setup(store, 1)
     [t] = work.claim_tasks(store, run, "a")

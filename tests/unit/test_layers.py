@@ -45,7 +45,6 @@ KNOWN_SQL_LINES = {
     "reflexdb/sql/functions/drop_run_partitions.sql": 3,  # deletes the methods' rows that refer to trajectories
     "reflexdb/sql/views/failures.sql": 1,  # a failure's reflection (R3L's table)
     "reflexdb/sql/views/untrained_groups.sql": 7,  # a group that waits for its LTE stage
-    "reflexdb/sql/work.sql": 2,  # NexGRPO's soft retirement in the claim, its claimed replay requests in admission
 }
 
 

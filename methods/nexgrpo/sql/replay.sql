@@ -84,3 +84,10 @@ SET status = 'done', group_id = %(group_id)s, completed_at = now(),
 WHERE id = %(id)s AND status IN ('pending', 'claimed')
   AND (%(collector)s::text IS NULL OR claimed_by IS NULL OR claimed_by = %(collector)s::text)
 RETURNING id;
+
+-- name: claimed_by_others
+-- Requests other collectors hold live claims on (a claim older than the TTL is abandoned): the
+-- replay groups in flight that admission control counts (reflexdb.work.admission's in_flight).
+SELECT count(*) FROM replay_requests
+WHERE run_id = %(run_id)s AND status = 'claimed' AND claimed_by <> %(collector)s
+  AND claimed_at >= now() - make_interval(secs => %(ttl)s);
