@@ -57,6 +57,30 @@ def test_deleting_a_run_drops_its_partitions_and_leaves_others(store):
     assert len(_partitions(store, b)) == len(schema.PARTITIONED)
 
 
+def test_a_plugins_table_that_refers_to_trajectories_is_cleared_with_the_run(store):
+    """drop_run_partitions names no method's table (revision 0019): it deletes the run's rows of every
+    table with a foreign key to trajectories, by the column that refers to trajectories.run_id, here
+    one named otherwise, before it detaches the run's partition (which would fail otherwise)."""
+    a, written = _write(store, "a")
+    b, written_b = _write(store, "b")
+    with store.transaction() as conn:
+        conn.execute("CREATE TABLE plugin_notes (note_id bigint, of_trajectory bigint NOT NULL, of_run bigint NOT NULL, "
+                     "FOREIGN KEY (of_trajectory, of_run) REFERENCES trajectories (id, run_id))")
+        conn.execute("INSERT INTO plugin_notes VALUES (1, %s, %s), (2, %s, %s)",
+                     (written[0].trajectory_ids[0], a, written_b[0].trajectory_ids[0], b))
+        conn.execute("INSERT INTO purifications (trajectory_id, turn_index, attempts, recovered, run_id) "
+                     "VALUES (%s, 1, 1, false, %s)", (written[0].trajectory_ids[1], a))
+    try:
+        with store.transaction() as conn:
+            conn.execute(runs.Q["delete_run"], {"run_id": a})
+        assert rows(store, "SELECT note_id FROM plugin_notes") == [(2,)]  # b's row stays
+        assert rows(store, "SELECT count(*) FROM purifications") == [(0,)]
+        assert _partitions(store, a) == {}
+    finally:
+        with store.transaction() as conn:
+            conn.execute("DROP TABLE plugin_notes")
+
+
 def test_lineage_is_checked_without_a_foreign_key(store):
     run, written = _write(store, "a")
     rng = np.random.default_rng(1)

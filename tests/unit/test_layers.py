@@ -42,7 +42,6 @@ KNOWN_NAMES: dict[str, int] = {}
 #: Lines of reflexdb's own SQL (``reflexdb/sql``, pinned copies aside) that name a method or read a
 #: method's table or view today: ``{file: how many lines}``.
 KNOWN_SQL_LINES = {
-    "reflexdb/sql/functions/drop_run_partitions.sql": 3,  # deletes the methods' rows that refer to trajectories
     "reflexdb/sql/views/failures.sql": 1,  # a failure's reflection (R3L's table)
     "reflexdb/sql/views/untrained_groups.sql": 7,  # a group that waits for its LTE stage
 }
