@@ -362,11 +362,11 @@ class Collector:
             self.db(lambda: work.record_rejection(self.store, self.collector_id, reason))
 
     def _count(self, g: GroupIn) -> None:
-        # the facts of table origins (reflexdb/origins.py; read by the write); a group of kind 'retry'
-        # holds a method's auxiliary rows, whose episodes are counted through the training group's
-        # rows: never samples of pass@1
-        origins = self.store.origins()
-        own = [t for t in g.trajectories if origins[t.origin].pass_at_1] if g.kind != "retry" else []
+        # the facts of tables origins and group_kinds (reflexdb/origins.py; read by the write): a
+        # method's auxiliary group (kind retry) holds rows whose episodes are counted through the
+        # training group's rows, never as samples of pass@1
+        origins, kinds = self.store.origins(), self.store.group_kinds()
+        own = [t for t in g.trajectories if origins[t.origin].pass_at_1] if kinds[g.kind].pass_at_1 else []
         self.stats.groups += 1
         if g.kind != "fresh":
             self.stats.kinds[g.kind] += 1

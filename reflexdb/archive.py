@@ -61,9 +61,10 @@ def tables() -> list[tuple[str, str, str]]:
 
     return [*CORE, *(t for _, own in ARCHIVED.items() for t in own)]
 
-#: Tables that hold no run's rows (the table of origins, which a run's trajectories refer to): not
-#: archived; the manifest names the origins the run's rows use, and restore checks they exist.
-SHARED = ("origins",)
+#: Tables that hold no run's rows (the tables of origins and group kinds, which a run's rows refer
+#: to): not archived; the manifest names the origins and kinds the run's rows use, and restore
+#: checks they exist.
+SHARED = ("origins", "group_kinds")
 
 
 class ArchiveError(ReflexdbError):
@@ -126,8 +127,10 @@ def archive(store, name: str, directory: Path, *, on_table: Callable[[str, int],
     with store.engine.connect() as conn:
         used = sorted(o for (o,) in conn.exec_driver_sql(
             "SELECT DISTINCT origin FROM trajectories WHERE run_id = %(run)s", {"run": run_id}))
+        kinds = sorted(k for (k,) in conn.exec_driver_sql(
+            "SELECT DISTINCT kind FROM groups WHERE run_id = %(run)s", {"run": run_id}))
     manifest = {"format": FORMAT, "run": name, "run_id": run_id, "schema_revision": revision, "tables": files,
-                "origins": used}
+                "origins": used, "group_kinds": kinds}
     (directory / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
     runs.delete(store, run_id)  # the run's partitions dropped, then its other rows
     size = sum(p.stat().st_size for p in directory.iterdir())
@@ -219,6 +222,11 @@ def restore(store, directory: Path) -> ArchiveResult:
     if missing:
         raise ArchiveError(f"the archive's rows have origin(s) {', '.join(missing)}, which this database's table "
                            "origins does not hold; install the method that adds them (reflexdb db upgrade), then "
+                           "restore")
+    missing = sorted(set(manifest.get("group_kinds", ())) - set(store.group_kinds(refresh=True)))
+    if missing:
+        raise ArchiveError(f"the archive's groups have kind(s) {', '.join(missing)}, which this database's table "
+                           "group_kinds does not hold; install the method that adds them (reflexdb db upgrade), then "
                            "restore")
     try:
         store.run_id(name)

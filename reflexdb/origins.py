@@ -20,6 +20,9 @@ origin name. ``Store.origins()`` reads the table (once per store, again when a n
 attempt at the task as a user would pose it). ``sampled``: the collector that wrote the row
 generated its tokens just now (its tokens/s and sample counts). ``method``: the method that owns
 the origin (None: shared by all).
+
+Group kinds (``groups.kind``) are rows of table ``group_kinds`` the same way (migration 0020):
+:class:`GroupKind`, read by ``Store.group_kinds()``.
 """
 
 from __future__ import annotations
@@ -49,4 +52,25 @@ def matching(table: Mapping[str, Origin], **wanted: object) -> set[str]:
     return {o.name for o in table.values() if all(getattr(o, k) == v for k, v in wanted.items())}
 
 
-__all__ = ["SELECT", "Origin", "PiOld", "matching"]
+#: The query ``Store.group_kinds`` runs.
+KINDS_SELECT = "SELECT name, trained, pass_at_1, method, summary FROM group_kinds ORDER BY name"
+
+
+@dataclass(frozen=True)
+class GroupKind:
+    """A row of table ``group_kinds`` (migration 0020): what kind of group a group is.
+
+    ``trained``: the learner may take such a group as a group of its batch (``eval`` and a
+    method's auxiliary ``retry`` groups are not; a method's own views may still hand their rows to
+    the learner). ``pass_at_1``: its rows may count in pass@1, each by its origin's fact (a retry
+    group's rows never do: their episodes are counted through the training group's rows).
+    """
+
+    name: str
+    trained: bool
+    pass_at_1: bool
+    method: str | None
+    summary: str
+
+
+__all__ = ["KINDS_SELECT", "SELECT", "GroupKind", "Origin", "PiOld", "matching"]

@@ -112,7 +112,7 @@ class GroupIn:
         policy_version: the version that generated the group's on-policy samples.
         trajectories: the members, in order (``index_in_group`` is their position).
         workflow: the workflow that produced it (``group``, or a method's workflow).
-        kind: one of ``reflexdb.schema.GROUP_KINDS`` (``fresh``, ``eval``, ...).
+        kind: a row of table ``group_kinds`` (``fresh``, ``eval``, ...; a method's revision adds its own).
         embedding_model, embedding_layer: where the trajectories' embeddings come from.
         attachments: what the group's transaction writes besides it (``reflexdb/attachments.py``):
             the claimed work item it completes, if not its task's claim, and rows that refer to

@@ -50,8 +50,6 @@ metadata = MetaData(
     }
 )
 
-#: Values allowed in ``groups.kind``.
-GROUP_KINDS = ("fresh", "replay", "hinted", "retry", "eval", "imported")
 #: Values allowed in ``turns.role``.
 ROLES = ("system", "user", "assistant", "tool", "observation")
 #: Values allowed in ``trajectories.finish_reason``.
@@ -133,6 +131,18 @@ policy_versions = Table(
     CheckConstraint("version >= 0", name="version_nonnegative"),
 )
 
+# What kind of group a group is, and what that means downstream (0020; reflexdb/origins.py): a
+# method's revision inserts its own rows, as with origins.
+group_kinds = Table(
+    "group_kinds",
+    metadata,
+    Column("name", Text, primary_key=True),
+    Column("trained", Boolean, nullable=False),
+    Column("pass_at_1", Boolean, nullable=False),
+    Column("method", Text),
+    Column("summary", Text, nullable=False),
+)
+
 groups = Table(
     "groups",
     metadata,
@@ -140,7 +150,7 @@ groups = Table(
     Column("run_id", BigInteger, ForeignKey("runs.id", ondelete="CASCADE"), nullable=False),
     Column("task_id", BigInteger, ForeignKey("tasks.id", ondelete="CASCADE"), nullable=False),
     Column("workflow", Text, nullable=False, server_default="group"),
-    Column("kind", Text, nullable=False, server_default="fresh"),
+    Column("kind", Text, ForeignKey("group_kinds.name"), nullable=False, server_default="fresh"),
     # The policy version the group's on-policy samples were generated with.
     Column("policy_version", Integer, nullable=False),
     Column("size", SmallInteger, nullable=False),
@@ -153,7 +163,6 @@ groups = Table(
     # Chosen by the writer once per group: a retried write whose first attempt did commit (the
     # connection dropped before the acknowledgement) finds its group instead of writing it twice.
     Column("write_key", UUID(as_uuid=True), unique=True),
-    CheckConstraint(one_of("kind", GROUP_KINDS), name="kind"),
     CheckConstraint("size > 0", name="size_positive"),
     Index(None, "run_id", "id"),
     Index(None, "run_id", "policy_version"),

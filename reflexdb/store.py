@@ -43,7 +43,7 @@ from . import origins as origins_table
 from .attachments import work_items
 from .db import connect_raw, make_engine
 from .errors import InvalidGroup, NotFound, ReflexdbError
-from .origins import Origin
+from .origins import GroupKind, Origin
 from .records import (
     Group,
     GroupIn,
@@ -190,6 +190,7 @@ class Store:
         self._embedding_dims: dict[int, int] = {}
         self._claimed_dims: dict[int, int] = {}
         self._origins: dict[str, Origin] | None = None
+        self._kinds: dict[str, GroupKind] | None = None
 
     @classmethod
     def open(cls, url: str | None = None, *, check_schema: bool = True, create_schema: bool = False,
@@ -249,6 +250,14 @@ class Store:
             with self.engine.connect() as conn:
                 self._origins = {r[0]: Origin(*r) for r in conn.execute(text(origins_table.SELECT))}
         return self._origins
+
+    def group_kinds(self, *, refresh: bool = False) -> dict[str, GroupKind]:
+        """The table of group kinds (reflexdb/origins.py): name -> :class:`GroupKind`, read once per
+        store (again with ``refresh``)."""
+        if self._kinds is None or refresh:
+            with self.engine.connect() as conn:
+                self._kinds = {r[0]: GroupKind(*r) for r in conn.execute(text(origins_table.KINDS_SELECT))}
+        return self._kinds
 
     def create_run(self, name: str, *, algorithm: str | None = None, config: dict | None = None) -> int:
         """Create run ``name`` if it does not exist; return its id."""
@@ -368,7 +377,8 @@ class Store:
         """
         names = {t.origin for g in groups for t in g.trajectories}
         known = self.origins(refresh=not names <= set(self._origins or ()))  # a migration may have added some
-        prepared = [prepare_group(g, known) for g in groups]
+        kinds = self.group_kinds(refresh=not {g.kind for g in groups} <= set(self._kinds or ()))
+        prepared = [prepare_group(g, known, kinds) for g in groups]
         check_siblings(prepared)
         self._claimed_dims = {}
         try:

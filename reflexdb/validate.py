@@ -14,7 +14,7 @@ import numpy as np
 
 from .errors import InvalidGroup
 from .records import GroupIn, Sibling, TrajectoryIn, TurnIn
-from .schema import FINISH_REASONS, GROUP_KINDS, ROLES
+from .schema import FINISH_REASONS, ROLES
 
 _INT32 = np.iinfo(np.int32)
 
@@ -217,17 +217,20 @@ def prepare_trajectory(t: TrajectoryIn, where: str, group_version: int,
     )
 
 
-def prepare_group(group: GroupIn, origins: Collection[str] | None = None) -> PreparedGroup:
+def prepare_group(group: GroupIn, origins: Collection[str] | None = None,
+                  kinds: Collection[str] | None = None) -> PreparedGroup:
     """Validate ``group`` and convert its arrays; raise :class:`InvalidGroup` on the first problem.
 
-    ``origins``: the names a trajectory's origin may take (the store passes its table of origins;
-    None leaves the check to the database's foreign key)."""
+    ``origins``, ``kinds``: the names a trajectory's origin and the group's kind may take (the
+    store passes its tables of origins and group kinds; None leaves the check to the database's
+    foreign keys)."""
     if not group.trajectories:
         raise InvalidGroup("trajectories", "a group needs at least one trajectory")
     if len(group.trajectories) > 32767:
         raise InvalidGroup("trajectories", "a group holds at most 32767 trajectories")
-    if group.kind not in GROUP_KINDS:
-        raise InvalidGroup("kind", f"{group.kind!r} is not one of {', '.join(GROUP_KINDS)}")
+    if kinds is not None and group.kind not in kinds:
+        raise InvalidGroup("kind", f"{group.kind!r} is not a group kind of this database "
+                                   f"(table group_kinds: {', '.join(sorted(kinds))})")
     if int(group.policy_version) < 0:
         raise InvalidGroup("policy_version", f"must be >= 0, got {group.policy_version}")
     prepared = [

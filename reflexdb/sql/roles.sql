@@ -39,7 +39,7 @@ GRANT SELECT ON ALL TABLES IN SCHEMA public TO reflexdb_reader;
 -- (groups, trajectories, payloads, embeddings, turns); read another run's config (runs.config);
 -- touch the learner's tables (learner_steps, consumption, policy_versions beyond reading).
 GRANT SELECT ON alembic_version, policy_versions, run_settings, tasks, groups, trajectories, turns,
-                token_bytes, token_payloads, trajectory_tokens, embeddings, collectors, origins
+                token_bytes, token_payloads, trajectory_tokens, embeddings, collectors, origins, group_kinds
     TO reflexdb_collector;
 GRANT SELECT (id, name, algorithm, embedding_dim, embedding_model, created_at) ON runs TO reflexdb_collector;
 GRANT INSERT (name, algorithm, config) ON runs TO reflexdb_collector;

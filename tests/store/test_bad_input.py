@@ -85,7 +85,7 @@ def test_group_level_errors(store):
     rng = np.random.default_rng(0)
     with pytest.raises(InvalidGroup, match="at least one trajectory"):
         store.write_group(GroupIn(run_id=run, task_id=task, policy_version=0, trajectories=[]))
-    with pytest.raises(InvalidGroup, match="kind: 'weird'"):
+    with pytest.raises(InvalidGroup, match="kind: 'weird' is not a group kind of this database"):
         store.write_group(GroupIn(run_id=run, task_id=task, policy_version=0, trajectories=[make_trajectory(rng)],
                                   kind="weird"))
     with pytest.raises(InvalidGroup) as err:

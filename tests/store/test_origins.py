@@ -12,7 +12,7 @@ from sqlalchemy import text
 
 from reflexdb.db import libpq_url
 from reflexdb.errors import InvalidGroup
-from reflexdb.origins import Origin, matching
+from reflexdb.origins import GroupKind, Origin, matching
 from reflexdb.trainer.batch import pack
 from tests.factories import make_group, release_origins, setup_run
 from tests.processes import rows
@@ -71,3 +71,30 @@ def test_plain_sql_cannot_bypass_the_table_in_a_run_made_after_it(store, db_url)
     with psycopg.connect(libpq_url(db_url)) as conn, pytest.raises(psycopg.errors.ForeignKeyViolation):
         conn.execute("UPDATE trajectories SET origin = 'nope' WHERE group_id = %s", (written.group_id,))
 
+
+
+def _of_kind(group, kind):
+    group.kind = kind
+    return group
+
+
+def test_group_kinds_are_rows_with_facts_and_a_method_adds_its_own(store, db_url):
+    """Group kinds as data (revision 0020): the release's six, their facts; a method's revision adds
+    a kind by inserting a row; an unknown kind is refused naming the table, by the store and by the
+    foreign key under plain SQL."""
+    kinds = store.group_kinds()
+    assert set(kinds) == {"eval", "fresh", "hinted", "imported", "replay", "retry"}
+    assert {k for k, v in kinds.items() if not v.trained} == {"eval", "retry"}
+    assert {k for k, v in kinds.items() if not v.pass_at_1} == {"retry"}
+    rng = np.random.default_rng(3)
+    run, (task, _, _) = setup_run(store)
+    with pytest.raises(InvalidGroup, match=r"kind: 'verify' is not a group kind of this database "
+                                           r"\(table group_kinds: eval, fresh, .*retry\)"):
+        store.write_group(_of_kind(make_group(rng, run, task, size=1, dim=None), "verify"))
+    with store.engine.begin() as conn:
+        conn.execute(text("INSERT INTO group_kinds VALUES ('verify', false, false, 'selfcheck', 'a check')"))
+    written = store.write_group(_of_kind(make_group(rng, run, task, size=1, dim=None), "verify"))
+    assert store.group_kinds()["verify"] == GroupKind("verify", False, False, "selfcheck", "a check")
+    assert rows(store, "SELECT kind FROM groups WHERE id = :g", g=written.group_id) == [("verify",)]
+    with psycopg.connect(libpq_url(db_url)) as conn, pytest.raises(psycopg.errors.ForeignKeyViolation):
+        conn.execute("UPDATE groups SET kind = 'nope' WHERE id = %s", (written.group_id,))
