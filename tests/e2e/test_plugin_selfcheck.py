@@ -29,8 +29,8 @@ def install(site: Path) -> str:
 
 
 def test_the_selfcheck_plugin_upgrades_a_database_and_runs_end_to_end(store, db_url, tmp_path, model_cache):
-    # made before the plug-in: the heads of the built-in methods' branches (each depends on 0018)
-    assert sorted(rows(store, "SELECT version_num FROM alembic_version")) == [("lte_0001",), ("r3l_0001",)]
+    # made before the plug-in: reflexdb's head and the heads of the built-in methods' branches
+    assert sorted(rows(store, "SELECT version_num FROM alembic_version")) == [("0020",), ("lte_0001",), ("r3l_0001",)]
     env = child_env(db_url, tmp_path, model_cache)
     env["PYTHONPATH"] = install(tmp_path / "site")
 
@@ -38,8 +38,8 @@ def test_the_selfcheck_plugin_upgrades_a_database_and_runs_end_to_end(store, db_
     assert up.returncode == 0, up.stderr[-3000:]
     assert rows(store, "SELECT pi_old, pass_at_1, sampled, method FROM origins WHERE name = 'verification'") == [
         ("policy", False, True, "selfcheck")]
-    assert sorted(rows(store, "SELECT version_num FROM alembic_version")) == [("lte_0001",), ("r3l_0001",),
-                                                                               ("selfcheck_0001",)]
+    assert sorted(rows(store, "SELECT version_num FROM alembic_version")) == [
+        ("0020",), ("lte_0001",), ("r3l_0001",), ("selfcheck_0001",)]
 
     run = subprocess.run(REFLEXDB + [
         "run", str(PLUGIN / "selfcheck.yaml"), "--max-steps", "2", "--no-eval",
@@ -68,3 +68,11 @@ def test_the_selfcheck_plugin_upgrades_a_database_and_runs_end_to_end(store, db_
                         "FROM learner_steps ORDER BY step")
     assert steps == [(1, True, True), (2, True, True)]
     assert rows(store, "SELECT value FROM run_settings WHERE key = 'selfcheck.verify_weight'") == [(0.5,)]
+
+    # its grants come back when the roles are made again (reflexdb db roles revokes and re-grants
+    # everything): the plug-in's sql/roles.sql, run after reflexdb's own
+    made = subprocess.run(REFLEXDB + ["db", "roles"], env=env, capture_output=True, text=True, timeout=300)
+    assert made.returncode == 0, made.stderr[-3000:]
+    assert rows(store, "SELECT has_table_privilege('reflexdb_collector', 'selfcheck_verifications', 'INSERT'), "
+                       "has_table_privilege('reflexdb_collector', 'selfcheck_verifications', 'DELETE')") == [
+        (True, False)]

@@ -10,6 +10,7 @@ by the ``reflexdb.plugins`` entry point of its ``pyproject.toml``:
 
 - ``migrations/``: its migration branch (origin ``verification``, table ``selfcheck_verifications``,
   view ``selfcheck_calibration``), added to a database by ``reflexdb db upgrade``;
+- ``sql/roles.sql``: its grants to reflexdb's collector role, made again by ``reflexdb db roles``;
 - ``workflow.py``: the collectors' workflow ``selfcheck`` (answer, then verify);
 - ``store.py``: the attachment that writes each verdict with its group, in the group's transaction;
 - ``method.py``: the method ``selfcheck`` (loss terms, config section ``selfcheck:``, metrics).
@@ -17,9 +18,11 @@ by the ``reflexdb.plugins`` entry point of its ``pyproject.toml``:
 
 from pathlib import Path
 
-from reflexdb.plugins import ARCHIVED, MIGRATIONS
+from reflexdb.plugins import ARCHIVED, MIGRATIONS, SQL
 
 MIGRATIONS.register("selfcheck", Path(__file__).parent / "migrations")
+# its SQL folder: sql/roles.sql, what the collector role may do with its table (reflexdb db roles)
+SQL.register("selfcheck", Path(__file__).parent / "sql")
 # its rows of a run, archived and restored with the run (reflexdb db archive / restore)
 ARCHIVED.register("selfcheck", (("selfcheck_verifications", "run_id = %(run)s", "trajectory_id"),))
 
