@@ -543,16 +543,15 @@ class Drill:
     def _claims(self, run: int, ttl: float) -> list[str]:
         """Claims older than the TTL must be claimable: a probe claim (rolled back) takes them."""
         from reflexdb.db import connect_raw
-        from reflexdb.sqlfile import load_queries
+        from reflexdb.work import claim_sql
 
-        W = load_queries("work.sql")
         with connect_raw(self.url) as conn:
             expired = conn.execute("SELECT count(*) FROM tasks WHERE run_id = %s AND claimed_by IS NOT NULL "
                                    "AND claimed_at < now() - make_interval(secs => %s)", (run, ttl)).fetchone()[0]
             free = conn.execute("SELECT count(*) FROM tasks WHERE run_id = %s AND split = 'train' AND "
                                 "(claimed_by IS NULL OR claimed_at < now() - make_interval(secs => %s))",
                                 (run, ttl)).fetchone()[0]
-            got = conn.execute(W["claim_tasks"], {"run_id": run, "split": "train", "max_collections": 2**31 - 1,
+            got = conn.execute(claim_sql(), {"run_id": run, "split": "train", "max_collections": 2**31 - 1,
                                                   "ttl": ttl, "n": 10**6, "collector": "chaos-probe",
                                                   "soft_retirement": False}).fetchall()
             conn.rollback()

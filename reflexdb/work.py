@@ -83,7 +83,7 @@ def claim_tasks(
     soft = retire_prob is not None
     if soft and not retired:
         raise ValueError("soft retirement (retire_prob) needs the view that lists the retired tasks (retired)")
-    claim = _claim_sql(retired)
+    claim = claim_sql(retired)
     rng = rng if rng is not None else np.random.default_rng()
     kept: list[ClaimedTask] = []
     with store.transaction() as conn:  # one transaction: passed-over tasks are released with the claim
@@ -110,9 +110,10 @@ def claim_tasks(
     return kept
 
 
-def _claim_sql(retired: str | None):
-    """The claim query, reading the retired tasks from ``retired`` (a quoted identifier, ``schema.view``
-    allowed), or from nothing: the lookup is skipped then."""
+def claim_sql(retired: str | None = None):
+    """The claim query (``work.sql`` ``claim_tasks``), reading the retired tasks from ``retired`` (a
+    quoted identifier, ``schema.view`` allowed), or from nothing: the lookup is skipped then. The
+    failure drill's probe claims with it too."""
     from psycopg import sql
 
     view = sql.Identifier(*retired.split(".")) if retired else sql.SQL("(SELECT NULL::bigint AS task_id)")
