@@ -62,9 +62,9 @@ def tables() -> list[tuple[str, str, str]]:
     return [*CORE, *(t for _, own in ARCHIVED.items() for t in own)]
 
 #: Tables that hold no run's rows (the tables of origins and group kinds, which a run's rows refer
-#: to): not archived; the manifest names the origins and kinds the run's rows use, and restore
-#: checks they exist.
-SHARED = ("origins", "group_kinds")
+#: to, and of the composed views): not archived; the manifest names the origins and kinds the run's
+#: rows use, and restore checks they exist.
+SHARED = ("origins", "group_kinds", "composed_views")
 
 
 class ArchiveError(ReflexdbError):

@@ -19,7 +19,9 @@ origin name. ``Store.origins()`` reads the table (once per store, again when a n
 ``pass_at_1``: the row counts in pass@1 (a sample of the current policy on the plain prompt, one
 attempt at the task as a user would pose it). ``sampled``: the collector that wrote the row
 generated its tokens just now (its tokens/s and sample counts). ``method``: the method that owns
-the origin (None: shared by all).
+the origin (None: shared by all). ``in_failures`` (0021): its failed rows are listed in view
+``failures`` (false for a copy of an attempt or a part of one: ``replayed``, R3L's ``distilled``
+and ``reflection``).
 
 Group kinds (``groups.kind``) are rows of table ``group_kinds`` the same way (migration 0020):
 :class:`GroupKind`, read by ``Store.group_kinds()``.
@@ -34,7 +36,7 @@ from typing import Literal
 PiOld = Literal["policy", "stored", "learner"]
 
 #: The query ``Store.origins`` runs.
-SELECT = "SELECT name, pi_old, pass_at_1, sampled, method, summary FROM origins ORDER BY name"
+SELECT = "SELECT name, pi_old, pass_at_1, sampled, method, summary, in_failures FROM origins ORDER BY name"
 
 
 @dataclass(frozen=True)
@@ -45,6 +47,7 @@ class Origin:
     sampled: bool
     method: str | None
     summary: str
+    in_failures: bool = True
 
 
 def matching(table: Mapping[str, Origin], **wanted: object) -> set[str]:

@@ -37,6 +37,7 @@ from sqlalchemy import (
     UniqueConstraint,
     func,
     text,
+    true,
 )
 from sqlalchemy.dialects.postgresql import ARRAY, BYTEA, JSONB, REAL, UUID
 
@@ -188,7 +189,19 @@ origins = Table(
     Column("sampled", Boolean, nullable=False),
     Column("method", Text),
     Column("summary", Text, nullable=False),
+    # its failed rows are listed in view failures (0021): false for a copy or a part of an attempt
+    Column("in_failures", Boolean, nullable=False, server_default=true()),
     CheckConstraint(one_of("pi_old", ("policy", "stored", "learner")), name="pi_old"),
+)
+
+# The views that are the UNION ALL of the parts methods contribute (0021; the SQL function
+# compose_view): group_holds, failure_notes, with their columns and types.
+composed_views = Table(
+    "composed_views",
+    metadata,
+    Column("name", Text, primary_key=True),
+    Column("columns", ARRAY(Text), nullable=False),
+    Column("types", ARRAY(Text), nullable=False),
 )
 
 trajectories = Table(
@@ -403,4 +416,6 @@ def full_metadata() -> MetaData:
 
 #: SQL functions created by migrations from ``reflexdb/sql/functions/<name>.sql`` (the views call them).
 FUNCTIONS = ("run_setting", "int4_array", "float4_array", "bool_array", "create_run_partitions", "drop_run_partitions",
-             "runs_create_partitions", "run_partitions_size")
+             "runs_create_partitions", "run_partitions_size", "compose_view")
+#: Views made by the function compose_view from the parts methods contribute (``<method>_<name>``).
+COMPOSED_VIEWS = ("group_holds", "failure_notes")

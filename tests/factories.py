@@ -42,10 +42,11 @@ def setup_run(store, name: str = "test", n_tasks: int = 3) -> tuple[int, list[in
 
 
 def release_origins() -> dict:
-    """The table of origins as revision 0018 fills it (for batches made by hand, without a store)."""
+    """The table of origins as revisions 0018 and 0021 fill it (for batches made by hand, without a store)."""
     import importlib
 
     from reflexdb.origins import Origin
 
     rows = importlib.import_module("reflexdb.migrations.versions.0018_origins").ROWS
-    return {r[0]: Origin(*r) for r in rows}
+    left_out = {"replayed", "distilled", "reflection"}  # 0021: in_failures false
+    return {r[0]: Origin(*r, in_failures=r[0] not in left_out) for r in rows}

@@ -660,13 +660,14 @@ def test_the_storage_migrations_change_no_query_result(store, db_url, data):
 
     # what revision 0017 added (the tool calls' records and their view) does not exist at 0013
     since_0017 = {"The slowest tool calls", "The most common tool errors", "tool_calls"}
+    since_0021 = {"lte_group_holds", "r3l_failure_notes"}  # the methods' parts of the composed views
 
     def results() -> dict[str, list[str]]:
         out = {}
         for title, sql in QUERIES.items():
             if title not in since_0017:
                 out[title] = timeless(run_read_only(db_url, substitute(sql, EXPECTED[title][0](data)))[1])
-        for view in [v for v in schema.views() if v not in {"trajectory_tokens", *since_0017}]:
+        for view in [v for v in schema.views() if v not in {"trajectory_tokens", *since_0017, *since_0021}]:
             out[view] = timeless(run_read_only(db_url, f"SELECT * FROM {view}")[1])
         return out
 

@@ -95,3 +95,47 @@ def test_staleness(store, populated):
         (g_some.group_id, 1, 2, 1, 1, 2),
         (g_all.group_id, 2, 3, 2, 1, 1),
     ]
+
+
+def test_composed_views_take_a_plugins_part_and_leave_it_out_on_request(store, populated):
+    """Revision 0021: reflexdb's views read what only a method knows through composed views; a
+    method (here a plug-in's, by hand) adds a part named <method>_<view> and calls compose_view,
+    and untrained_groups and failures show what it says, with no change in reflexdb."""
+    run = populated[0]
+
+    def q(sql, **p):
+        with store.engine.begin() as conn:
+            result = conn.execute(text(sql), p)
+            return result.fetchall() if result.returns_rows else []
+
+    assert [r[0] for r in q("SELECT name FROM composed_views ORDER BY name")] == ["failure_notes", "group_holds"]
+    parts = q("SELECT viewname FROM pg_views WHERE viewname LIKE '%\\_group\\_holds' OR viewname LIKE '%\\_failure\\_notes' "
+              "ORDER BY 1")
+    assert [p[0] for p in parts] == ["lte_group_holds", "r3l_failure_notes"]
+    failed = q("SELECT trajectory_id FROM failures WHERE run_id = :r AND root_cause IS NULL "
+               "ORDER BY trajectory_id LIMIT 1", r=run)[0][0]
+    task = q("SELECT task_id FROM groups WHERE id = :g", g=populated[3].group_id)[0][0]
+    rng = np.random.default_rng(5)
+    group = store.write_group(GroupIn(run_id=run, task_id=task, policy_version=10, trajectories=[
+        make_trajectory(rng, correct=True, reward=1.0)])).group_id  # not trained yet
+    assert q("SELECT reason FROM untrained_groups WHERE group_id = :g", g=group) == [("waiting",)]
+    try:
+        # DDL takes no parameters: the ids are integers of this test
+        q(f"CREATE VIEW selfcheck_group_holds AS SELECT CAST({int(group)} AS bigint) AS group_id, "
+          "'verifying' AS reason")
+        q(f"CREATE VIEW selfcheck_failure_notes AS SELECT id AS trajectory_id, run_id, 'checked itself' AS root_cause "
+          f"FROM trajectories WHERE id = {int(failed)}")
+        q("SELECT compose_view('group_holds'), compose_view('failure_notes')")
+        assert q("SELECT reason FROM untrained_groups WHERE group_id = :g", g=group) == [("verifying",)]
+        assert q("SELECT root_cause FROM failures WHERE trajectory_id = :t", t=failed) == [("checked itself",)]
+        q("SELECT compose_view('group_holds', 'selfcheck_group_holds'), "
+          "compose_view('failure_notes', 'selfcheck_failure_notes')")
+        q("DROP VIEW selfcheck_group_holds, selfcheck_failure_notes")  # nothing depends on them any more
+        assert q("SELECT reason FROM untrained_groups WHERE group_id = :g", g=group) == [("waiting",)]
+        assert q("SELECT root_cause FROM failures WHERE trajectory_id = :t", t=failed) == [(None,)]
+    finally:
+        q("SELECT compose_view('group_holds', 'selfcheck_group_holds'), "
+          "compose_view('failure_notes', 'selfcheck_failure_notes')")
+        q("DROP VIEW IF EXISTS selfcheck_group_holds, selfcheck_failure_notes")
+    with pytest.raises(Exception, match="not a composed view"):
+        q("SELECT compose_view('failures')")

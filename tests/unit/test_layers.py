@@ -41,10 +41,7 @@ KNOWN_IMPORTS: dict[str, set[str]] = {}
 KNOWN_NAMES: dict[str, int] = {}
 #: Lines of reflexdb's own SQL (``reflexdb/sql``, pinned copies aside) that name a method or read a
 #: method's table or view today: ``{file: how many lines}``.
-KNOWN_SQL_LINES = {
-    "reflexdb/sql/views/failures.sql": 1,  # a failure's reflection (R3L's table)
-    "reflexdb/sql/views/untrained_groups.sql": 7,  # a group that waits for its LTE stage
-}
+KNOWN_SQL_LINES: dict[str, int] = {}
 
 
 def _modules():

@@ -1,6 +1,7 @@
 -- untrained_groups: every training group no learner step has consumed, and why it was not.
--- (Training groups: not eval, imported or retry groups; a retry group holds a method's auxiliary
--- rows, which its own views hand to the learner.)
+-- (Training groups: of a kind the learner takes as a group, table group_kinds, but not imported
+-- ones: eval groups are not, nor a method's auxiliary retry groups, whose rows its own views hand
+-- to the learner.)
 --
 -- The promise (docs/reliability.md): a committed group is trained on, or it went stale for a
 -- reason this view names. Each learner step records the snapshot of the query that chose its
@@ -21,28 +22,26 @@
 --   backlog      stale; steps could take it, but each took only older groups of its queue
 --                (collectors wrote faster than the learner trained);
 --   unknown      written, or its window's steps chosen, before migration 0005 (nothing recorded);
---   replaced     LTE: its hint stage wrote an LTE group, which trains in its place (lte_stages);
---   unsolved     LTE: its hint stage found no correct extra rollout and lte.unsolved is 'skip';
---   hint_stage   LTE: a none-pass group held for its hint stage (not ended yet): the learner
---                takes newer groups meanwhile by design, so this is not 'passed_over'.
+--   a method's   a method holds the group back from the learner, or trained another in its place:
+--   reason       the reason its part of the composed view group_holds gives (revision 0021; LTE's
+--                lte_group_holds: replaced, unsolved, hint_stage, see docs/lte.md). The learner
+--                takes newer groups meanwhile by design, so such a group is not 'passed_over'.
 -- Columns: run_id, group_id, task_id, kind, policy_version, learner_version, staleness, reason,
 -- steps_that_could_take, created_at.
 -- Settings read: learner.max_staleness (default 1), from run_settings (through the function
--- run_setting; and via learner_eligible); lte.mode and lte.unsolved (LTE runs).
+-- run_setting; and via learner_eligible); whatever a part of group_holds reads (LTE's: lte.mode,
+-- lte.unsolved).
 -- Example: SELECT reason, count(*) FROM untrained_groups WHERE run_id = 1 GROUP BY reason;
 CREATE OR REPLACE VIEW untrained_groups AS
 WITH u AS (
     SELECT e.run_id, e.group_id, e.task_id, e.kind, e.policy_version, e.learner_version, e.staleness,
            e.eligible, e.created_at, g.xact_id,
            run_setting(e.run_id, 'learner.max_staleness', '1')::int AS max_staleness,
-           s.status AS lte_status, s.lte_group_id, run_setting(e.run_id, 'lte.unsolved', 'train') AS lte_unsolved,
-           (run_setting(e.run_id, 'lte.mode', '') <> '' AND e.kind = 'fresh'
-            AND NOT EXISTS (SELECT 1 FROM trajectories t WHERE t.group_id = e.group_id
-                            AND (t.correct OR t.reward IS NULL))) AS lte_none_pass
+           (SELECT h.reason FROM group_holds h WHERE h.group_id = e.group_id LIMIT 1) AS held
     FROM learner_eligible e
     JOIN groups g ON g.id = e.group_id
-    LEFT JOIN lte_stages s ON s.group_id = e.group_id
-    WHERE e.kind NOT IN ('eval', 'imported', 'retry') AND e.times_consumed = 0
+    JOIN group_kinds k ON k.name = e.kind
+    WHERE k.trained AND e.kind <> 'imported' AND e.times_consumed = 0
 )
 SELECT
     u.run_id,
@@ -54,14 +53,13 @@ SELECT
     u.staleness,
     CASE
         WHEN u.xact_id IS NULL OR w.unrecorded > 0 THEN 'unknown'
-        WHEN u.lte_status = 'done' AND u.lte_group_id IS NOT NULL THEN 'replaced'
-        WHEN u.lte_status = 'done' AND u.lte_unsolved = 'skip' THEN 'unsolved'
-        WHEN u.lte_none_pass AND u.lte_status IS DISTINCT FROM 'done' AND u.lte_status IS DISTINCT FROM 'released'
-            THEN 'hint_stage'
-        WHEN w.took_newer > 0 THEN 'passed_over'
-        WHEN u.eligible THEN 'waiting'
-        WHEN w.could_take = 0 THEN 'late'
-        ELSE 'backlog'
+        ELSE coalesce(u.held,  -- a method's reason (group_holds), read once per group
+                      CASE
+                          WHEN w.took_newer > 0 THEN 'passed_over'
+                          WHEN u.eligible THEN 'waiting'
+                          WHEN w.could_take = 0 THEN 'late'
+                          ELSE 'backlog'
+                      END)
     END AS reason,
     w.could_take AS steps_that_could_take,
     u.created_at
