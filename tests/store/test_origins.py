@@ -96,5 +96,9 @@ def test_group_kinds_are_rows_with_facts_and_a_method_adds_its_own(store, db_url
     written = store.write_group(_of_kind(make_group(rng, run, task, size=1, dim=None), "verify"))
     assert store.group_kinds()["verify"] == GroupKind("verify", False, False, "selfcheck", "a check")
     assert rows(store, "SELECT kind FROM groups WHERE id = :g", g=written.group_id) == [("verify",)]
+    # never handed to the learner as a group (revision 0022), never counted untrained (0021)
+    assert rows(store, "SELECT eligible, reason FROM learner_eligible WHERE group_id = :g", g=written.group_id) == [
+        (False, "auxiliary")]
+    assert rows(store, "SELECT count(*) FROM untrained_groups WHERE group_id = :g", g=written.group_id) == [(0,)]
     with psycopg.connect(libpq_url(db_url)) as conn, pytest.raises(psycopg.errors.ForeignKeyViolation):
         conn.execute("UPDATE groups SET kind = 'nope' WHERE id = %s", (written.group_id,))

@@ -6,9 +6,11 @@
 --     v + max_staleness;
 --   * reuse: a group is consumed at most max_reuse times (the number of learner steps that took
 --     any of its trajectories);
---   * fresh on-policy groups and replay groups are training data; eval groups never are, nor
---     are retry groups (kind 'retry': a method's auxiliary rows, e.g. R3L's reflections and guided
---     retries, which reach the learner through the method's own views, never as a group);
+--   * a group is training data when its kind's fact says so (table group_kinds, column trained;
+--     revision 0022): fresh on-policy groups and replay groups are; eval groups never are, nor
+--     are a method's auxiliary groups (kind 'retry': R3L's reflections and guided retries, which
+--     reach the learner through the method's own views, never as a group), nor any kind a method
+--     adds with trained false;
 --   * imported groups (reflexdb import: another framework's rollouts, offline data) have no
 --     behaviour policy and no version: no staleness rule, only reuse, and only while the run's
 --     learner.imported_per_step is above 0 (the learner then mixes at most that many into a
@@ -16,7 +18,8 @@
 -- One row per group. eligible = the rules hold.
 -- Columns: run_id, group_id, task_id, kind, policy_version, learner_version, staleness
 -- (learner_version - policy_version; NULL for imported groups), times_consumed, eligible, reason
--- ('ok', 'stale', 'consumed', 'eval', 'auxiliary': a retry group, 'imported': imported and
+-- ('ok', 'stale', 'consumed', 'eval', 'auxiliary': of another kind not trained as a group, such as
+-- retry, 'imported': imported and
 -- learner.imported_per_step is 0),
 -- created_at.
 -- Settings read: learner.max_staleness (default 1), learner.max_reuse (default 1),
@@ -41,13 +44,13 @@ SELECT
     CASE WHEN g.kind <> 'imported' THEN s.learner_version - g.policy_version END AS staleness,
     c.times_consumed,
     (CASE
-        WHEN g.kind IN ('eval', 'retry') THEN false
+        WHEN NOT k.trained THEN false
         WHEN g.kind = 'imported' THEN s.imported_per_step > 0
         ELSE s.learner_version - g.policy_version <= s.max_staleness
      END AND c.times_consumed < s.max_reuse) AS eligible,
     CASE
         WHEN g.kind = 'eval' THEN 'eval'
-        WHEN g.kind = 'retry' THEN 'auxiliary'
+        WHEN NOT k.trained THEN 'auxiliary'
         WHEN g.kind = 'imported' AND s.imported_per_step <= 0 THEN 'imported'
         WHEN c.times_consumed >= s.max_reuse THEN 'consumed'
         WHEN g.kind <> 'imported' AND s.learner_version - g.policy_version > s.max_staleness THEN 'stale'
@@ -55,6 +58,7 @@ SELECT
     END AS reason,
     g.created_at
 FROM groups g
+JOIN group_kinds k ON k.name = g.kind
 JOIN s ON s.run_id = g.run_id
 CROSS JOIN LATERAL (
     -- c.run_id: consumption is partitioned by run (0015); naming the run reads one partition
