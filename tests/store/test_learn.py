@@ -91,7 +91,9 @@ def test_max_seconds_starts_no_step_after_the_deadline_even_with_groups_ready(st
     seed_groups(store, "learn-test", 4)
     lr, msgs = _learner(store, tmp_path, monkeypatch)
     lr.setup()
-    lr.run(max_steps=2, max_seconds=1e-6)
+    # max_seconds=0: the deadline is the moment run() starts, so it has passed at the first check
+    # (1e-6 was flaky: on a fast machine the check came within the microsecond, CI at d43e1cb)
+    lr.run(max_steps=2, max_seconds=0.0)
     assert lr.step_no == 0
     lr.run(max_steps=2)
     assert lr.step_no == 2
