@@ -267,13 +267,40 @@ def _copy_back(conn, table: str, path: Path) -> int:
         raise ArchiveError(f"{path}: columns {sorted(set(columns) ^ set(names))} differ from table {table}'s")
     kinds = [types[c] for c in names]
     convert = [_converter(k, Jsonb) for k in kinds]
+    cur = conn.cursor()
+    for kind in {k for k in kinds if k.endswith("[]")}:
+        cur.adapters.register_dumper(None, _array_dumper(cur.adapters, cur.adapters.types.get_oid(kind)))
     n = 0
-    with conn.cursor().copy(f"COPY {table} ({', '.join(names)}) FROM STDIN (FORMAT BINARY)") as cp:
+    with cur.copy(f"COPY {table} ({', '.join(names)}) FROM STDIN (FORMAT BINARY)") as cp:
         cp.set_types(kinds)
         for row in _rows_of_file(path):
             cp.write_row([None if row[c] is None else f(row[c]) for c, f in zip(names, convert)])
             n += 1
     return n
+
+
+def _array_dumper(adapters, oid: int):
+    """The binary COPY dumper of array type ``oid`` for restore: the connection's (reflexdb.codecs
+    writes numpy arrays and lists, without NULL elements), and psycopg's own list dumper for a list
+    that holds a NULL element (``consumption.advantages``: a value that was not finite)."""
+    import psycopg
+    from psycopg import adapt, pq
+
+    fast_cls = adapters.get_dumper_by_oid(oid, pq.Format.BINARY)
+    slow_cls = psycopg.adapters.get_dumper_by_oid(oid, pq.Format.BINARY)  # psycopg's defaults: no numpy
+
+    class ArrayDumper(adapt.Dumper):
+        format = pq.Format.BINARY
+
+        def __init__(self, cls, context=None):
+            super().__init__(cls, context)
+            self._fast, self._slow = fast_cls(cls, context), slow_cls(cls, context)
+
+        def dump(self, obj):
+            return self._slow.dump(obj) if isinstance(obj, list) and None in obj else self._fast.dump(obj)
+
+    ArrayDumper.oid = oid
+    return ArrayDumper
 
 
 def _converter(kind: str, jsonb) -> Callable[[Any], Any]:

@@ -341,6 +341,9 @@ learner_steps = Table(
     # (visible) when the learner chose (view untrained_groups). NULL before 0005.
     Column("batch_snapshot", Text),
     created_at(),
+    # The names of the step's advantage stages in order (0023): "group" (the group normalisation),
+    # then each advantage transform by its registered name. NULL before 0023.
+    Column("advantage_stages", ARRAY(Text)),
     UniqueConstraint("run_id", "step"),
 )
 
@@ -351,6 +354,10 @@ consumption = Table(
     Column("trajectory_id", BigInteger, nullable=False),
     Column("group_id", BigInteger, ForeignKey("groups.id", ondelete="CASCADE"), nullable=False),
     Column("run_id", BigInteger, nullable=False),  # the trajectory's (0015: the partition key)
+    # The row's advantage after each of its step's advantage_stages (0023; the last is what the loss
+    # used); an element NULL where the value was not finite. NULL for a row without an advantage (a
+    # method's auxiliary rows) and before 0023.
+    Column("advantages", ARRAY(REAL)),
     PrimaryKeyConstraint("step_id", "trajectory_id", "run_id"),
     of_trajectory(),
     Index(None, "trajectory_id"),

@@ -20,10 +20,11 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -741,27 +742,39 @@ class Store:
     def record_step(
         self, run_id: int, step: int, policy_version: int, trajectory_ids: Sequence[int], *,
         loss: float | None = None, metrics: dict[str, float] | None = None, batch_snapshot: str | None = None,
+        advantages: Mapping[int, Sequence[float]] | None = None, advantage_stages: Sequence[str] | None = None,
     ) -> int:
         """Record learner step ``step`` and the trajectories it consumed; return the step's row id.
 
         Args:
             batch_snapshot: ``pg_current_snapshot()`` of the query that chose the step's groups
                 (view ``untrained_groups``).
+            advantages: trajectory id -> its advantage after each of ``advantage_stages``, in order
+                (``consumption.advantages``); a consumed trajectory left out gets NULL (a row with
+                no advantage, such as a method's auxiliary row). A value that is not finite is
+                stored as a NULL element.
+            advantage_stages: the stages' names in order (``learner_steps.advantage_stages``),
+                e.g. ``["group", "clamp_negative"]``; required with ``advantages``.
 
         Recording the same step with the same trajectories again returns the recorded row: a
         retry after a commit whose acknowledgement was lost is not an error.
 
         Raises:
+            ValueError: ``advantages`` without ``advantage_stages``, for a trajectory not consumed,
+                or with a number of values other than the number of stages.
             NotFound: a trajectory id does not exist (nothing is recorded).
             ReflexdbError: the run already has this step, with other trajectories.
         """
         ids = sorted({int(i) for i in trajectory_ids})
+        stages = None if advantage_stages is None else [str(n) for n in advantage_stages]
+        adv_ids, adv_values = _flat_advantages(advantages or {}, stages, set(ids))
         try:
             with self.transaction() as conn:
                 step_id, n = conn.execute(
                     Q["record_step"],
                     {"run_id": run_id, "step": step, "policy_version": policy_version, "loss": loss,
-                     "metrics": Jsonb(metrics or {}), "ids": ids, "batch_snapshot": batch_snapshot},
+                     "metrics": Jsonb(metrics or {}), "ids": ids, "batch_snapshot": batch_snapshot,
+                     "advantage_stages": stages, "adv_ids": adv_ids, "adv_values": adv_values},
                 ).fetchone()
                 if n != len(ids):
                     raise NotFound(f"{len(ids) - n} of the {len(ids)} consumed trajectory ids do not exist")
@@ -862,6 +875,27 @@ def _fk_field(exc: psycopg.errors.ForeignKeyViolation) -> str:
         if f"({name})" in detail:
             return name if name in ("task_id", "run_id") else f"trajectories[].{name}"
     return exc.diag.constraint_name or "foreign key"
+
+
+def _flat_advantages(advantages: Mapping[int, Sequence[float]], stages: list[str] | None,
+                     consumed: set[int]) -> tuple[list[int], list[float | None]]:
+    """``record_step``'s advantages as the query takes them: each trajectory id once per stage, and
+    its values in stage order (``None`` for a value that is not finite)."""
+    if advantages and stages is None:
+        raise ValueError("advantages need advantage_stages: the name of each stage their values follow")
+    ids: list[int] = []
+    values: list[float | None] = []
+    for tid, row in advantages.items():
+        tid = int(tid)
+        if tid not in consumed:
+            raise ValueError(f"advantages of trajectory {tid}, which the step does not consume")
+        row = [float(v) for v in row]
+        if len(row) != len(stages):
+            raise ValueError(f"trajectory {tid} has {len(row)} advantages for {len(stages)} stages "
+                             f"({', '.join(stages)})")
+        ids += [tid] * len(row)
+        values += [v if math.isfinite(v) else None for v in row]
+    return ids, values
 
 
 __all__ = ["Store", "copy_rows", "GROUPS_CHANNEL", "POLICY_CHANNEL"]

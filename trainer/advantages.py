@@ -27,6 +27,10 @@ Transforms ``(rewards [B], advantages [B], group_index [B]) -> advantages [B]`` 
 normalisation, in order (``apply_advantage_transforms``). ``group_index`` holds dense group numbers
 ``0..n_groups−1``. Registered: ``positive_amplification`` (R3L Eq. 11) and ``clamp_negative``
 (GRPO-λ's ``max(A, −0.1)``). Bind their hyperparameters with ``make_transform(name, **params)``.
+
+Stages. ``advantage_stages`` gives the advantages after every stage, named: ``group`` (the
+normalisation), then each transform by its registered name (``transform_name``). The learner
+records them with its step (``learner_steps.advantage_stages``, ``consumption.advantages``).
 """
 
 from __future__ import annotations
@@ -149,7 +153,46 @@ def register_advantage_transform(name: str) -> Callable[[Callable[..., Tensor]],
 def make_transform(name: str, **params: object) -> AdvantageTransform:
     """The registered transform ``name`` with its hyperparameters bound (from the config)."""
     fn = ADVANTAGE_TRANSFORMS.get(name)  # UnknownName (a KeyError) lists the known ones
-    return functools.partial(fn, **params)
+    transform = functools.partial(fn, **params)
+    transform.transform_name = name  # the stage's name in a step's record (transform_name)
+    return transform
+
+
+def transform_name(transform: AdvantageTransform) -> str:
+    """The name ``transform`` is registered under: ``make_transform``'s name, else the registry's
+    name of the function (a ``functools.partial`` of it too), else the callable's own ``__name__``."""
+    name = getattr(transform, "transform_name", None)
+    if name:
+        return str(name)
+    fn = getattr(transform, "func", transform)  # functools.partial: the function it binds
+    for registered, obj in ADVANTAGE_TRANSFORMS.items():
+        if obj is fn:
+            return registered
+    return getattr(fn, "__name__", type(fn).__name__)
+
+
+def _transform_chain(
+    rewards: Tensor,
+    advantages: Tensor,
+    group_ids: Tensor | Sequence[Hashable] | None,
+    transforms: Sequence[AdvantageTransform],
+    valid: Tensor | None,
+) -> list[Tensor]:
+    """``[advantages, after transforms[0], after transforms[1], ...]``, each with invalid rows set to
+    exactly 0 (each transform itself receives the previous one's output as it came)."""
+    shape = advantages.shape
+    r, index, _ = _flatten(rewards if rewards.is_floating_point() else rewards.float(), group_ids)
+    ok = ~torch.isnan(r)  # [B]
+    if valid is not None:
+        ok &= valid.reshape(-1).to(device=r.device, dtype=torch.bool)
+    r = torch.where(ok, r, torch.full((), torch.nan, dtype=r.dtype, device=r.device))
+    adv = advantages.reshape(-1)
+    zero = torch.zeros((), dtype=adv.dtype, device=adv.device)
+    out = [torch.where(ok, adv, zero).reshape(shape)]
+    for transform in transforms:
+        adv = transform(r, adv, index)
+        out.append(torch.where(ok, adv, zero.to(adv.dtype)).reshape(shape))
+    return out
 
 
 def apply_advantage_transforms(
@@ -170,16 +213,34 @@ def apply_advantage_transforms(
         valid: as in ``group_advantages``. Invalid rows reach the transforms with a NaN reward
             (group statistics skip it) and leave with advantage exactly 0.
     """
-    shape = advantages.shape
-    r, index, _ = _flatten(rewards if rewards.is_floating_point() else rewards.float(), group_ids)
-    ok = ~torch.isnan(r)  # [B]
-    if valid is not None:
-        ok &= valid.reshape(-1).to(device=r.device, dtype=torch.bool)
-    r = torch.where(ok, r, torch.full((), torch.nan, dtype=r.dtype, device=r.device))
-    adv = advantages.reshape(-1)
-    for transform in transforms:
-        adv = transform(r, adv, index)
-    return torch.where(ok, adv, torch.zeros((), dtype=adv.dtype, device=adv.device)).reshape(shape)
+    return _transform_chain(rewards, advantages, group_ids, transforms, valid)[-1]
+
+
+def advantage_stages(
+    rewards: Tensor,
+    group_ids: Tensor | Sequence[Hashable] | None,
+    transforms: Sequence[AdvantageTransform] = (),
+    *,
+    scale: AdvantageScale = "group",
+    eps: float = 1e-6,
+    valid: Tensor | None = None,
+) -> list[tuple[str, Tensor]]:
+    """The advantages after every stage: ``group_advantages``, then each of ``transforms`` in order.
+
+    Args:
+        rewards, group_ids, scale, eps, valid: as in ``group_advantages``.
+        transforms: as in ``apply_advantage_transforms``.
+
+    Returns:
+        ``[("group", A), (transform_name(t), Â), ...]``, each with the shape of ``rewards`` and
+        exactly 0 for invalid rows. The last is what ``apply_advantage_transforms`` returns (the
+        advantages the loss uses); ``group`` is named so whatever ``scale`` is.
+    """
+    adv = group_advantages(rewards, group_ids, scale=scale, eps=eps, valid=valid)
+    if not transforms:
+        return [("group", adv)]
+    after = _transform_chain(rewards, adv, group_ids, transforms, valid)[1:]
+    return [("group", adv), *((transform_name(t), a) for t, a in zip(transforms, after))]
 
 
 @register_advantage_transform("positive_amplification")

@@ -80,6 +80,17 @@ class Batch:
         """``[B]`` bool: imported rows (origin ``imported``): no behaviour log-probs (0 here), no version."""
         return self.of_origin("imported")
 
+    def per_trajectory(self, values: torch.Tensor) -> dict[int, list[float]]:
+        """``values [B, S]`` by trajectory id, for the rows of the step's groups: a method's
+        auxiliary rows (kind :data:`AUXILIARY`) are left out, and a trajectory in the batch twice
+        keeps its first such row."""
+        kinds = [self.group_kinds[g] for g in self.group_index.tolist()]
+        out: dict[int, list[float]] = {}
+        for tid, kind, row in zip(self.trajectory_ids, kinds, values.detach().cpu().tolist()):
+            if kind != AUXILIARY:
+                out.setdefault(int(tid), row)
+        return out
+
     def by_length(self, ranks: int = 1) -> Batch:
         """The same rows, shortest prompt ⊕ response first, so that each micro-batch (a slice of
         rows, padding trimmed) holds rows of similar lengths and pads less. Row order changes no

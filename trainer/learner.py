@@ -9,9 +9,11 @@ One step reads top to bottom (:meth:`Learner.step`)::
               rows sampled in another context always use their behaviour log-probs (π_beh;
               the table of origins, reflexdb/origins.py)
     adv     = group-normalised advantages (float64; NULL rewards left out), then the method's transforms
+              (each stage's values kept for the record)
     loss    = the method's loss terms over micro-batches (gradient accumulation), each micro-batch
               weighted by its share of each term's normaliser; backward, optimizer step
-    record  = learner_steps row + the trajectories consumed (one transaction)
+    record  = learner_steps row + the trajectories consumed, each with its advantage after every
+              stage (one transaction)
     publish = every k steps: DeepSpeed state, HF safetensors, policy_versions row + NOTIFY
     after   = the method's hooks (trainer/methods/), if any
 
@@ -47,7 +49,7 @@ from reflexdb.retry import DbRetry
 from reflexdb.settings import home
 from reflexdb.tracking import Tracker
 
-from .advantages import apply_advantage_transforms, group_advantages
+from .advantages import advantage_stages
 from .batch import AUXILIARY, Batch, Selection, pack
 from .checkpointer import Checkpointer, find_resume
 from .engine import EngineSettings, TrainingEngine
@@ -267,11 +269,9 @@ class Learner:
         if self.n_micro > 1:  # micro-batches of similar lengths pad less; the ranks' shares stay even
             batch = batch.by_length(self.world)
         t_batch = time.monotonic() - t0
-        adv = group_advantages(batch.rewards, batch.group_index,                      # advantages
-                               scale=self.cfg.advantage_scale, valid=batch.valid)
-        if self.transforms:
-            adv = apply_advantage_transforms(batch.rewards, adv, batch.group_index, self.transforms,
-                                             valid=batch.valid)
+        stages = advantage_stages(batch.rewards, batch.group_index, self.transforms,  # advantages
+                                  scale=self.cfg.advantage_scale, valid=batch.valid)
+        adv = stages[-1][1]  # [B]  after the group normalisation and every transform
         stats, grad_norm, entropy = self.update.run(batch, adv)                       # π_old, loss, step
         skipped = not math.isfinite(stats["loss"])
         self.bad_in_row = self.bad_in_row + 1 if skipped else 0
@@ -286,9 +286,11 @@ class Learner:
             self.echo(f"step {self.step_no}: non-finite loss, step skipped ({self.bad_in_row} in a row)")
         if self.main:
             drill.phase("record")
+            by_stage = batch.per_trajectory(torch.stack([a.reshape(-1) for _, a in stages], dim=1))  # [B, S]
             self.db(lambda: self.store.record_step(                                   # record
                 self.run_id, self.step_no, self.version, batch.trajectory_ids, loss=None if skipped else stats["loss"],
-                metrics={k: v for k, v in metrics.items() if math.isfinite(v)}, batch_snapshot=snapshot))
+                metrics={k: v for k, v in metrics.items() if math.isfinite(v)}, batch_snapshot=snapshot,
+                advantages=by_stage, advantage_stages=[name for name, _ in stages]))
             self.tracker.log_metrics(metrics, self.step_no)
         if self.bad_in_row >= self.L.max_bad_steps:
             raise LearnerStopped(

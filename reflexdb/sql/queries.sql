@@ -143,14 +143,24 @@ WITH p AS (
 SELECT p.* FROM p, n;
 
 -- name: record_step
--- Record a learner step and the trajectories it consumed; bump their times_sampled.
+-- Record a learner step and the trajectories it consumed; bump their times_sampled. Each row's
+-- advantages after every stage come flat: %(adv_ids)s holds a trajectory id once per stage and
+-- %(adv_values)s its values in stage order (NULL for a value that was not finite); a trajectory
+-- not in %(adv_ids)s gets NULL advantages.
 WITH s AS (
-    INSERT INTO learner_steps (run_id, step, policy_version, loss, metrics, batch_snapshot)
-    VALUES (%(run_id)s, %(step)s, %(policy_version)s, %(loss)s, %(metrics)s, %(batch_snapshot)s)
+    INSERT INTO learner_steps (run_id, step, policy_version, loss, metrics, batch_snapshot, advantage_stages)
+    VALUES (%(run_id)s, %(step)s, %(policy_version)s, %(loss)s, %(metrics)s, %(batch_snapshot)s,
+            %(advantage_stages)s::text[])
     RETURNING id
+), a AS (
+    SELECT id, array_agg(v ORDER BY k) AS advantages
+    FROM unnest(%(adv_ids)s::int8[], %(adv_values)s::real[]) WITH ORDINALITY AS x(id, v, k)
+    GROUP BY id
 ), c AS (
-    INSERT INTO consumption (step_id, trajectory_id, group_id, run_id)
-    SELECT s.id, t.id, t.group_id, t.run_id FROM s, trajectories t WHERE t.id = ANY(%(ids)s)
+    INSERT INTO consumption (step_id, trajectory_id, group_id, run_id, advantages)
+    SELECT s.id, t.id, t.group_id, t.run_id, a.advantages
+    FROM s CROSS JOIN trajectories t LEFT JOIN a ON a.id = t.id
+    WHERE t.id = ANY(%(ids)s)
     RETURNING trajectory_id
 ), u AS (
     UPDATE trajectories SET times_sampled = times_sampled + 1

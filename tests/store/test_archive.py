@@ -31,7 +31,10 @@ def _a_run(store, name="busy"):
     child = make_trajectory(rng, parent_trajectory_id=written[0].trajectory_ids[0], origin="replayed", dim=16)
     written.append(store.write_group(_group(run, tasks[0], [child])))
     store.publish_policy(run, 1, "file:///ckpt/v1", step=1, meta={"learner_state": True})
-    store.record_step(run, 1, 0, written[0].trajectory_ids + written[1].trajectory_ids)
+    # advantages by stage (revision 0023): one value not finite (a NULL element), a row left out (NULL)
+    advantages = {t: [0.5, -0.1] for t in written[0].trajectory_ids} | {written[1].trajectory_ids[0]: [float("nan"), 0.0]}
+    store.record_step(run, 1, 0, written[0].trajectory_ids + written[1].trajectory_ids, advantages=advantages,
+                      advantage_stages=["group", "clamp_negative"])
     tid, gid = written[0].trajectory_ids[1], written[0].group_id
     with store.transaction() as conn:
         conn.execute("INSERT INTO hints (group_id, task_id, kind, wrong_answers, hinted_prompt) "

@@ -181,11 +181,16 @@ def data(store):
     store.record_step(run, 1, 0, list(g0.trajectory_ids), loss=0.5,
                       metrics={"reward/mean": 0.25, "reward/pass_at_1": 0.25, "staleness/mean": 0.0})
     store.publish_policy(run, 1, "file:///ckpt/v1", step=1)
+    # step 2's advantages as a learner with one transform (clamp at -0.1) records them: g1 and g2
+    # have no spread (0; b4's NULL reward: 0), g3's rewards 1, 0 give ±STEP2_A, c1's clamped to -0.1
+    c0, c1 = g3.trajectory_ids
+    step2_adv = {t: [0.0, 0.0] for t in (*g1.trajectory_ids, *g2.trajectory_ids)}
+    step2_adv |= {c0: [STEP2_A, STEP2_A], c1: [-STEP2_A, -0.1]}
     store.record_step(run, 2, 1, [*g1.trajectory_ids, *g2.trajectory_ids, *g3.trajectory_ids], loss=0.4,
-                      metrics={"reward/mean": 1 / 6, "reward/pass_at_1": 1 / 7, "staleness/mean": 1 / 3})
+                      metrics={"reward/mean": 1 / 6, "reward/pass_at_1": 1 / 7, "staleness/mean": 1 / 3},
+                      advantages=step2_adv, advantage_stages=["group", "clamp_negative"])
     store.publish_policy(run, 2, "file:///ckpt/v2", step=2)
 
-    c0, c1 = g3.trajectory_ids
     [req1] = replay.post_requests(store, run, [ReplayRequestIn(
         task_id=tc, positive_id=c0, negative_id=c1, cosine=0.42, negative_confidence=0.7,
         refreshed_confidence=0.66, discarded=1, group_size=4)], learner_step=2, learner_version=1)
@@ -340,6 +345,27 @@ def check_step_consumed(d, rows):  # step 2
         (d["g2"].group_id, "fresh", d["tb"], 1, 1, 0, 3, 0, 0.0, 1, list(d["g2"].trajectory_ids)),
         (d["g3"].group_id, "fresh", d["tc"], 1, 1, 0, 2, 1, 0.5, 1, list(d["g3"].trajectory_ids)),
     ]
+
+
+#: g3's group-normalised advantage at step 2: rewards 1, 0 -> mean 0.5, sample std sqrt(0.5² + 0.5²) =
+#: sqrt(0.5); 0.5 / (sqrt(0.5) + 1e-6) = 0.7071058
+STEP2_A = 0.5 / (0.5**0.5 + 1e-6)
+
+
+def check_step_advantages(d, rows):  # step 2: stages group, clamp_negative
+    b0, b1 = d["g1"].trajectory_ids
+    b2, b3, b4 = d["g2"].trajectory_ids
+    c0, c1 = d["g3"].trajectory_ids
+    g1, g2, g3 = (d[g].group_id for g in ("g1", "g2", "g3"))
+    assert [(r["group_id"], r["trajectory_id"], r["reward"], r["correct"], r["stages"]) for r in rows] == [
+        (g1, b0, 0.0, False, ["group", "clamp_negative"]), (g1, b1, 0.0, False, ["group", "clamp_negative"]),
+        (g2, b2, 0.0, False, ["group", "clamp_negative"]), (g2, b3, 0.0, False, ["group", "clamp_negative"]),
+        (g2, b4, None, None, ["group", "clamp_negative"]),
+        (g3, c0, 1.0, True, ["group", "clamp_negative"]), (g3, c1, 0.0, False, ["group", "clamp_negative"])]
+    assert [r["advantages"] for r in rows[:5]] == [[0.0, 0.0]] * 5 and [r["final_advantage"] for r in rows[:5]] == [0.0] * 5
+    assert rows[5]["advantages"] == pytest.approx([STEP2_A, STEP2_A], abs=1e-6)
+    assert rows[6]["advantages"] == pytest.approx([-STEP2_A, -0.1], abs=1e-6)  # real: float4 precision
+    assert [r["final_advantage"] for r in rows[5:]] == pytest.approx([STEP2_A, -0.1], abs=1e-6)
 
 
 def check_staleness(d, rows):
@@ -514,6 +540,9 @@ EXPECTED = {
     "What a learner step consumed": (lambda d: {"run": RUN, "step": 2}, [
         "group_id", "kind", "task_id", "producing_version", "learner_version", "staleness", "trajectories",
         "correct", "reward_mean", "oldest_token_version", "trajectory_ids"], check_step_consumed),
+    "The advantages a learner step gave its rows": (lambda d: {"run": RUN, "step": 2}, [
+        "group_id", "trajectory_id", "reward", "correct", "stages", "advantages", "final_advantage"],
+        check_step_advantages),
     "Staleness histogram": (_vars(), ["staleness", "groups", "trajectories", "pct_groups"], check_staleness),
     "Why groups are not eligible for the learner": (_vars(), [
         "reason", "eligible", "groups", "min_staleness", "max_staleness"], check_eligible),
@@ -661,11 +690,12 @@ def test_the_storage_migrations_change_no_query_result(store, db_url, data):
     # what revision 0017 added (the tool calls' records and their view) does not exist at 0013
     since_0017 = {"The slowest tool calls", "The most common tool errors", "tool_calls"}
     since_0021 = {"lte_group_holds", "r3l_failure_notes"}  # the methods' parts of the composed views
+    since_0023 = {"The advantages a learner step gave its rows"}  # the step's advantages: dropped going down
 
     def results() -> dict[str, list[str]]:
         out = {}
         for title, sql in QUERIES.items():
-            if title not in since_0017:
+            if title not in since_0017 | since_0023:
                 out[title] = timeless(run_read_only(db_url, substitute(sql, EXPECTED[title][0](data)))[1])
         for view in [v for v in schema.views() if v not in {"trajectory_tokens", *since_0017, *since_0021}]:
             out[view] = timeless(run_read_only(db_url, f"SELECT * FROM {view}")[1])

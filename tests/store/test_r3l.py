@@ -567,6 +567,18 @@ def test_the_learner_trains_exploration_groups_and_the_sft_pairs(store, tmp_path
     consumed = rows(store, "SELECT t.origin, count(*) FROM consumption c JOIN trajectories t ON t.id = c.trajectory_id "
                            "GROUP BY 1 ORDER BY 1")
     assert consumed == [("base", 10), ("distilled", 2), ("guided_retry", 2), ("reflection", 2)]
+    # each row's advantage by stage (revision 0023): the group's, then positive amplification as
+    # r3l.amplification turns it on (Eq. 11 by hand: α = 3 at r ≥ R_max = 1, α·A where A > 0, else A);
+    # the SFT pairs, auxiliary rows trained by their own terms, have none
+    assert rows(store, "SELECT advantage_stages FROM learner_steps") == [(["group", "positive_amplification"],)]
+    sft = {p for (p,) in pairs}
+    for tid, r, adv in rows(store, "SELECT c.trajectory_id, t.reward, c.advantages FROM consumption c "
+                                   "JOIN trajectories t ON t.id = c.trajectory_id"):
+        if tid in sft:
+            assert adv is None, tid
+        else:
+            a, amplified = adv
+            assert amplified == pytest.approx(3.0 if r is not None and r >= 1 else 3 * a if a > 0 else a, abs=1e-5)
     assert r3l.set_sizes(store, run) == (2, 2, 0, 0)  # r3l.sft_max_uses = 1
     [(m,)] = rows(store, "SELECT metrics FROM learner_steps")
     assert m["r3l/retry_improvement_rate"] == 1.0 and m["r3l/retries"] == 2 and m["r3l/reflections"] == 6

@@ -66,6 +66,9 @@ def test_a_learner_steps_under_its_role(roles, store, tmp_path, monkeypatch, mod
     finally:
         learner_store.close()
     assert rows(store, "SELECT (SELECT max(step) FROM learner_steps), (SELECT max(version) FROM policy_versions)") == [(2, 2)]
+    # the role wrote each step's advantage stages and its rows' advantages (revision 0023)
+    assert rows(store, "SELECT DISTINCT advantage_stages FROM learner_steps") == [(["group"],)]
+    assert rows(store, "SELECT count(*), count(advantages) FROM consumption") == [(16, 16)]
     refused = ["DELETE FROM trajectories", "DELETE FROM groups", "UPDATE trajectories SET reward = 0",
                "UPDATE groups SET kind = 'eval'", "DROP TABLE consumption"]
     assert _refused(roles["learner"], refused) == refused
