@@ -1,9 +1,11 @@
-"""``reflexdb ui``: the MLflow UI on reflexdb's tracking store.
+"""``reflexdb ui``: the trajectory explorer (docs/explorer.md) and the MLflow UI, side by side.
 
-The MLflow server runs as a child in its own process group, which this command owns: SIGTERM,
-SIGINT (Ctrl-C) and any exit of this command stop the whole group (the server and its workers),
-so `kill PID` leaves nothing answering on the port. The port is checked before anything starts;
-one web worker and no job consumers (reflexdb's runs need neither) keep the start-up to seconds.
+Each server runs as a child in its own process group, which this command owns: SIGTERM, SIGINT
+(Ctrl-C) and any exit of this command stop both groups (the servers and their workers), so
+`kill PID` leaves nothing answering on either port. The ports are checked before anything starts;
+one MLflow web worker and no job consumers (reflexdb's runs need neither) keep the start-up to
+seconds. Before the explorer starts, the database is brought to the current schema and the
+read-only role ``reflexdb_reader`` is made if this login may (the explorer's sessions take it).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ READY_TIMEOUT_S = 120.0
 
 
 class UiError(ReflexdbError):
-    """The UI cannot start: the port is taken, or the server exited."""
+    """The UI cannot start: a port is taken, or a server exited."""
 
     exit_code = 1
 
@@ -66,28 +68,73 @@ def _stop_group(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
     proc.poll()
 
 
+def _wait_ready(proc: subprocess.Popen, url: str, what: str) -> None:
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while True:
+        if proc.poll() is not None:
+            raise UiError(f"the {what} exited with code {proc.returncode} before serving {url} (its messages are above)")
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=2):
+                return
+        except Exception:
+            if time.monotonic() > deadline:
+                raise UiError(f"the {what} did not answer on {url} within {READY_TIMEOUT_S:.0f} s") from None
+            time.sleep(0.25)
+
+
+def _prepare_database(url: str | None) -> str:
+    """The database's URL, its schema current and the read-only role there when this login may make it."""
+    from reflexdb import admin, roles
+    from reflexdb.db import database_url, make_engine
+    from reflexdb.settings import resolve_target
+
+    target = database_url(resolve_target(url))
+    admin.upgrade(target)
+    engine = make_engine(target, pool_size=1)
+    try:
+        try:  # the roles made, or their grants made again on this database (as `reflexdb db roles`)
+            roles.apply(engine)
+        except ReflexdbError as exc:
+            typer.echo(f"note: {exc}; the explorer's sessions are read-only all the same", err=True)
+    finally:
+        engine.dispose()
+    return target
+
+
 def ui(
-    port: int = typer.Option(5000, "--port", min=1, max=65535, help="Port to serve on."),
+    port: int = typer.Option(5000, "--port", min=1, max=65535, help="Port of the MLflow UI."),
+    explorer_port: int = typer.Option(None, "--explorer-port", min=1, max=65535,
+                                      help="Port of the trajectory explorer (default: --port + 1)."),
     host: str = typer.Option("127.0.0.1", "--host", help="Address to bind (127.0.0.1: this machine only)."),
     tracking_uri: str = typer.Option(None, "--tracking-uri", envvar="MLFLOW_TRACKING_URI",
                                      help="MLflow store (default: sqlite:///$REFLEXDB_HOME/mlflow.db)."),
-    workers: int = typer.Option(1, "--workers", min=1, max=64, help="Web workers (one is plenty for one person)."),
+    url: str = typer.Option(None, "--url", envvar="REFLEXDB_DATABASE_URL",
+                            help="PostgreSQL URL the explorer reads (default: embedded)."),
+    workers: int = typer.Option(1, "--workers", min=1, max=64, help="MLflow web workers (one is plenty for one person)."),
 ) -> None:
-    """Start the MLflow UI on the runs the learner and `reflexdb eval` logged; stop it with Ctrl-C or
-    SIGTERM (the server and its workers stop with it)."""
+    """Start the trajectory explorer (runs, learner steps, groups, trajectories) and the MLflow UI on the
+    runs the learner and `reflexdb eval` logged; stop both with Ctrl-C or SIGTERM."""
     from reflexdb.settings import home
     from reflexdb.tracking import default_tracking_uri
 
-    if not _port_free(host, port):
-        raise UiError(f"port {port} on {host} is in use (another `reflexdb ui`?); pass --port to choose another")
+    explorer_port = explorer_port or (port + 1 if port < 65535 else port - 1)
+    if explorer_port == port:
+        raise UiError(f"--explorer-port and --port are both {port}; give two ports")
+    for p in (port, explorer_port):
+        if not _port_free(host, p):
+            raise UiError(f"port {p} on {host} is in use (another `reflexdb ui`?); pass --port and --explorer-port "
+                          "to choose others")
     uri = tracking_uri or default_tracking_uri()
+    database = _prepare_database(url)
+    web = f"http://{'[' + host + ']' if ':' in host else host}"
+    mlflow_url, explorer_url = f"{web}:{port}", f"{web}:{explorer_port}"
     env = dict(os.environ, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")  # no huey job consumers
     cmd = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", uri,
            "--default-artifact-root", (home() / "mlartifacts").as_uri(), "--host", host, "--port", str(port),
            "--workers", str(workers)]
-    # its own process group, ours to stop; and told to stop if this process is killed outright
-    proc = subprocess.Popen(cmd, env=env, stdout=sys.stderr, start_new_session=True,  # its chatter on stderr
-                            preexec_fn=die_with_parent)
+    explorer_cmd = [sys.executable, "-m", "reflexdb.explorer.serve", "--url", database, "--host", host,
+                    "--port", str(explorer_port), "--mlflow-url", mlflow_url, "--tracking-uri", uri]
+    procs: list[subprocess.Popen] = []
 
     stopping = {"signal": None}
 
@@ -97,29 +144,27 @@ def ui(
 
     old = {s: signal.signal(s, _on_signal) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
     try:
-        url = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        while True:
-            if proc.poll() is not None:
-                raise UiError(f"the MLflow server exited with code {proc.returncode} before serving {url} "
-                              "(its messages are above)")
-            try:
-                with urllib.request.urlopen(url + "/health", timeout=2):
-                    break
-            except Exception:
-                if time.monotonic() > deadline:
-                    raise UiError(f"the MLflow server did not answer on {url} within {READY_TIMEOUT_S:.0f} s") from None
-                time.sleep(0.25)
-        typer.echo(f"MLflow UI on {url} (store {uri}); Ctrl-C to stop", err=False)
+        # each in its own process group, ours to stop; and told to stop if this process is killed outright
+        for c in (cmd, explorer_cmd):
+            procs.append(subprocess.Popen(c, env=env, stdout=sys.stderr, start_new_session=True,  # chatter on stderr
+                                          preexec_fn=die_with_parent))
+        _wait_ready(procs[0], mlflow_url, "MLflow server")
+        _wait_ready(procs[1], explorer_url, "explorer")
+        typer.echo(f"explorer on {explorer_url} (runs, steps, groups, trajectories)")
+        typer.echo(f"MLflow UI on {mlflow_url} (store {uri}); Ctrl-C to stop")
         sys.stdout.flush()
-        code = proc.wait()
-        if code != 0:
-            raise UiError(f"the MLflow server exited with code {code}")
+        while True:
+            for proc, what in zip(procs, ("MLflow server", "explorer")):
+                code = proc.poll()
+                if code is not None:
+                    raise UiError(f"the {what} exited with code {code}")
+            time.sleep(0.5)
     except KeyboardInterrupt:
         if stopping["signal"] not in (None, signal.SIGINT):
             typer.echo(f"stopping the UI ({signal.Signals(stopping['signal']).name})", err=True)
         raise typer.Exit(0) from None
     finally:
-        _stop_group(proc)
+        for proc in procs:
+            _stop_group(proc)
         for s, handler in old.items():
             signal.signal(s, handler)

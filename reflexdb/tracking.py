@@ -12,6 +12,7 @@ import logging
 import math
 import os
 from typing import Any
+from urllib.parse import quote
 
 from reflexdb.config import Config
 from reflexdb.settings import ensure_home, home
@@ -25,6 +26,15 @@ def default_tracking_uri() -> str:
 
 def tracking_uri(cfg: Config | None = None) -> str:
     return (cfg.learner.tracking_uri if cfg else None) or os.environ.get("MLFLOW_TRACKING_URI") or default_tracking_uri()
+
+
+#: where ``reflexdb ui`` serves the trajectory explorer, for the links the learner puts on its MLflow run
+EXPLORER_URL_ENV = "REFLEXDB_EXPLORER_URL"
+
+
+def explorer_url() -> str:
+    """The explorer's address as ``reflexdb ui`` serves it by default (``--port 5000``: the explorer on 5001)."""
+    return os.environ.get(EXPLORER_URL_ENV, "http://127.0.0.1:5001").rstrip("/")
 
 
 def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -71,6 +81,21 @@ class Tracker:
                                                "reflexdb.role": "eval" if run_name else "learner"})
             self.run_id = run.info.run_id
         self.cfg = cfg
+        self._link_explorer()
+
+    def _link_explorer(self) -> None:
+        """Tag the run with its pages in the trajectory explorer (``reflexdb ui``), and say so in the
+        run's description, which the MLflow UI shows as Markdown: from a curve to the step's data."""
+        base = explorer_url()
+        page = f"{base}/runs/{quote(self.cfg.run, safe='')}"
+        note = (f"**reflexdb explorer**: [this run's learner steps]({page}) · [its trajectories]({page}/trajectories)"
+                f" · the data of step N: `{page}/steps/N` (served by `reflexdb ui`; "
+                f"{EXPLORER_URL_ENV} sets the address)")
+        try:
+            self.client.set_tag(self.run_id, "reflexdb.explorer", page)
+            self.client.set_tag(self.run_id, "mlflow.note.content", note)
+        except Exception as exc:  # tracking must never take the learner down
+            log.debug("could not tag the MLflow run with its explorer link: %s", exc)
 
     def log_config(self) -> None:
         params = _flatten(self.cfg.masked())

@@ -1,5 +1,6 @@
-"""`reflexdb ui` owns its MLflow server: stopped with it on SIGTERM or SIGINT (nothing left on the port),
-the port checked before a URL is printed, a clear error when it is taken."""
+"""`reflexdb ui` owns its two servers, the trajectory explorer and MLflow: stopped with it on SIGTERM or
+SIGINT (nothing left on either port), the ports checked before a URL is printed, a clear error when
+one is taken."""
 
 from __future__ import annotations
 
@@ -63,13 +64,18 @@ def test_ui_serves_and_stops_with_its_server(tmp_path, stop):
                             text=True)
     try:
         line = _first_line(proc, 120)
+        assert line.startswith(f"explorer on http://127.0.0.1:{port + 1} "), (line, proc.poll())
+        line = _first_line(proc, 10)
         assert line.startswith(f"MLflow UI on http://127.0.0.1:{port} "), (line, proc.poll())
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=10) as resp:  # it answers once printed
             assert resp.status == 200
+        with urllib.request.urlopen(f"http://127.0.0.1:{port + 1}/", timeout=10) as resp:  # the explorer too
+            assert resp.status == 200 and b"Runs" in resp.read()
         # A second UI on the same port: one line, a non-zero exit, no URL printed
         second = subprocess.run(UI + ["--port", str(port)], env=env, capture_output=True, text=True, timeout=60)
         assert second.returncode != 0 and f"port {port} on 127.0.0.1 is in use" in second.stderr
-        assert "MLflow UI on" not in second.stdout and "Traceback" not in second.stderr
+        assert "MLflow UI on" not in second.stdout and "explorer on" not in second.stdout
+        assert "Traceback" not in second.stderr
         proc.send_signal(stop)
         assert proc.wait(60) == 0, proc.stderr.read()
     finally:
@@ -77,16 +83,17 @@ def test_ui_serves_and_stops_with_its_server(tmp_path, stop):
             proc.kill()
     # the group is gone when the command returns: nothing answers on the port, nothing of it runs
     assert not _listening(port), "the MLflow server still answers on the port"
+    assert not _listening(port + 1), "the explorer still answers on its port"
     assert _processes_mentioning(str(home)) == []
     # and the port can be served again at once (its connections in TIME_WAIT do not count)
     again = subprocess.Popen(UI + ["--port", str(port)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                              text=True)
     try:
-        assert _first_line(again, 120).startswith(f"MLflow UI on http://127.0.0.1:{port} ")
+        assert _first_line(again, 120).startswith(f"explorer on http://127.0.0.1:{port + 1} ")
     finally:
         again.terminate()
         assert again.wait(60) == 0
-    assert not _listening(port) and _processes_mentioning(str(home)) == []
+    assert not _listening(port) and not _listening(port + 1) and _processes_mentioning(str(home)) == []
 
 
 def test_ui_refuses_a_bad_port_with_one_line(tmp_path):

@@ -49,3 +49,16 @@ def test_no_learner_run_yet_logs_nowhere(tmp_path, monkeypatch):
     assert evaluation.learner_run_id() is None
     evaluation.log_to_learner({"eval/pass_at_1": 0.5}, 0)  # nothing, no error
     assert evaluation.client.get_run(evaluation.run_id).data.metrics == {}  # not into its own run either
+
+
+def test_the_learner_run_links_to_its_explorer_pages(tmp_path, monkeypatch):
+    monkeypatch.setenv("REFLEXDB_HOME", str(tmp_path))
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'ml.db'}")
+    monkeypatch.setenv("REFLEXDB_EXPLORER_URL", "http://lab:7001/")
+    cfg = parse_config({"run": "a b/c", "model": "tiny", "learner": {"tracking_uri": f"sqlite:///{tmp_path / 'ml.db'}"}})
+    learner = Tracker(cfg)
+    tags = learner.client.get_run(learner.run_id).data.tags
+    assert tags["reflexdb.explorer"] == "http://lab:7001/runs/a%20b%2Fc"  # the run's name quoted whole
+    # the description MLflow shows as Markdown: a link to the steps and one to the trajectories
+    assert "[this run's learner steps](http://lab:7001/runs/a%20b%2Fc)" in tags["mlflow.note.content"]
+    assert "(http://lab:7001/runs/a%20b%2Fc/trajectories)" in tags["mlflow.note.content"]

@@ -1,0 +1,324 @@
+"""The explorer's web app: Starlette routes rendering Jinja2 templates, no JavaScript.
+
+Pages (docs/explorer.md): runs -> a run (its learner steps) -> its trajectories or groups, each
+list paged and filtered in SQL; a trajectory (the conversation with per-token shading, lineage,
+what each method knows of it, the raw row); a group; a learner step (its rows, their advantages
+after every stage, staleness, the loss terms); a task across policy versions (compare).
+
+Model text is hostile input: the templates autoescape everything, and every response carries a
+Content-Security-Policy that runs no script at all, so a ``<script>`` a model wrote is shown as
+text and could not run even if it were not escaped.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote, urlencode
+
+import numpy as np
+from starlette.applications import Starlette
+from starlette.datastructures import MutableHeaders
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+from starlette.templating import Jinja2Templates
+
+from reflexdb.errors import DatabaseUnavailable
+
+from .data import FILTERS, GROUP_FILTERS, PAGE, BadFilter, Explorer, parse_filters
+from .tokens import tokenizer_for, tokens
+
+log = logging.getLogger(__name__)
+HERE = Path(__file__).parent
+
+#: every page: no script may run, nothing is framed, content types are not guessed
+SECURITY_HEADERS = {
+    "Content-Security-Policy": "default-src 'none'; style-src 'self' 'unsafe-inline'; img-src 'self'; "
+                               "form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "same-origin",
+}
+
+
+def _fmt(value: Any, digits: int = 3) -> str:
+    if value is None:
+        return "—"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return "nan" if not math.isfinite(value) else f"{value:.{digits}f}"
+    if isinstance(value, datetime):
+        return value.strftime("%Y-%m-%d %H:%M:%S")
+    return str(value)
+
+
+def _json(value: Any) -> str:
+    def default(o: Any) -> Any:
+        if isinstance(o, np.ndarray):
+            return o.tolist()
+        if isinstance(o, (np.integer, np.floating)):
+            return o.item()
+        return str(o)
+
+    return json.dumps(value, indent=2, default=default, ensure_ascii=False)
+
+
+class MlflowLinks:
+    """Links into the MLflow UI: a reflexdb run's learner run (found by its experiment, cached)."""
+
+    def __init__(self, ui_url: str | None, tracking_uri: str | None):
+        self.ui_url = ui_url.rstrip("/") if ui_url else None
+        self.tracking_uri = tracking_uri
+        self._cache: dict[str, tuple[float, str | None]] = {}
+
+    def run(self, name: str) -> str | None:
+        if not self.ui_url or not self.tracking_uri:
+            return None
+        hit = self._cache.get(name)
+        if hit and time.monotonic() - hit[0] < 60:
+            return hit[1]
+        link = None
+        try:
+            from mlflow.tracking import MlflowClient
+
+            client = MlflowClient(tracking_uri=self.tracking_uri)
+            exp = client.get_experiment_by_name(f"reflexdb/{name}")
+            if exp is not None:
+                link = f"{self.ui_url}/#/experiments/{exp.experiment_id}"
+                found = client.search_runs([exp.experiment_id], filter_string="tags.`reflexdb.role` = 'learner'",
+                                           max_results=1, order_by=["attributes.start_time DESC"])
+                if found:
+                    link += f"/runs/{found[0].info.run_id}"
+        except Exception as exc:  # no MLflow store here: the pages go on without the link
+            log.debug("no MLflow link for run %r: %s", name, exc)
+        self._cache[name] = (time.monotonic(), link)
+        return link
+
+
+def create_app(db: Explorer, *, mlflow_url: str | None = None, tracking_uri: str | None = None) -> Starlette:
+    import jinja2
+
+    # autoescape everywhere: every text on a page may be a model's
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(HERE / "templates")), autoescape=True,
+                             undefined=jinja2.StrictUndefined)
+    templates = Jinja2Templates(env=env)
+    env.filters["fmt"] = _fmt
+    env.filters["json"] = _json
+    env.filters["q"] = lambda s: quote(str(s), safe="")
+    env.globals["PAGE"] = PAGE
+    mlflow = MlflowLinks(mlflow_url, tracking_uri)
+
+    def render(request: Request, name: str, status: int = 200, **context: Any) -> Response:
+        context.setdefault("title", "reflexdb explorer")
+        context.setdefault("mlflow", None)
+        context["role_note"] = None if db.role_taken else (
+            "not under the read-only role (reflexdb_reader does not exist or this login may not take it: "
+            "run `reflexdb db roles`); sessions are still read-only")
+        resp = templates.TemplateResponse(request, name, context, status_code=status)
+        return resp
+
+    def _int(value: str | None, name: str) -> int | None:
+        if value in (None, ""):
+            return None
+        try:
+            return int(value)
+        except ValueError:
+            raise BadFilter(f"{name!r}: {value[:80]!r} is not an integer") from None
+
+    def _run(name: str) -> dict[str, Any]:
+        run = db.run(name)
+        if run is None:
+            raise HTTPException(404, f"no run named {name!r}")
+        return run
+
+    def _next(request: Request, rows: list[dict[str, Any]], key: str) -> str | None:
+        """The next page's URL (keyset: before the last row shown), or None on the last page."""
+        if len(rows) <= PAGE:
+            return None
+        params = {k: v for k, v in request.query_params.items() if k != "before" and v != ""}
+        params["before"] = str(rows[PAGE - 1][key])
+        return f"{request.url.path}?{urlencode(params)}"
+
+    async def health(request: Request) -> Response:
+        return PlainTextResponse("ok")
+
+    def runs(request: Request) -> Response:
+        return render(request, "runs.html", runs=db.runs())
+
+    def run(request: Request) -> Response:
+        r = _run(request.path_params["name"])
+        before = _int(request.query_params.get("before"), "before")
+        steps = db.steps(r["id"], before, PAGE + 1)
+        return render(request, "run.html", title=f"run {r['name']}", run=r, steps=steps[:PAGE],
+                      next_page=_next(request, steps, "step"), mlflow=mlflow.run(r["name"]))
+
+    def trajectories(request: Request) -> Response:
+        r = _run(request.path_params["name"])
+        filters = parse_filters(dict(request.query_params), FILTERS)
+        before = _int(request.query_params.get("before"), "before")
+        t0 = time.perf_counter()
+        rows = db.trajectories(r["id"], filters, before, PAGE + 1)
+        ms = (time.perf_counter() - t0) * 1000
+        return render(request, "trajectories.html", title=f"trajectories of {r['name']}", run=r, rows=rows[:PAGE],
+                      filters=dict(request.query_params), choices=db.choices(r), query_ms=ms,
+                      next_page=_next(request, rows, "id"))
+
+    def groups(request: Request) -> Response:
+        r = _run(request.path_params["name"])
+        filters = parse_filters(dict(request.query_params), GROUP_FILTERS)
+        before = _int(request.query_params.get("before"), "before")
+        rows = db.groups(r["id"], filters, before, PAGE + 1)
+        return render(request, "groups.html", title=f"groups of {r['name']}", run=r, rows=rows[:PAGE],
+                      filters=dict(request.query_params), choices=db.choices(r), next_page=_next(request, rows, "id"))
+
+    def step(request: Request) -> Response:
+        r = _run(request.path_params["name"])
+        s = db.step(r["id"], request.path_params["step"])
+        if s is None:
+            raise HTTPException(404, f"run {r['name']!r} has no learner step {request.path_params['step']}")
+        metrics = s["metrics"] or {}
+        loss_terms = {k: v for k, v in sorted(metrics.items()) if k.startswith("loss/")}
+        other = {k: v for k, v in sorted(metrics.items()) if not k.startswith("loss/")}
+        by_group: dict[int, list[dict[str, Any]]] = {}
+        for row in s["rows"]:
+            by_group.setdefault(row["group_id"], []).append(row)
+        stale = [row["staleness"] for row in s["rows"] if row["staleness"] is not None]
+        return render(request, "step.html", title=f"step {s['step']} of {r['name']}", run=r, step=s,
+                      loss_terms=loss_terms, metrics=other, by_group=by_group, mlflow=mlflow.run(r["name"]),
+                      staleness={"min": min(stale, default=None), "max": max(stale, default=None),
+                                 "mean": (sum(stale) / len(stale)) if stale else None})
+
+    def group(request: Request) -> Response:
+        g = db.group(request.path_params["id"])
+        if g is None:
+            raise HTTPException(404, f"no group {request.path_params['id']}")
+        stages = next((s["advantage_stages"] for s in reversed(g["steps"]) if s["advantage_stages"]), None)
+        return render(request, "group.html", title=f"group {g['id']}", group=g, stages=stages)
+
+    def trajectory(request: Request) -> Response:
+        t = db.trajectory(request.path_params["id"])
+        if t is None:
+            raise HTTPException(404, f"no trajectory {request.path_params['id']}")
+        run = db.run(t["run"])
+        tok = tokenizer_for((run or {}).get("config", {}).get("model")) if t["tokens"] else None
+        turns = _conversation(t, tok)
+        return render(request, "trajectory.html", title=f"trajectory {t['id']}", t=t, turns=turns,
+                      raw=_json(_raw(t)), tokenizer=tok is not None)
+
+    def raw(request: Request) -> Response:
+        t = db.trajectory(request.path_params["id"])
+        if t is None:
+            raise HTTPException(404, f"no trajectory {request.path_params['id']}")
+        return Response(_json(_raw(t)), media_type="application/json")
+
+    def task(request: Request) -> Response:
+        r = _run(request.path_params["name"])
+        k = db.task(r["id"], request.path_params["task"])
+        if k is None:
+            raise HTTPException(404, f"run {r['name']!r} has no task {request.path_params['task']}")
+        return render(request, "task.html", title=f"task {k['id']} of {r['name']}", run=r, task=k)
+
+    async def on_http(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        return render(request, "error.html", status=exc.status_code, title="not found" if exc.status_code == 404
+                      else "error", message=exc.detail)
+
+    async def on_bad_filter(request: Request, exc: Exception) -> Response:
+        return render(request, "error.html", status=400, title="bad request", message=str(exc))
+
+    async def on_database(request: Request, exc: Exception) -> Response:
+        return render(request, "error.html", status=503, title="database unavailable", message=str(exc))
+
+    async def on_error(request: Request, exc: Exception) -> Response:
+        log.exception("page %s failed", request.url.path, exc_info=exc)
+        message = getattr(getattr(exc, "diag", None), "message_primary", None) or type(exc).__name__
+        return render(request, "error.html", status=500, title="error",
+                      message=f"this page failed: {message} (the server's log has the details)")
+
+    routes = [
+        Route("/", runs),
+        Route("/health", health),
+        # a run's name may hold a slash: the specific routes first, its own page last
+        Route("/runs/{name:path}/trajectories", trajectories),
+        Route("/runs/{name:path}/groups", groups),
+        Route("/runs/{name:path}/steps/{step:int}", step),
+        Route("/runs/{name:path}/tasks/{task:int}", task),
+        Route("/runs/{name:path}", run),
+        Route("/groups/{id:int}", group),
+        Route("/trajectories/{id:int}", trajectory),
+        Route("/trajectories/{id:int}/raw", raw),
+        Mount("/static", StaticFiles(directory=str(HERE / "static")), name="static"),
+    ]
+    app = Starlette(routes=routes, middleware=[Middleware(SecurityHeaders)],
+                    exception_handlers={HTTPException: on_http, BadFilter: on_bad_filter,
+                                        DatabaseUnavailable: on_database, Exception: on_error})
+    app.state.db = db
+    return app
+
+
+class SecurityHeaders:
+    """ASGI middleware: :data:`SECURITY_HEADERS` on every response (pages, errors, static files)."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+
+        async def with_headers(message):
+            if message["type"] == "http.response.start":
+                headers = MutableHeaders(scope=message)
+                for k, v in SECURITY_HEADERS.items():
+                    headers.setdefault(k, v)
+            await send(message)
+
+        await self.app(scope, receive, with_headers)
+
+
+def _raw(t: dict[str, Any]) -> dict[str, Any]:
+    """The trajectory's rows as stored (token arrays as lists), for the raw view."""
+    return {k: v for k, v in t.items() if k not in ("links", "panels", "marks")}
+
+
+def _conversation(t: dict[str, Any], tok: Any) -> list[dict[str, Any]]:
+    """The turns to show, each with its label, its tokens (assistant turns) and the marks on it."""
+    marks = t["marks"]
+    turn_marks: dict[int, list[dict[str, Any]]] = {}
+    token_marks: dict[int, list[dict[str, Any]]] = {}
+    for m in marks:
+        if m.get("token") is not None:
+            token_marks.setdefault(int(m["token"]), []).append(m)
+        elif m.get("turn_index") is not None:
+            turn_marks.setdefault(int(m["turn_index"]), []).append(m)
+    placed: set[int] = set()
+    out = []
+    for u in t["turns"]:
+        toks = []
+        if u["token_start"] is not None and t["tokens"] is not None:
+            toks = tokens(tok, t["tokens"], u["token_start"], u["token_end"])
+        own = turn_marks.get(u["turn_index"], [])
+        label = next((m["label"] for m in own if m.get("style") == "label"), u["role"])
+        here = {tk.index: token_marks[tk.index] for tk in toks if tk.index in token_marks}
+        placed.update(here)
+        record = u["tool_call"] if isinstance(u["tool_call"], dict) else None
+        out.append({**u, "label": label, "tokens": toks, "token_marks": here,
+                    "notes": [m for m in own if m.get("style") != "label"], "record": record,
+                    "masked_out": sum(1 for tk in toks if not tk.in_loss)})
+    # a mark at a token no turn shows (e.g. at the end of the response) goes on the last turn
+    left = [m for i, ms in token_marks.items() if i not in placed for m in ms]
+    if left and out:
+        out[-1]["notes"] = out[-1]["notes"] + left
+    return out
+
+
+__all__ = ["create_app"]

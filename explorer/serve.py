@@ -1,0 +1,57 @@
+"""``python -m reflexdb.explorer.serve``: the explorer's web server (uvicorn), as ``reflexdb ui`` starts it.
+
+Prints nothing on stdout; answers ``/health`` once it serves. Stops on SIGTERM or SIGINT.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import threading
+
+
+def warm_tokenizers(db) -> None:
+    from .tokens import tokenizer_for
+
+    try:
+        for model in sorted({str(r["model"] or "smollm2") for r in db.runs()})[:5]:
+            tokenizer_for(model)
+    except Exception as exc:  # a page loads it when it needs it
+        logging.getLogger(__name__).debug("tokenizers not warmed: %s", exc)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m reflexdb.explorer.serve")
+    ap.add_argument("--url", default=None, help="PostgreSQL URL (default: the configured database)")
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, default=5001)
+    ap.add_argument("--mlflow-url", default=None, help="where the MLflow UI answers (for links)")
+    ap.add_argument("--tracking-uri", default=None, help="the MLflow store (to find a run's MLflow run)")
+    ap.add_argument("--no-role", action="store_true", help="do not take the role reflexdb_reader")
+    args = ap.parse_args(argv)
+
+    import uvicorn
+
+    from reflexdb.db import database_url
+    from reflexdb.errors import ReflexdbError
+
+    from .app import create_app
+    from .data import READER, Explorer
+
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    try:
+        db = Explorer(args.url or database_url(), role=None if args.no_role else READER)
+    except ReflexdbError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    app = create_app(db, mlflow_url=args.mlflow_url, tracking_uri=args.tracking_uri)
+    # the runs' tokenizers load in the background (seconds): the first trajectory page need not wait
+    threading.Thread(target=warm_tokenizers, args=(db,), daemon=True).start()
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False)
+    db.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

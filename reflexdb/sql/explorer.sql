@@ -1,0 +1,142 @@
+-- The trajectory explorer's queries (reflexdb/explorer, `reflexdb ui`; docs/explorer.md).
+-- Every value comes in as a parameter (%(name)s); the explorer runs them in read-only
+-- transactions under the role reflexdb_reader. The list queries page by keyset (id < %(before)s,
+-- newest first), never by OFFSET, so the hundredth page costs what the first does. A method adds
+-- what it knows of a trajectory in its own <package>/sql/explorer.sql (blocks links, panels and
+-- marks; docs/explorer.md, "What a method adds").
+
+-- name: runs
+-- Every run, newest first, with its size (exact up to 100,000 rows, the planner's estimate above).
+SELECT r.id, r.name, r.algorithm, r.created_at, r.config ->> 'model' AS model,
+       CASE WHEN coalesce(c.reltuples, 0) > 100000 THEN c.reltuples::bigint
+            ELSE (SELECT count(*) FROM trajectories t WHERE t.run_id = r.id) END AS trajectories,
+       coalesce(c.reltuples, 0) > 100000 AS estimated,
+       (SELECT max(s.step) FROM learner_steps s WHERE s.run_id = r.id) AS last_step,
+       (SELECT max(p.version) FROM policy_versions p WHERE p.run_id = r.id) AS last_version
+FROM runs r LEFT JOIN pg_class c ON c.relname = 'trajectories_r' || r.id
+ORDER BY r.id DESC;
+
+-- name: run
+SELECT r.id, r.name, r.algorithm, r.created_at, r.config, r.embedding_dim, r.embedding_model
+FROM runs r WHERE r.name = %(name)s;
+
+-- name: run_choices
+-- What the filters of a run's lists offer: origins, group kinds, workflows.
+SELECT (SELECT array_agg(name ORDER BY name) FROM origins) AS origins,
+       (SELECT array_agg(name ORDER BY name) FROM group_kinds) AS kinds,
+       (SELECT array_agg(DISTINCT m ORDER BY m) FROM (
+            SELECT method AS m FROM origins WHERE method IS NOT NULL
+            UNION SELECT method FROM group_kinds WHERE method IS NOT NULL
+            UNION SELECT %(algorithm)s) x WHERE m IS NOT NULL) AS methods;
+
+-- name: steps
+-- A run's learner steps, newest first.
+SELECT s.id, s.step, s.policy_version, s.loss, s.metrics, s.created_at, s.advantage_stages,
+       (SELECT count(*) FROM consumption c WHERE c.step_id = s.id AND c.run_id = s.run_id) AS n_rows,
+       (SELECT count(DISTINCT c.group_id) FROM consumption c WHERE c.step_id = s.id AND c.run_id = s.run_id) AS n_groups
+FROM learner_steps s
+WHERE s.run_id = %(run_id)s AND (%(before)s::int IS NULL OR s.step < %(before)s)
+ORDER BY s.step DESC LIMIT %(limit)s;
+
+-- name: step
+SELECT s.id, s.step, s.policy_version, s.loss, s.metrics, s.created_at, s.batch_snapshot, s.advantage_stages,
+       (SELECT max(s2.step) FROM learner_steps s2 WHERE s2.run_id = s.run_id AND s2.step < s.step) AS previous,
+       (SELECT min(s2.step) FROM learner_steps s2 WHERE s2.run_id = s.run_id AND s2.step > s.step) AS next
+FROM learner_steps s WHERE s.run_id = %(run_id)s AND s.step = %(step)s;
+
+-- name: step_rows
+-- The rows a step trained on, by group, with the advantage after each stage and the staleness.
+SELECT c.group_id, g.kind, g.workflow, g.policy_version AS group_version, t.id, t.index_in_group, t.origin,
+       t.policy_version, t.reward, t.correct, t.confidence, t.response_length, t.extracted_answer, c.advantages,
+       %(learner_version)s - t.policy_version AS staleness, left(k.prompt, 100) AS prompt, t.task_id
+FROM consumption c
+JOIN trajectories t ON t.id = c.trajectory_id AND t.run_id = c.run_id
+JOIN groups g ON g.id = c.group_id
+JOIN tasks k ON k.id = t.task_id
+WHERE c.step_id = %(step_id)s AND c.run_id = %(run_id)s
+ORDER BY c.group_id, t.index_in_group;
+
+-- name: group
+SELECT g.id, g.run_id, r.name AS run, g.task_id, g.workflow, g.kind, g.policy_version, g.size, g.collector, g.meta,
+       g.created_at, k.prompt, k.ground_truth, gk.summary AS kind_summary, gk.trained
+FROM groups g JOIN runs r ON r.id = g.run_id JOIN tasks k ON k.id = g.task_id
+JOIN group_kinds gk ON gk.name = g.kind
+WHERE g.id = %(id)s;
+
+-- name: group_rows
+-- A group's rows and, for each, the newest step that trained it and the advantages it gave.
+SELECT t.id, t.index_in_group, t.origin, t.policy_version, t.reward, t.correct, t.confidence, t.response_length,
+       t.num_turns, t.extracted_answer, t.error, t.parent_trajectory_id, t.times_sampled, last.step, last.advantages
+FROM trajectories t
+LEFT JOIN LATERAL (
+    SELECT s.step, c.advantages FROM consumption c JOIN learner_steps s ON s.id = c.step_id
+    WHERE c.trajectory_id = t.id AND c.run_id = t.run_id ORDER BY s.step DESC LIMIT 1) last ON true
+WHERE t.group_id = %(id)s AND t.run_id = %(run_id)s
+ORDER BY t.index_in_group;
+
+-- name: group_steps
+SELECT s.step, s.advantage_stages, count(*) AS n_rows
+FROM consumption c JOIN learner_steps s ON s.id = c.step_id
+WHERE c.group_id = %(id)s AND c.run_id = %(run_id)s
+GROUP BY s.step, s.advantage_stages ORDER BY s.step;
+
+-- name: trajectory
+SELECT t.id, t.run_id, r.name AS run, t.group_id, t.task_id, t.index_in_group, t.origin, t.parent_trajectory_id,
+       t.policy_version, t.reward, t.correct, t.truncated, t.finish_reason, t.extracted_answer, t.confidence,
+       t.num_turns, t.response_length, t.times_sampled, t.error, t.meta, t.created_at,
+       g.kind, g.workflow, g.policy_version AS group_version, g.size AS group_size, g.collector,
+       k.prompt, k.ground_truth, k.dataset, k.split, k.task_key,
+       o.summary AS origin_summary, o.method AS origin_method, o.pi_old
+FROM trajectories t
+JOIN runs r ON r.id = t.run_id
+JOIN groups g ON g.id = t.group_id
+JOIN tasks k ON k.id = t.task_id
+JOIN origins o ON o.name = t.origin
+WHERE t.id = %(id)s;
+
+-- name: turns
+SELECT turn_index, role, text, token_start, token_end, trainable, tool_error, attempt, answer, correct, reward,
+       tool_call
+FROM turns WHERE trajectory_id = %(id)s AND run_id = %(run_id)s ORDER BY turn_index;
+
+-- name: tokens
+SELECT prompt_ids, response_ids, logprobs, token_policy_versions, loss_mask
+FROM token_bytes WHERE trajectory_id = %(id)s AND run_id = %(run_id)s;
+
+-- name: trained_in
+-- The steps that trained a trajectory, with the advantages each gave it.
+SELECT s.step, s.policy_version, s.advantage_stages, c.advantages
+FROM consumption c JOIN learner_steps s ON s.id = c.step_id
+WHERE c.trajectory_id = %(id)s AND c.run_id = %(run_id)s ORDER BY s.step;
+
+-- name: links
+-- Lineage every trajectory has: its parent, the rows made from it, the file it was imported from.
+-- Columns: relation, target ('trajectory', 'group', 'file'), target_id, label.
+SELECT 'parent' AS relation, 'trajectory' AS target, p.id::text AS target_id,
+       p.origin || ' #' || p.id AS label
+FROM trajectories p WHERE p.id = %(parent)s
+UNION ALL
+SELECT 'made from it (' || c.origin || ')', 'trajectory', c.id::text, c.origin || ' #' || c.id
+FROM trajectories c WHERE c.parent_trajectory_id = %(id)s AND c.run_id = %(run_id)s
+UNION ALL
+SELECT 'imported from', 'file', %(imported_from)s, %(imported_from)s || coalesce(', line ' || %(line)s, '')
+WHERE %(imported_from)s::text IS NOT NULL;
+
+-- name: task
+SELECT k.id, k.run_id, k.prompt, k.ground_truth, k.dataset, k.split, k.task_key, k.times_collected
+FROM tasks k WHERE k.id = %(id)s AND k.run_id = %(run_id)s;
+
+-- name: task_versions
+-- A task across policy versions: per version, its rows of the plain prompt (origins counted in pass@1).
+SELECT t.policy_version, count(*) AS n, avg(t.reward) AS mean_reward,
+       avg(t.correct::int) AS pass_rate, min(t.id) AS first_id, max(t.id) AS last_id
+FROM trajectories t JOIN origins o ON o.name = t.origin
+WHERE t.run_id = %(run_id)s AND t.task_id = %(id)s AND o.pass_at_1
+GROUP BY t.policy_version ORDER BY t.policy_version;
+
+-- name: answer
+-- A row of a task at a version, with its assistant text (the compare page's two sides).
+SELECT t.id, t.policy_version, t.reward, t.correct, t.extracted_answer, t.origin, t.created_at,
+       (SELECT string_agg(u.text, E'\n' ORDER BY u.turn_index) FROM turns u
+        WHERE u.trajectory_id = t.id AND u.run_id = t.run_id AND u.role = 'assistant') AS response
+FROM trajectories t WHERE t.id = %(id)s AND t.run_id = %(run_id)s;
