@@ -189,6 +189,10 @@ def pages(target: str) -> dict[str, str]:
         "trajectories trained in a step": f"{r}/trajectories?step={step}",
         "trajectories: origin hinted (none: a full scan)": f"{r}/trajectories?origin=hinted",
         "trajectories: text in prompt or answer": f"{r}/trajectories?q=babysitting",
+        "trajectories: text that matches nothing (a full scan)": f"{r}/trajectories?q=zz-no-such-text",
+        "trajectories: text in the response": f"{r}/trajectories?response=babysitting",
+        "trajectories: response text that matches nothing (a scan of 2M turns)":
+            f"{r}/trajectories?response=zz-no-such-text",
         "groups, newest 50": f"{r}/groups",
         "a group": f"/groups/{gmid}",
         "a trajectory (per-token shading)": f"/trajectories/{tmid}",

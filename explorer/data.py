@@ -47,9 +47,13 @@ FILTERS: dict[str, tuple[str, str]] = {
     "step": ("int", "t.id IN (SELECT c.trajectory_id FROM consumption c JOIN learner_steps s ON s.id = c.step_id"
                     " WHERE s.run_id = %(run_id)s AND s.step = %(step)s AND c.run_id = %(run_id)s)"),
     "imported_from": ("text", "t.meta ->> 'imported_from' = %(imported_from)s"),
-    "q": ("pattern", "(k.prompt ILIKE %(q)s OR t.extracted_answer ILIKE %(q)s OR EXISTS ("
-                     "SELECT 1 FROM turns u WHERE u.trajectory_id = t.id AND u.run_id = t.run_id"
-                     " AND u.role = 'assistant' AND u.text ILIKE %(q)s))"),
+    # free text: the prompt (a task's) or the extracted answer, one cheap test per row; the tasks
+    # that match are found once, not per row
+    "q": ("pattern", "(t.task_id IN (SELECT x.id FROM tasks x WHERE x.run_id = %(run_id)s AND x.prompt ILIKE %(q)s)"
+                     " OR t.extracted_answer ILIKE %(q)s)"),
+    # text anywhere in what the model wrote: one scan of the run's assistant turns
+    "response": ("pattern", "t.id IN (SELECT u.trajectory_id FROM turns u WHERE u.run_id = %(run_id)s"
+                            " AND u.role = 'assistant' AND u.text ILIKE %(response)s)"),
 }
 GROUP_FILTERS: dict[str, tuple[str, str]] = {
     "kind": ("text", "g.kind = %(kind)s"),

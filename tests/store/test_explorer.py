@@ -95,12 +95,14 @@ def test_filters_are_parsed_and_refused_by_name():
 def test_a_filter_value_reaches_sql_only_as_a_parameter(site, explorer):
     run = site["run"]
     for evil in ("'; DROP TABLE runs; --", "x' OR '1'='1", "%", "_", "\\"):
-        rows = explorer.trajectories(run, parse_filters({"q": evil, "origin": evil}, FILTERS), None)
+        rows = explorer.trajectories(run, parse_filters({"q": evil, "response": evil, "origin": evil}, FILTERS), None)
         assert rows == []
     assert explorer.one("SELECT count(*) AS n FROM runs")["n"] == 1
-    # the literal text of a row's answer finds it, and only it
-    rows = explorer.trajectories(run, parse_filters({"q": '<script>alert("x")'}, FILTERS), None)
+    # the literal text of a response finds its rows; of a prompt, its task's
+    rows = explorer.trajectories(run, parse_filters({"response": '<script>alert("x")'}, FILTERS), None)
     assert len(rows) == 16
+    rows = explorer.trajectories(run, parse_filters({"q": "What is 1+3"}, FILTERS), None)
+    assert len(rows) == 8 and {r["prompt"] for r in rows} == {"What is 1+3?"}
 
 
 def test_pages_answer_escape_model_text_and_carry_the_policy(site):
