@@ -32,13 +32,29 @@ class PolicyUpdate:
     def run(self, batch: Batch, adv: torch.Tensor):
         """The step on ``batch`` (all ranks' rows; ``adv`` ``[B]``): each term's rows and tokens,
         this rank's share, π_old, the reference log-probs, the losses and one optimizer step."""
-        rows = [t.rows(batch) for t in self.terms]                                    # each term's rows
+        rows = self.term_rows(batch)                                                  # each term's rows
         masks = [t.mask(batch) if t.mask is not None else None for t in self.terms]   # ... and tokens
         mine = self.shard(batch.size)                                                 # this rank's rows
         part = batch.rows(mine)
         old, fresh = self.old_logprobs(part)                                          # π_old
         ref = self.ref_logprobs(part)
         return self.optimize(part, old, ref, adv[mine], full=batch, rows=rows, mine=mine, fresh=fresh, masks=masks)
+
+    def term_rows(self, batch: Batch) -> list[torch.Tensor]:
+        """Each term's rows (``[B]`` bool). A family whose normaliser is the constant ``B`` (Dr.GRPO's
+        ``seq-mean-token-sum-norm``, docs/losses.md) keeps the rows with a NULL reward among the
+        default term's rows: their advantage is exactly 0, so they add nothing to the loss, but they
+        are among the B rows it divides by. Leaving them out made the gradient B/B_valid times the
+        full batch's (12/10 with 2 NULL rewards in 12 rows)."""
+        from .methods.base import valid_rows
+
+        out = []
+        for term, spec in zip(self.terms, self.specs):
+            r = term.rows(batch)
+            if term.rows is valid_rows and spec.counts_every_row(term.params):
+                r = torch.ones_like(r)
+            out.append(r)
+        return out
 
     def shard(self, n_rows: int) -> slice:
         """This rank's contiguous share of a step's rows."""

@@ -357,3 +357,78 @@ def test_micro_batches_reproduce_the_full_batch(name, raw, micro_batch_size):
     assert loss == pytest.approx(full_loss, abs=1e-6)
     torch.testing.assert_close(grad, full_grad, rtol=0, atol=1e-6)
     assert sum(micro_batch_weights(spec, params, mask, truncated, [slice(0, 7)])) == 1.0
+
+
+# ---------------------------------------------------------------- the learner's step: NULL rewards in Dr.GRPO
+
+
+class _Rows:
+    """The part of a Batch that PolicyUpdate.optimize reads: row i's input id is i."""
+
+    def __init__(self, mask, truncated, valid, ids=None):
+        self.response_mask, self.truncated, self.valid = mask, truncated, valid
+        self.ids = torch.arange(mask.shape[0]) if ids is None else ids
+        self.size = mask.shape[0]
+        self.input_ids = self.ids[:, None]
+        self.attention_mask = self.prompt_lengths = self.response_lengths = self.ids
+
+    def rows(self, sl):
+        return _Rows(self.response_mask[sl], self.truncated[sl], self.valid[sl], self.ids[sl])
+
+
+class _Engine:
+    """A 'model' whose token log-probs are one parameter per token: the gradient is read off it."""
+
+    device = "cpu"
+
+    def __init__(self, theta):
+        self.theta = theta.clone().requires_grad_(True)
+
+    def token_logprobs(self, input_ids, attention_mask, prompt_lengths, response_lengths, *, temperature,
+                       with_entropy):
+        return self.theta[input_ids[:, 0]], torch.zeros(input_ids.shape[0], self.theta.shape[1], dtype=D)
+
+    def backward(self, loss):
+        loss.backward()
+
+    def step(self):
+        return 0.0
+
+
+@pytest.mark.parametrize("micro", [1, 4, 5])
+def test_dr_grpo_null_rewards_count_in_its_constant_normaliser(micro):
+    """12 rows of 2 tokens, rows 3 and 8 with a NULL reward (A = 0), L_max = 2, ratio 1, one step in
+    ``micro`` micro-batches. Dr.GRPO's loss is 1/B Σ_b (Σ_t −ρ·A_b)/L_max with B = 12, every row:
+    d loss/d logprob = −A_b/(L_max · B) = −A_b/24 on each token of row b, 0 on the NULL rows.
+    Before: the default term took the 10 rows with a reward, B = 10, and the gradient was exactly
+    12/10 of that (−A_b/20)."""
+    from reflexdb.trainer.methods.base import LossTerm
+    from reflexdb.trainer.update import PolicyUpdate
+
+    B, T = 12, 2
+    rewards = t([1.0, 0.0, 0.5, NULL, 0.25, 1.0, 0.0, 0.75, NULL, 0.0, 1.0, 0.5])  # non-binary, two NULL
+    valid = ~torch.isnan(rewards)
+    adv = group_advantages(rewards, [0] * 6 + [1] * 6, valid=valid)
+    assert adv[3] == 0 and adv[8] == 0
+    spec = get_loss_spec("dr_grpo")
+    params = spec.parse({"max_len": T})
+    term = LossTerm("policy", "dr_grpo", params)
+    mask, truncated = torch.ones(B, T, dtype=torch.bool), torch.zeros(B, dtype=torch.bool)
+    batch = _Rows(mask, truncated, valid)
+    engine = _Engine(torch.zeros(B, T, dtype=D))
+    update = PolicyUpdate(engine, [term], [spec], ref=None, rank=0, world=1, n_micro=math.ceil(B / micro), lr=1.0,
+                          pi_old="recompute", temperature=1.0)
+    rows = update.term_rows(batch)
+    assert rows[0].all()  # the NULL rows too: they are among the B rows
+    stats, _, _ = update.optimize(batch, torch.zeros(B, T, dtype=D), None, adv, full=batch, rows=rows,
+                                  mine=slice(0, B), fresh=torch.ones(B, dtype=torch.bool))
+    expected = (-adv / (T * B))[:, None].expand(B, T)
+    torch.testing.assert_close(engine.theta.grad, expected, rtol=0, atol=1e-12)
+    # and the loss as recorded: −Σ_b A_b · T / (T · B) = −Σ A / 12 (the advantages of a group sum to 0)
+    assert stats["loss"] == pytest.approx(float(-adv.sum() / B), abs=1e-12)
+    # the rows before (the 10 with a reward): the gradient was exactly 12/10 of the full batch's
+    before = _Engine(torch.zeros(B, T, dtype=D))
+    update.engine = before
+    update.optimize(batch, torch.zeros(B, T, dtype=D), None, adv, full=batch, rows=[valid], mine=slice(0, B),
+                    fresh=torch.ones(B, dtype=torch.bool))
+    torch.testing.assert_close(before.theta.grad, expected * 12 / 10, rtol=0, atol=1e-12)

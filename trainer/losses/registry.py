@@ -175,6 +175,11 @@ class LossSpec:
             return overlong_filter(mask, truncated)  # DAPO Sec. 3.4
         return as_bool_mask(mask)
 
+    def counts_every_row(self, params: BaseModel) -> bool:
+        """Whether the normaliser counts every row of the batch (``seq-mean-token-sum-norm``: Dr.GRPO's
+        constant ``B``), a row with a NULL reward or no loss token included."""
+        return self.aggregation(params) == "seq-mean-token-sum-norm"
+
     def normaliser(self, mask: Tensor, params: BaseModel, *, truncated: Tensor | None = None) -> float:
         """``N``, the count the family's aggregation divides these rows' loss by (module docstring).
 
