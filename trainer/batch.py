@@ -80,6 +80,12 @@ class Batch:
         """``[B]`` bool: imported rows (origin ``imported``): no behaviour log-probs (0 here), no version."""
         return self.of_origin("imported")
 
+    @property
+    def auxiliary(self) -> torch.Tensor:
+        """``[B]`` bool: a method's auxiliary rows (kind :data:`AUXILIARY`: e.g. R3L's SFT pairs, each
+        a group of its own, trained by a term of their own)."""
+        return torch.tensor([self.group_kinds[g] == AUXILIARY for g in self.group_index.tolist()], dtype=torch.bool)
+
     def per_trajectory(self, values: torch.Tensor) -> dict[int, list[float]]:
         """``values [B, S]`` by trajectory id, for the rows of the step's groups: a method's
         auxiliary rows (kind :data:`AUXILIARY`) are left out, and a trajectory in the batch twice

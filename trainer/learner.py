@@ -73,6 +73,15 @@ class NullTracker:
     def close(self, status: str = "FINISHED") -> None: ...
 
 
+def advantage_stats(adv: torch.Tensor, valid: torch.Tensor, auxiliary: torch.Tensor) -> dict[str, float]:
+    """``advantage/abs_mean`` and ``advantage/nonzero_frac`` over the rows of the step's groups that
+    have a reward: a method's auxiliary rows (SFT pairs: groups of one, A = 0, which positive
+    amplification may still lift to α) are trained by terms of their own and left out."""
+    keep = valid & ~auxiliary
+    a = adv.detach().abs()[keep] if keep.any() else adv.new_zeros(1)
+    return {"advantage/abs_mean": float(a.mean()), "advantage/nonzero_frac": float((a > 1e-12).float().mean())}
+
+
 class LearnerStopped(ReflexdbError):
     """The learner stopped on purpose after repeated bad steps; the message says why."""
 
@@ -279,9 +288,7 @@ class Learner:
         metrics = self.metrics(batch, groups, stats, grad_norm, entropy, t_batch, time.monotonic() - t0)
         # The loss of a group-normalised step averages to about 0 by construction (the advantages of a
         # group sum to 0): the size of the learning signal is the advantages' magnitude, not the loss.
-        a = adv.detach().abs()[batch.valid] if batch.valid.any() else adv.new_zeros(1)
-        metrics["advantage/abs_mean"] = float(a.mean())
-        metrics["advantage/nonzero_frac"] = float((a > 1e-12).float().mean())
+        metrics.update(advantage_stats(adv, batch.valid, batch.auxiliary))
         if skipped:
             self.echo(f"step {self.step_no}: non-finite loss, step skipped ({self.bad_in_row} in a row)")
         if self.main:

@@ -176,12 +176,7 @@ class R3LHooks:
         m["r3l/pivot_mean"] = sum(s.pivot for s in retried) / len(retried) if retried else nan
         m["r3l/retry_improvement_rate"] = (sum(s.retry_reward > s.base_reward for s in pairs) / len(pairs)
                                            if pairs else nan)
-        base = [s.base_reward for s in stats if s.base_reward is not None]
-        retry = [s.retry_reward for s in pairs]
-        base_mean = sum(base) / len(base) if base else nan
-        retry_mean = sum(retry) / len(retry) if retry else nan
-        m["r3l/base_reward_mean"], m["r3l/retry_reward_mean"] = base_mean, retry_mean
-        m["r3l/reward_gain"] = (retry_mean - base_mean) / base_mean if base and retry and base_mean else nan
+        m.update(reward_gain(stats))
         explore = [g for g in groups if g.kind != "retry"]
         twins = [sum(t.origin == "distilled" for t in g.trajectories) for g in explore]
         m["r3l/distilled_per_group"] = sum(twins) / len(twins) if twins else nan
@@ -191,6 +186,33 @@ class R3LHooks:
         m["r3l/reflect_set_size"], m["r3l/retry_set_size"] = float(sizes[0]), float(sizes[1])
         m["r3l/reflect_set_available"], m["r3l/retry_set_available"] = float(sizes[2]), float(sizes[3])
         return m
+
+
+def reward_gain(stats) -> dict[str, float]:
+    """The retries' reward gain over their own base episodes (Fig. 3a), paired: only the reflected
+    episodes whose retry ran, each retry against its own base. Averaging the base reward over every
+    reflected episode (those whose reflection said success or was invalid, and got no retry,
+    included) and the retry reward over the retries only, as this did before issue 37, reported a
+    gain where there was none (+0.50 on a group where each retry equalled its base).
+
+    ``r3l/reward_gain``: mean of R(retry) − R(base) over the pairs; ``r3l/reward_gain_relative``: the
+    same over the pairs' mean base reward (NaN while it is 0); ``r3l/base_reward_mean`` and
+    ``r3l/retry_reward_mean`` over the pairs; ``r3l/reward_gain_pairs``: how many;
+    ``r3l/reflected_base_reward_mean``: the base reward of every reflected episode."""
+    nan = float("nan")
+    pairs = [(s.base_reward, s.retry_reward) for s in stats
+             if s.retried and s.retry_reward is not None and s.base_reward is not None]
+    reflected = [s.base_reward for s in stats if s.base_reward is not None]
+    base = sum(b for b, _ in pairs) / len(pairs) if pairs else nan
+    retry = sum(r for _, r in pairs) / len(pairs) if pairs else nan
+    return {
+        "r3l/reward_gain_pairs": float(len(pairs)),
+        "r3l/base_reward_mean": base,
+        "r3l/retry_reward_mean": retry,
+        "r3l/reward_gain": sum(r - b for b, r in pairs) / len(pairs) if pairs else nan,
+        "r3l/reward_gain_relative": (retry - base) / base if pairs and base else nan,
+        "r3l/reflected_base_reward_mean": sum(reflected) / len(reflected) if reflected else nan,
+    }
 
 
 register_method(Method(

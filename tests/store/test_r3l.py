@@ -611,3 +611,51 @@ def test_constrained_reflections_parse_on_the_tiny_model(store, tmp_path, monkey
     assert len(got) == 6 and all(v and d == "json_schema" and inside for v, d, inside, _ in got), got  # 2 tasks × 3
     assert rows(store, "SELECT count(*) FROM trajectories WHERE origin = 'guided_retry'")[0][0] == \
         rows(store, "SELECT count(*) FROM reflections WHERE outcome <> 'success'")[0][0]
+
+
+def test_reward_gain_is_paired_each_retry_against_its_own_base():
+    """Three reflected episodes of a group: one whose reflection said success (base 1.0, no retry),
+    one invalid (base 0.0, no retry), one retried (base 0.5, retry 0.5). Paired: one pair, gain
+    0.5 − 0.5 = 0.00. Before: base mean over all three (1 + 0 + 0.5)/3 = 0.5, retry mean 0.5 → 0,
+    and with the success at base 0.0 instead: base mean 0.1667 → (0.5 − 0.1667)/0.1667 = +2.0."""
+    from reflexdb.methods.r3l import reward_gain
+    from reflexdb.methods.r3l.reflections import ReflectionStats
+
+    def stats(success_base):
+        return [ReflectionStats(1, True, "success", 0, False, success_base, None),
+                ReflectionStats(1, False, None, None, False, 0.0, None),
+                ReflectionStats(1, True, "failure", 1, True, 0.5, 0.5)]
+
+    for success_base in (1.0, 0.0):
+        m = reward_gain(stats(success_base))
+        assert m["r3l/reward_gain"] == 0.0 and m["r3l/reward_gain_relative"] == 0.0
+        assert m["r3l/reward_gain_pairs"] == 1 and m["r3l/base_reward_mean"] == m["r3l/retry_reward_mean"] == 0.5
+    assert reward_gain(stats(0.0))["r3l/reflected_base_reward_mean"] == pytest.approx(0.5 / 3)
+    # non-binary rewards, a retry whose reward is NULL (left out), a base of 0 (relative gain NaN)
+    m = reward_gain([ReflectionStats(1, True, "failure", 0, True, 0.25, 1.0),
+                     ReflectionStats(1, True, "failure", 1, True, 0.75, 0.5),
+                     ReflectionStats(1, True, "failure", 1, True, 0.5, None)])
+    # pairs (0.25, 1.0), (0.75, 0.5): gains +0.75, −0.25 -> mean 0.25; base mean 0.5 -> relative 0.5
+    assert m["r3l/reward_gain_pairs"] == 2 and m["r3l/reward_gain"] == pytest.approx(0.25)
+    assert m["r3l/reward_gain_relative"] == pytest.approx(0.5)
+    m = reward_gain([ReflectionStats(1, True, "failure", 0, True, 0.0, 1.0)])
+    assert m["r3l/reward_gain"] == 1.0 and math.isnan(m["r3l/reward_gain_relative"])
+    assert math.isnan(reward_gain([])["r3l/reward_gain"])
+
+
+def test_sft_rows_stay_out_of_the_advantage_statistics():
+    """Rows of two groups (A = 0.7, −0.7, 0, and a NULL reward's 0) and an SFT pair, a group of one
+    that positive amplification lifted to α = 3. Over the groups' rows with a reward: |A| mean
+    (0.7 + 0.7 + 0)/3 = 0.4667, non-zero 2/3. Before, the SFT row counted: (0.7 + 0.7 + 0 + 3)/4 =
+    1.1 and 3/4."""
+    from reflexdb.trainer.learner import advantage_stats
+
+    adv = torch.tensor([0.7, -0.7, 0.0, 0.0, 3.0], dtype=D)
+    valid = torch.tensor([True, True, True, False, True])
+    auxiliary = torch.tensor([False, False, False, False, True])
+    m = advantage_stats(adv, valid, auxiliary)
+    assert m["advantage/abs_mean"] == pytest.approx(1.4 / 3) and m["advantage/nonzero_frac"] == pytest.approx(2 / 3)
+    assert advantage_stats(adv, valid, torch.zeros(5, dtype=torch.bool))["advantage/abs_mean"] == pytest.approx(1.1)
+    # nothing left: 0, not NaN
+    assert advantage_stats(adv, valid, torch.ones(5, dtype=torch.bool)) == {"advantage/abs_mean": 0.0,
+                                                                           "advantage/nonzero_frac": 0.0}
