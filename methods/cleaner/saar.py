@@ -25,7 +25,9 @@ calls, their errors and the failed corrections included: Eq. 6's τ_noisy). Repl
 tokens sampled under the error context in the purified one: the workflow rescores it
 (collector/workflows/cleaner.py). The token ids of a shallow replacement are the original turn's
 up to the token where its fenced block starts, then the correction's from the token where its
-block starts (:func:`shallow_merge`): every token id is one the policy sampled.
+block starts (:func:`shallow_merge`): every token id is one the policy sampled, except where a
+fence token straddles a block's start, whose seam is tokenized again so that the text before the
+fence stays byte-identical.
 """
 
 from __future__ import annotations
@@ -77,15 +79,35 @@ def fence_token(tokenizer: Any, token_ids: Sequence[int], text: str) -> int | No
 
 
 def shallow_merge(tokenizer: Any, failed: Sample, correction: Sample) -> Sample:
-    """The shallow replacement's turn ``(r_t, c'_t)``: the failed turn's tokens before its block,
-    then the correction's tokens from its block on (its closing token included). Log-probs are the
-    sampled ones (the workflow rescores them); the embedding is the correction's."""
+    """The shallow replacement's turn ``(r_t, c'_t)``: the failed turn's text before its block, kept
+    byte for byte, then the correction's from its block on (its closing token included).
+
+    The token ids are the failed turn's up to the token in which its block starts, then the
+    correction's after the token in which its block starts. When a fence token straddles the
+    block's start (``"  ```"``: characters of the reasoning and the fence in one token), those two
+    tokens are not simply swapped, which would change the text before the fence (``ok.  ```` read
+    ``ok. ````): the seam between them, the failed turn's characters before its fence and the
+    correction's fence token from the fence on, is tokenized again (one to a few tokens). Every
+    other token id is one the policy sampled. Log-probs are the sampled ones, 0 on the seam's
+    (the workflow rescores the whole turn); the embedding is the correction's."""
     kf = fence_token(tokenizer, failed.token_ids, failed.text)
     kc = fence_token(tokenizer, correction.token_ids, correction.text)
     if kf is None or kc is None:
         raise ValueError("a shallow replacement needs a fenced Python block in both turns")
-    ids = np.concatenate([np.asarray(failed.token_ids[:kf]), np.asarray(correction.token_ids[kc:])]).astype(np.int32)
-    lps = np.concatenate([np.asarray(failed.logprobs[:kf]), np.asarray(correction.logprobs[kc:])]).astype(np.float32)
+    prefix = failed.text[:tool_use.block_start(failed.text)]  # r_t as written
+    start_c = tool_use.block_start(correction.text)
+    kept = tokenizer.decode([int(i) for i in failed.token_ids[:kf]], skip_special_tokens=True)
+    before_c = tokenizer.decode([int(i) for i in correction.token_ids[:kc]], skip_special_tokens=True)
+    through_c = tokenizer.decode([int(i) for i in correction.token_ids[:kc + 1]], skip_special_tokens=True)
+    if kept == prefix and before_c == correction.text[:start_c]:  # both fence tokens start at the fence
+        seam_ids, tail = [], kc
+    else:
+        seam = prefix[len(kept):] + through_c[start_c:]
+        seam_ids, tail = tokenizer.encode(seam, add_special_tokens=False), kc + 1
+    ids = np.concatenate([np.asarray(failed.token_ids[:kf]), np.asarray(seam_ids, dtype=np.int64),
+                          np.asarray(correction.token_ids[tail:])]).astype(np.int32)
+    lps = np.concatenate([np.asarray(failed.logprobs[:kf]), np.zeros(len(seam_ids)),
+                          np.asarray(correction.logprobs[tail:])]).astype(np.float32)
     return Sample(prompt_ids=failed.prompt_ids, token_ids=ids, logprobs=lps, finish_reason=correction.finish_reason,
                   text=tokenizer.decode(ids.tolist(), skip_special_tokens=True), embedding=correction.embedding,
                   stop=correction.stop)

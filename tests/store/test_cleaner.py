@@ -496,3 +496,25 @@ def test_the_view_on_hand_made_data(store):
         write_cleaner_task(store, run, tx, bad)
     assert rows(store, "SELECT count(*) FROM purifications") == [(4,)]
     assert rows(store, "SELECT count(*) FROM trajectories WHERE run_id = :r", r=run) == [(8,)]
+
+
+def test_a_shallow_merge_keeps_the_text_before_the_fence_byte_identical(tokenizer):
+    """A fence token that straddles the block's start (SmolLM2's " ```": a space of the reasoning
+    and the fence in one token, in the failed turn "ok.  ```python"; the correction's fence token
+    "```" after a newline has none): swapping the sampled tokens at the fence token gave
+    "ok. ```python" for "ok.  ```python". The seam is tokenized again; the rest are the sampled ids."""
+    failed_text = "ok.  ```python\nprint(1/0)\n```"
+    fixed_text = "fix:\n```python\nprint(1)\n```"
+    eng = Scripted(tokenizer, [failed_text])
+    [[failed]] = eng.generate([[1, 2]])
+    eng.turns = [fixed_text]
+    [[fixed]] = eng.generate([[1, 2]])
+    kf, kc = fence_token(tokenizer, failed.token_ids, failed.text), fence_token(tokenizer, fixed.token_ids, fixed.text)
+    straddles = tokenizer.decode(failed.token_ids[:kf]) != "ok.  " or tokenizer.decode(fixed.token_ids[:kc]) != "fix:\n"
+    assert straddles, "this tokenizer puts the spaces in their own token: the case is not exercised"
+    merged = shallow_merge(tokenizer, failed, fixed)
+    assert merged.text == "ok.  ```python\nprint(1)\n```"
+    # the sampled ids on both sides of the seam, and one log-prob per token
+    assert list(merged.token_ids[:kf]) == list(failed.token_ids[:kf])
+    assert list(merged.token_ids[-(len(fixed.token_ids) - kc - 1):]) == list(fixed.token_ids[kc + 1:])
+    assert len(merged.logprobs) == len(merged.token_ids)
