@@ -425,4 +425,4 @@ def full_metadata() -> MetaData:
 FUNCTIONS = ("run_setting", "int4_array", "float4_array", "bool_array", "create_run_partitions", "drop_run_partitions",
              "runs_create_partitions", "run_partitions_size", "compose_view")
 #: Views made by the function compose_view from the parts methods contribute (``<method>_<name>``).
-COMPOSED_VIEWS = ("group_holds", "failure_notes")
+COMPOSED_VIEWS = ("group_holds", "failure_notes", "group_hold_ends")

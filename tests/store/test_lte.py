@@ -489,6 +489,46 @@ def test_lte_workflow_and_learner_end_to_end_on_the_tiny_model(store, tmp_path, 
     assert math.isfinite(metrics["loss/hinted/policy_loss"]) and metrics["loss/hinted/num_tokens"] > 0
 
 
+def test_a_hint_stage_that_ends_late_is_not_passed_over(store):
+    """Issue 37: a none-pass group held for its hint stage while a step rightly took a newer group;
+    the stage (its claimer killed, its claim timed out) ended only after the group's staleness
+    window: nothing found, the group free to train as it is (lte.unsolved: train). Before revision
+    0024 untrained_groups counted the step taken during the hold and said 'passed_over'; now it
+    judges the group by the steps after the stage ended: none could take it, 'held_past_staleness'.
+    A step that chose after the stage ended and took a newer group is still 'passed_over'."""
+    from sqlalchemy import text
+
+    from tests.processes import rows
+
+    run, tasks, original, other = _stage_setup(store)
+    assert other.group_id > original.group_id
+    store.set_settings(run, {"lte.mode": "hint", "lte.unsolved": "train", "learner.max_staleness": 1})
+    [(tid,)] = rows(store, "SELECT id FROM trajectories WHERE group_id = :g LIMIT 1", g=other.group_id)
+
+    def snapshot():
+        return rows(store, "SELECT pg_current_snapshot()::text")[0][0]
+
+    def reasons():
+        return rows(store, "SELECT group_id, reason FROM untrained_groups WHERE run_id = :r ORDER BY 1", r=run)
+
+    store.record_step(run, 1, 0, [tid], loss=0.0, metrics={}, batch_snapshot=snapshot())  # during the hold
+    assert reasons() == [(original.group_id, "hint_stage")]
+    with store.engine.begin() as conn:  # the stage ends: done, nothing correct, no LTE group
+        conn.execute(text("INSERT INTO lte_stages (group_id, run_id, status, mode, completed_at) "
+                          "VALUES (:g, :r, 'done', 'hint', clock_timestamp())"), {"g": original.group_id, "r": run})
+    store.publish_policy(run, 0, "file:///v0", step=0)
+    store.publish_policy(run, 2, "file:///v2", step=1)  # learner at v2: v0's groups are past max_staleness 1
+    assert reasons() == [(original.group_id, "held_past_staleness")]  # was 'passed_over'
+    # within its window, a step that chose after the stage ended (the step before it recorded
+    # after) and took a newer group is a defect as before
+    with store.engine.begin() as conn:
+        conn.execute(text("DELETE FROM policy_versions WHERE run_id = :r AND version = 2"), {"r": run})
+    store.record_step(run, 2, 0, [tid], loss=0.0, metrics={}, batch_snapshot=snapshot())
+    assert reasons() == [(original.group_id, "waiting")]  # step 2 chose before the stage's end was known
+    store.record_step(run, 3, 0, [tid], loss=0.0, metrics={}, batch_snapshot=snapshot())
+    assert reasons() == [(original.group_id, "passed_over")]
+
+
 def test_untrained_groups_names_lte_reasons_never_passed_over(store):
     """The learner skips a none-pass group by design while it waits for its stage, and never
     trains a replaced one: untrained_groups says so instead of calling them passed over."""

@@ -108,7 +108,8 @@ def test_composed_views_take_a_plugins_part_and_leave_it_out_on_request(store, p
             result = conn.execute(text(sql), p)
             return result.fetchall() if result.returns_rows else []
 
-    assert [r[0] for r in q("SELECT name FROM composed_views ORDER BY name")] == ["failure_notes", "group_holds"]
+    assert [r[0] for r in q("SELECT name FROM composed_views ORDER BY name")] == ["failure_notes", "group_hold_ends",
+                                                                                 "group_holds"]
     parts = q("SELECT viewname FROM pg_views WHERE viewname LIKE '%\\_group\\_holds' OR viewname LIKE '%\\_failure\\_notes' "
               "ORDER BY 1")
     assert [p[0] for p in parts] == ["lte_group_holds", "r3l_failure_notes"]

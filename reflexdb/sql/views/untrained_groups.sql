@@ -26,8 +26,15 @@
 --   reason       the reason its part of the composed view group_holds gives (revision 0021; LTE's
 --                lte_group_holds: replaced, unsolved, hint_stage, see docs/lte.md). The learner
 --                takes newer groups meanwhile by design, so such a group is not 'passed_over'.
+--   held_past_staleness  a method held the group and let it go (the composed view group_hold_ends
+--                gives when: LTE's hint stage ended, revision 0024) after the last step of its
+--                staleness window had chosen its groups: no step could take it once it was free.
+-- A held group that was let go is judged by the steps that chose their groups after it was: a step
+-- counts when the step before it was recorded after the hold ended (the learner chooses a step's
+-- groups after recording the one before), so the steps that took newer groups while it was held
+-- do not make it 'passed_over' (issue 37: a hint stage whose collector was killed ended late).
 -- Columns: run_id, group_id, task_id, kind, policy_version, learner_version, staleness, reason,
--- steps_that_could_take, created_at.
+-- steps_that_could_take (after its hold ended, for a group a method held), created_at.
 -- Settings read: learner.max_staleness (default 1), from run_settings (through the function
 -- run_setting; and via learner_eligible); whatever a part of group_holds reads (LTE's: lte.mode,
 -- lte.unsolved).
@@ -37,7 +44,8 @@ WITH u AS (
     SELECT e.run_id, e.group_id, e.task_id, e.kind, e.policy_version, e.learner_version, e.staleness,
            e.eligible, e.created_at, g.xact_id,
            run_setting(e.run_id, 'learner.max_staleness', '1')::int AS max_staleness,
-           (SELECT h.reason FROM group_holds h WHERE h.group_id = e.group_id LIMIT 1) AS held
+           (SELECT h.reason FROM group_holds h WHERE h.group_id = e.group_id LIMIT 1) AS held,
+           (SELECT max(x.held_until) FROM group_hold_ends x WHERE x.group_id = e.group_id) AS held_until
     FROM learner_eligible e
     JOIN groups g ON g.id = e.group_id
     JOIN group_kinds k ON k.name = e.kind
@@ -57,6 +65,7 @@ SELECT
                       CASE
                           WHEN w.took_newer > 0 THEN 'passed_over'
                           WHEN u.eligible THEN 'waiting'
+                          WHEN w.could_take = 0 AND u.held_until IS NOT NULL THEN 'held_past_staleness'
                           WHEN w.could_take = 0 THEN 'late'
                           ELSE 'backlog'
                       END)
@@ -74,6 +83,9 @@ CROSS JOIN LATERAL (
     FROM learner_steps st
     CROSS JOIN LATERAL (
         SELECT coalesce(pg_visible_in_snapshot(u.xact_id::text::xid8, st.batch_snapshot::pg_snapshot), false)
+               AND (u.held_until IS NULL
+                    OR (SELECT max(p.created_at) FROM learner_steps p
+                        WHERE p.run_id = st.run_id AND p.step < st.step) > u.held_until)
                AS visible
     ) v
     WHERE st.run_id = u.run_id
