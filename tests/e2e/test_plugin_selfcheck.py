@@ -29,8 +29,9 @@ def install(site: Path) -> str:
 
 
 def test_the_selfcheck_plugin_upgrades_a_database_and_runs_end_to_end(store, db_url, tmp_path, model_cache):
-    # made before the plug-in: reflexdb's head and the heads of the built-in methods' branches
-    assert sorted(rows(store, "SELECT version_num FROM alembic_version")) == [("0024",), ("lte_0003",), ("r3l_0002",)]
+    # made before the plug-in: the heads of the built-in methods' branches; reflexdb's head 0024 is
+    # not a row of its own, as LTE's lte_0003 depends on it (Alembic keeps the heads it does not imply)
+    assert sorted(rows(store, "SELECT version_num FROM alembic_version")) == [("lte_0003",), ("r3l_0002",)]
     env = child_env(db_url, tmp_path, model_cache)
     env["PYTHONPATH"] = install(tmp_path / "site")
 
@@ -39,7 +40,7 @@ def test_the_selfcheck_plugin_upgrades_a_database_and_runs_end_to_end(store, db_
     assert rows(store, "SELECT pi_old, pass_at_1, sampled, method FROM origins WHERE name = 'verification'") == [
         ("policy", False, True, "selfcheck")]
     assert sorted(rows(store, "SELECT version_num FROM alembic_version")) == [
-        ("0024",), ("lte_0003",), ("r3l_0002",), ("selfcheck_0001",)]
+        ("lte_0003",), ("r3l_0002",), ("selfcheck_0001",)]
 
     run = subprocess.run(REFLEXDB + [
         "run", str(PLUGIN / "selfcheck.yaml"), "--max-steps", "2", "--no-eval",
