@@ -397,7 +397,8 @@ class _Engine:
 
 @pytest.mark.parametrize("micro", [1, 4, 5])
 def test_dr_grpo_null_rewards_count_in_its_constant_normaliser(micro):
-    """12 rows of 2 tokens, rows 3 and 8 with a NULL reward (A = 0), L_max = 2, ratio 1, one step in
+    """12 rows of 2 tokens, rows 3 and 8 with a NULL reward (A = 0), row 5 with an empty mask,
+    L_max = 2, ratio 1, one step in
     ``micro`` micro-batches. Dr.GRPO's loss is 1/B Σ_b (Σ_t −ρ·A_b)/L_max with B = 12, every row:
     d loss/d logprob = −A_b/(L_max · B) = −A_b/24 on each token of row b, 0 on the NULL rows.
     Before: the default term took the 10 rows with a reward, B = 10, and the gradient was exactly
@@ -414,6 +415,7 @@ def test_dr_grpo_null_rewards_count_in_its_constant_normaliser(micro):
     params = spec.parse({"max_len": T})
     term = LossTerm("policy", "dr_grpo", params)
     mask, truncated = torch.ones(B, T, dtype=torch.bool), torch.zeros(B, dtype=torch.bool)
+    mask[5] = False  # an empty mask: no loss token, still one of the B rows
     batch = _Rows(mask, truncated, valid)
     engine = _Engine(torch.zeros(B, T, dtype=D))
     update = PolicyUpdate(engine, [term], [spec], ref=None, rank=0, world=1, n_micro=math.ceil(B / micro), lr=1.0,
@@ -422,10 +424,11 @@ def test_dr_grpo_null_rewards_count_in_its_constant_normaliser(micro):
     assert rows[0].all()  # the NULL rows too: they are among the B rows
     stats, _, _ = update.optimize(batch, torch.zeros(B, T, dtype=D), None, adv, full=batch, rows=rows,
                                   mine=slice(0, B), fresh=torch.ones(B, dtype=torch.bool))
-    expected = (-adv / (T * B))[:, None].expand(B, T)
+    expected = (-adv / (T * B))[:, None].expand(B, T).clone()
+    expected[5] = 0.0
     torch.testing.assert_close(engine.theta.grad, expected, rtol=0, atol=1e-12)
-    # and the loss as recorded: −Σ_b A_b · T / (T · B) = −Σ A / 12 (the advantages of a group sum to 0)
-    assert stats["loss"] == pytest.approx(float(-adv.sum() / B), abs=1e-12)
+    # and the loss as recorded: −Σ_{b≠5} A_b · T / (T · B) = −(Σ A − A_5) / 12 (row 5 has no token)
+    assert stats["loss"] == pytest.approx(float(-(adv.sum() - adv[5]) / B), abs=1e-12)
     # the rows before (the 10 with a reward): the gradient was exactly 12/10 of the full batch's
     before = _Engine(torch.zeros(B, T, dtype=D))
     update.engine = before
