@@ -13,7 +13,7 @@ import typer
 
 from reflexdb.errors import ReflexdbError
 
-from . import check, collect, db, evaluate, export, importing, learn, query, run, runs, similar, ui
+from . import check, collect, compare, db, evaluate, export, importing, learn, query, run, runs, similar, ui
 
 app = typer.Typer(
     name="reflexdb",
@@ -35,6 +35,7 @@ app.command("eval")(evaluate.eval_command)
 app.command("ui")(ui.ui)
 app.command("run")(run.run)
 app.command("check")(check.check)
+app.command("compare")(compare.compare)
 
 
 def _version(value: bool) -> None:

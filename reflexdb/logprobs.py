@@ -79,3 +79,63 @@ def response_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, prompt_leng
     if entropy is not None:
         entropy = entropy * valid
     return logprobs, entropy
+
+
+def _head_chunk(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, targets: torch.Tensor,
+                temperature: float, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """One chunk of positions: the vocabulary projection, ``log_softmax`` and the target's entry."""
+    logits = torch.nn.functional.linear(hidden, weight, bias)[None]  # [1, c, V]
+    lp, ent = token_logprobs(logits, targets[None], temperature=temperature, with_entropy=with_entropy)
+    return lp[0], (ent[0] if ent is not None else torch.zeros_like(lp[0]))
+
+
+def hidden_response_logprobs(hidden: torch.Tensor, head: torch.nn.Module, input_ids: torch.Tensor,
+                             prompt_lengths: torch.Tensor, response_lengths: torch.Tensor, *,
+                             temperature: float = 1.0, with_entropy: bool = False,
+                             chunk_tokens: int = 1024) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """:func:`response_logprobs` from the final hidden states, never holding the whole ``[B, T, V]``.
+
+    The logits of a long batch are its largest tensors: 16 rows of 700 tokens against SmolLM2's
+    49,152-way vocabulary are 2.2 GB in float32, and the softmax, its gradient and the entropy
+    make several copies. Here only the positions that predict a real response token are
+    projected, ``chunk_tokens`` at a time; with gradients on, each chunk is checkpointed
+    (``torch.utils.checkpoint``), so the backward pass recomputes its logits instead of keeping
+    them: what stays alive between forward and backward is the hidden states, ``[B, L, D]``.
+    The values (and gradients) are those of :func:`response_logprobs` on the full logits.
+
+    Args:
+        hidden: `[B, L, D]` the model's final (normed) hidden states on ``input_ids``.
+        head: the output embedding (``model.get_output_embeddings()``), a linear layer.
+        input_ids, prompt_lengths, response_lengths, temperature, with_entropy: as
+            :func:`response_logprobs`.
+        chunk_tokens: positions projected at once (memory ``chunk_tokens × V`` floats a copy).
+
+    Returns:
+        logprobs `[B, T]` float32, 0 past each response's end, and entropies `[B, T]` or None.
+    """
+    from torch.utils.checkpoint import checkpoint
+
+    device = hidden.device
+    B, T = input_ids.shape[0], int(response_lengths.max())
+    offs = torch.arange(T, device=device)
+    valid = offs[None, :] < response_lengths.to(device)[:, None]  # [B, T]
+    rows, cols = valid.nonzero(as_tuple=True)  # [N] each: the real response tokens
+    pos = prompt_lengths.to(device)[rows] - 1 + cols  # [N] the position that predicts each
+    input_ids = input_ids.to(device)
+    targets = input_ids[rows, pos + 1]  # [N]
+    h = hidden[rows, pos]  # [N, D]
+    weight, bias = head.weight, getattr(head, "bias", None)
+    lps, ents = [], []
+    grad = torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad)
+    for s in range(0, h.shape[0], max(1, chunk_tokens)):
+        args = (h[s:s + chunk_tokens], weight, bias, targets[s:s + chunk_tokens], temperature, with_entropy)
+        lp, ent = checkpoint(_head_chunk, *args, use_reentrant=False) if grad else _head_chunk(*args)
+        lps.append(lp)
+        ents.append(ent.detach())
+    flat = torch.cat(lps) if lps else hidden.new_zeros(0, dtype=torch.float32)
+    logprobs = torch.zeros((B, T), dtype=torch.float32, device=device).index_put((rows, cols), flat)
+    entropy = None
+    if with_entropy:
+        flat_e = torch.cat(ents) if ents else hidden.new_zeros(0, dtype=torch.float32)
+        entropy = torch.zeros((B, T), dtype=torch.float32, device=device).index_put((rows, cols), flat_e)
+    return logprobs, entropy

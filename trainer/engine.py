@@ -34,7 +34,7 @@ from typing import Callable
 
 import torch
 
-from reflexdb.logprobs import response_logprobs
+from reflexdb.logprobs import hidden_response_logprobs, response_logprobs
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +100,8 @@ class EngineSettings:
     grad_clip: float = 1.0
     dtype: str = "float32"  # float32 | bfloat16
     fsync: bool = True  # flush checkpoint files to disk before renaming them into place
+    head_chunk_tokens: int = 1024  # response positions projected onto the vocabulary at once
+    activation_checkpointing: bool = False  # recompute each layer's activations in the backward pass
 
 
 class StateUnreadable(Exception):
@@ -160,6 +162,11 @@ class TrainingEngine:
         dtype = torch.bfloat16 if settings.dtype == "bfloat16" else torch.float32
         model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=dtype)
         model.config.use_cache = False
+        if settings.activation_checkpointing:
+            # Each decoder layer keeps only its input for the backward pass and recomputes the rest
+            # (about a third more compute): the activations of long multi-turn rows dominate the
+            # learner's memory (docs/benchmarks.md, "Memory").
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         optimizer = torch.optim.AdamW(model.parameters(), lr=settings.lr, betas=settings.betas,
                                       weight_decay=settings.weight_decay)
         ds_config = {
@@ -200,13 +207,24 @@ class TrainingEngine:
             logprobs `[B, T]` (T = max response length; 0 on padding) and entropies `[B, T]` or None.
         """
         ctx = torch.enable_grad() if grad else torch.no_grad()
-        # Logits only from the first position that predicts a response token: the vocabulary
-        # projection (49,152-way for SmolLM2) of the prompt positions before it is never used.
-        start = max(int(prompt_lengths.min()) - 1, 0)
+        module = self.ds if grad else self.ds.module
+        ids, attn = input_ids.to(self.device), attention_mask.to(self.device)
         with ctx:
-            module = self.ds if grad else self.ds.module
-            logits = module(input_ids=input_ids.to(self.device), attention_mask=attention_mask.to(self.device),
-                            logits_to_keep=input_ids.shape[1] - start).logits
+            if self.settings.zero_stage < 3:
+                # The final hidden states, then the vocabulary projection a chunk of response
+                # positions at a time (reflexdb.logprobs.hidden_response_logprobs): the [B, T, V]
+                # logits of long rows were the learner's largest tensors (docs/benchmarks.md,
+                # "Memory"). ZeRO-3 partitions the head's weight outside the model's own forward,
+                # so it keeps the model's logits.
+                out = module(input_ids=ids, attention_mask=attn, output_hidden_states=True, logits_to_keep=1)
+                head = self.ds.module.get_output_embeddings()
+                return hidden_response_logprobs(out.hidden_states[-1], head, input_ids, prompt_lengths,
+                                                response_lengths, temperature=temperature,
+                                                with_entropy=with_entropy, chunk_tokens=self.settings.head_chunk_tokens)
+            # Logits only from the first position that predicts a response token: the vocabulary
+            # projection (49,152-way for SmolLM2) of the prompt positions before it is never used.
+            start = max(int(prompt_lengths.min()) - 1, 0)
+            logits = module(input_ids=ids, attention_mask=attn, logits_to_keep=input_ids.shape[1] - start).logits
             logprobs, entropy = response_logprobs(logits, input_ids, prompt_lengths, response_lengths,
                                                   temperature=temperature, with_entropy=with_entropy, offset=start)
         return logprobs, entropy

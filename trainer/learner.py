@@ -132,6 +132,7 @@ class Learner:
             device=self.L.device, zero_stage=self.L.zero_stage, micro_batch_size=micro,
             accumulation_steps=self.n_micro, lr=self.L.lr, weight_decay=self.L.weight_decay,
             grad_clip=self.L.grad_clip, dtype=self.L.dtype, fsync=self.L.fsync_publish,
+            activation_checkpointing=self.L.activation_checkpointing,
         )
         latest, stateful = find_resume(self.store, self.run_id, self.cfg.run, self.db)
         resume = stateful is not None
@@ -148,7 +149,8 @@ class Learner:
             keep_states=self.L.keep_states, keep_policies=self.L.keep_policies, main=self.main, db=self.db,
             echo=lambda msg: self.echo(msg))
         self.update = PolicyUpdate(self.engine, self.terms, self.specs, ref=self.ref, rank=self.rank, world=self.world,
-                                   n_micro=self.n_micro, lr=self.L.lr, pi_old=self.L.pi_old, temperature=self.temperature)
+                                   n_micro=self.n_micro, lr=self.L.lr, pi_old=self.L.pi_old, temperature=self.temperature,
+                                   max_tokens=self.L.micro_batch_tokens)
         self.scorer = Scorer(self.engine, world=self.world, micro_batch_size=self.L.micro_batch_size,
                              temperature=self.temperature)
         if self.main:

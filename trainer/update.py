@@ -14,19 +14,42 @@ import math
 
 import torch
 
-from reflexdb.logprobs import response_logprobs
+from reflexdb.logprobs import hidden_response_logprobs
 
 from .batch import Batch
 from .engine import TrainingEngine
+
+
+def token_slices(lengths: torch.Tensor, n_micro: int, max_tokens: int | None) -> list[slice]:
+    """``n_micro`` contiguous slices of ``len(lengths)`` rows, of equal row count (the last may be
+    shorter or empty), each cut greedily so that rows × the longest row's length stays within
+    ``max_tokens`` (None: no cut; a single row longer than the budget is a slice of its own)."""
+    n = int(lengths.shape[0])
+    size = math.ceil(n / n_micro) if n else 0
+    out: list[slice] = []
+    for i in range(n_micro):
+        lo, hi = min(i * size, n), min((i + 1) * size, n)
+        if max_tokens is None or hi - lo <= 1:
+            out.append(slice(lo, hi))
+            continue
+        start, longest = lo, 0
+        for j in range(lo, hi):
+            length = int(lengths[j])
+            if j > start and (j + 1 - start) * max(longest, length) > max_tokens:
+                out.append(slice(start, j))
+                start, longest = j, 0
+            longest = max(longest, length)
+        out.append(slice(start, hi))
+    return out
 
 
 class PolicyUpdate:
     """The step computation of one rank: ``run(batch, adv)`` → ``(stats, grad_norm, entropy)``."""
 
     def __init__(self, engine: TrainingEngine, terms: list, specs: list, *, ref, rank: int, world: int,
-                 n_micro: int, lr: float, pi_old: str, temperature: float):
+                 n_micro: int, lr: float, pi_old: str, temperature: float, max_tokens: int | None = None):
         self.engine, self.terms, self.specs, self.ref = engine, terms, specs, ref
-        self.rank, self.world, self.n_micro = rank, world, n_micro
+        self.rank, self.world, self.n_micro, self.max_tokens = rank, world, n_micro, max_tokens
         self.lr, self.pi_old, self.temperature = lr, pi_old, temperature
 
     def run(self, batch: Batch, adv: torch.Tensor):
@@ -69,10 +92,13 @@ class PolicyUpdate:
         return t.cpu().tolist()
 
     def slices(self, batch: Batch) -> list[slice]:
-        """Exactly ``n_micro`` row slices (the accumulation count DeepSpeed was configured with),
-        whatever the batch size: groups may differ in size (replay, a collector with another G)."""
-        size = math.ceil(batch.size / self.n_micro)
-        return [slice(i * size, min((i + 1) * size, batch.size)) for i in range(self.n_micro)]
+        """Contiguous row slices, one forward/backward pass each: ``n_micro`` slices of equal row
+        count (groups may differ in size: replay, a collector with another G), each cut further
+        where its padded size, rows × its longest row, passes ``max_tokens``
+        (``learner.micro_batch_tokens``). A long multi-turn batch then takes more, smaller passes;
+        the loss weights (each slice's share of the step's normaliser) keep the accumulated
+        gradient the full batch's, and the optimizer steps once, after the last slice."""
+        return token_slices(batch.prompt_lengths + batch.response_lengths, self.n_micro, self.max_tokens)
 
     def old_logprobs(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         """The ratio denominator per token: ``(old [B, T], fresh [B])``.
@@ -104,10 +130,11 @@ class PolicyUpdate:
             if sl.start >= sl.stop:
                 continue
             mb = batch.rows(sl)
-            logits = self.ref(input_ids=mb.input_ids.to(self.engine.device),
-                              attention_mask=mb.attention_mask.to(self.engine.device)).logits.float()
-            lp, _ = response_logprobs(logits, mb.input_ids.to(logits.device), mb.prompt_lengths.to(logits.device),
-                                      mb.response_lengths.to(logits.device), temperature=self.temperature)
+            hidden = self.ref(input_ids=mb.input_ids.to(self.engine.device),
+                              attention_mask=mb.attention_mask.to(self.engine.device),
+                              output_hidden_states=True, logits_to_keep=1).hidden_states[-1]
+            lp, _ = hidden_response_logprobs(hidden, self.ref.get_output_embeddings(), mb.input_ids, mb.prompt_lengths,
+                                             mb.response_lengths, temperature=self.temperature)
             out[sl, :lp.shape[1]] = lp.cpu()
         return out
 
@@ -140,8 +167,11 @@ class PolicyUpdate:
         sums: dict[str, float] = {}
         entropy_sum, bad = 0.0, False
         grad_norm = None
-        for i, sl in enumerate(self.slices(batch)):
-            last = i == self.n_micro - 1
+        slices = self.slices(batch)
+        for i, sl in enumerate(slices):
+            last = i == len(slices) - 1
+            # The slice count varies with the rows' lengths: tell DeepSpeed which pass ends the step.
+            self.engine.ds.set_gradient_accumulation_boundary(last)
             if sl.start < sl.stop:
                 mb = batch.rows(sl)
                 T = mb.response_mask.shape[1]

@@ -92,3 +92,53 @@ def test_gradients_flow_to_the_logits_and_not_through_the_entropy():
     # Row 0 (prompt 3, response 2): positions 2 and 3 predict its response tokens, no other does.
     assert logits.grad[0, 2:4].abs().sum() > 0
     assert logits.grad[0, :2].abs().sum() == 0 and logits.grad[0, 4:].abs().sum() == 0
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 100])
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_the_chunked_head_equals_the_full_logits_in_value_and_gradient(chunk, temperature):
+    """hidden_response_logprobs projects chunk positions at a time (checkpointed) instead of the
+    whole [B, L, V]: the log-probs, entropies and the gradients reaching the hidden states and the
+    head's weight are those of response_logprobs on head(hidden). Rows of 2, 5 and 1 response
+    tokens (the _batch above), chunks of 1, 3 and more than the 8 tokens there are."""
+    from reflexdb.logprobs import hidden_response_logprobs
+
+    _, ids, P, T = _batch()
+    gen = torch.Generator().manual_seed(1)
+    hidden = torch.randn(3, ids.shape[1], 6, generator=gen, dtype=torch.float64)
+    head = torch.nn.Linear(6, 11, bias=False).double()
+    upstream = torch.randn(3, int(T.max()), generator=gen, dtype=torch.float64)
+
+    def run(fn):
+        h = hidden.clone().requires_grad_(True)
+        head.weight.grad = None
+        lp, ent = fn(h)
+        (lp * upstream).sum().backward()
+        return lp.detach(), ent, h.grad, head.weight.grad.clone()
+
+    full = run(lambda h: response_logprobs(head(h), ids, P, T, temperature=temperature, with_entropy=True))
+    chunked = run(lambda h: hidden_response_logprobs(h, head, ids, P, T, temperature=temperature,
+                                                     with_entropy=True, chunk_tokens=chunk))
+    for a, b in zip(full, chunked):
+        torch.testing.assert_close(a.double(), b.double(), rtol=1e-6, atol=1e-6)
+    # past each response's end: 0, as response_logprobs
+    assert chunked[0][2, 1:].eq(0).all() and chunked[0][0, 2:].eq(0).all()
+    # no gradient: nothing is checkpointed, the values are the same
+    with torch.no_grad():
+        lp, _ = hidden_response_logprobs(hidden, head, ids, P, T, temperature=temperature, chunk_tokens=chunk)
+    torch.testing.assert_close(lp.double(), full[0].double(), rtol=1e-6, atol=1e-6)
+
+
+def test_token_slices_cut_by_the_token_budget():
+    from reflexdb.trainer.update import token_slices
+
+    lengths = torch.tensor([10, 10, 30, 10, 5, 5, 100, 5])
+    # no budget: n_micro equal slices (the last may be short)
+    assert token_slices(lengths, 3, None) == [slice(0, 3), slice(3, 6), slice(6, 8)]
+    # budget 40: [10, 10] is 2 × 10 = 20; adding 30 makes 3 × 30 = 90 > 40, cut; [30] alone; ...
+    assert token_slices(lengths, 2, 40) == [slice(0, 2), slice(2, 3), slice(3, 4), slice(4, 6), slice(6, 7),
+                                            slice(7, 8)]
+    # a row longer than the budget is a slice of its own; n_micro slices at least, empty ones too
+    assert token_slices(lengths, 1, 9) == [slice(i, i + 1) for i in range(8)]  # 2 × 5 = 10 > 9
+    assert token_slices(torch.tensor([4]), 2, 100) == [slice(0, 1), slice(1, 1)]
+    assert token_slices(torch.tensor([], dtype=torch.long), 1, 100) == [slice(0, 0)]

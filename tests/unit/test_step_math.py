@@ -10,6 +10,7 @@ from __future__ import annotations
 import inspect
 import itertools
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -383,6 +384,8 @@ class _Engine:
 
     def __init__(self, theta):
         self.theta = theta.clone().requires_grad_(True)
+        self.boundaries: list[bool] = []
+        self.ds = SimpleNamespace(set_gradient_accumulation_boundary=self.boundaries.append)
 
     def token_logprobs(self, input_ids, attention_mask, prompt_lengths, response_lengths, *, temperature,
                        with_entropy):
@@ -395,14 +398,18 @@ class _Engine:
         return 0.0
 
 
-@pytest.mark.parametrize("micro", [1, 4, 5])
-def test_dr_grpo_null_rewards_count_in_its_constant_normaliser(micro):
+@pytest.mark.parametrize("micro,max_tokens", [(1, None), (4, None), (5, None), (12, 20), (4, 9)])
+def test_dr_grpo_null_rewards_count_in_its_constant_normaliser(micro, max_tokens):
     """12 rows of 2 tokens, rows 3 and 8 with a NULL reward (A = 0), row 5 with an empty mask,
     L_max = 2, ratio 1, one step in
     ``micro`` micro-batches. Dr.GRPO's loss is 1/B Σ_b (Σ_t −ρ·A_b)/L_max with B = 12, every row:
     d loss/d logprob = −A_b/(L_max · B) = −A_b/24 on each token of row b, 0 on the NULL rows.
     Before: the default term took the 10 rows with a reward, B = 10, and the gradient was exactly
-    12/10 of that (−A_b/20)."""
+    12/10 of that (−A_b/20).
+
+    ``max_tokens``: the token budget cuts the micro-batches further (row i is 2i tokens long
+    here, so (12, 20) makes slices of 4, 2, 2, 1, 1, 1, 1 rows): the same gradient, and
+    DeepSpeed told that only the last pass ends the step."""
     from reflexdb.trainer.methods.base import LossTerm
     from reflexdb.trainer.update import PolicyUpdate
 
@@ -419,7 +426,7 @@ def test_dr_grpo_null_rewards_count_in_its_constant_normaliser(micro):
     batch = _Rows(mask, truncated, valid)
     engine = _Engine(torch.zeros(B, T, dtype=D))
     update = PolicyUpdate(engine, [term], [spec], ref=None, rank=0, world=1, n_micro=math.ceil(B / micro), lr=1.0,
-                          pi_old="recompute", temperature=1.0)
+                          pi_old="recompute", temperature=1.0, max_tokens=max_tokens)
     rows = update.term_rows(batch)
     assert rows[0].all()  # the NULL rows too: they are among the B rows
     stats, _, _ = update.optimize(batch, torch.zeros(B, T, dtype=D), None, adv, full=batch, rows=rows,
@@ -427,6 +434,8 @@ def test_dr_grpo_null_rewards_count_in_its_constant_normaliser(micro):
     expected = (-adv / (T * B))[:, None].expand(B, T).clone()
     expected[5] = 0.0
     torch.testing.assert_close(engine.theta.grad, expected, rtol=0, atol=1e-12)
+    assert engine.boundaries[-1] and not any(engine.boundaries[:-1])
+    assert len(engine.boundaries) >= math.ceil(B / micro)
     # and the loss as recorded: −Σ_{b≠5} A_b · T / (T · B) = −(Σ A − A_5) / 12 (row 5 has no token)
     assert stats["loss"] == pytest.approx(float(-(adv.sum() - adv[5]) / B), abs=1e-12)
     # the rows before (the 10 with a reward): the gradient was exactly 12/10 of the full batch's

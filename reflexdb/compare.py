@@ -1,0 +1,236 @@
+"""Runs side by side: held-out pass@1 with bootstrap confidence intervals, steps and wall clock.
+
+``reflexdb compare RUN...`` (cli/compare.py) reads everything from the database
+(``sql/compare.sql``): each run's held-out evaluations (groups of kind ``eval``, one attempt,
+eval-split tasks), its learner steps and the publication time of policy v0.
+
+- **A run's pass@1** is the mean over its eval tasks of each task's share of correct samples, at
+  the last policy version evaluated ("after") and at version 0 ("before", when evaluated). Its
+  interval resamples the tasks (bootstrap, percentile).
+- **An arm** is the runs of one configuration at different seeds: by default the runs whose names
+  are equal once a seed suffix (``-s0``, ``_seed2``, ``-3``) is removed; ``by="method"`` groups by
+  the run's algorithm instead. An arm's pass@1 is the mean of its runs'; its interval is a
+  two-level bootstrap, runs with replacement, then each drawn run's tasks with replacement, so it
+  reflects the spread between seeds and between tasks. With one run the interval is the tasks' alone.
+- **Δ** of each arm is its pass@1 minus the first arm's (the baseline: name it first), with the
+  interval of the difference from the same bootstrap draws (the arms resampled independently).
+
+Steps and wall clock come from ``learner_steps`` and ``policy_versions``: the last step, and the
+seconds from policy v0's publication (the learner ready) to the last step.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Sequence
+
+import numpy as np
+
+from .errors import NotFound, ReflexdbError
+from .sqlfile import load_queries
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from .store import Store
+
+Q = load_queries("compare.sql")
+
+#: A seed suffix of a run name: ``-s0``, ``_s12``, ``-seed3``, ``.seed-1``, ``-7``.
+_SEED_SUFFIX = re.compile(r"[-_.](s|seed)?-?\d+$")
+
+
+def arm_of(name: str) -> str:
+    """The arm of a run name: the name without its seed suffix (``r3l-oracle-s2`` → ``r3l-oracle``)."""
+    stripped = _SEED_SUFFIX.sub("", name)
+    return stripped or name
+
+
+@dataclass
+class RunResult:
+    name: str
+    method: str
+    arm: str
+    seed: str | None
+    steps: int
+    training_s: float | None
+    after_version: int | None = None
+    after: np.ndarray | None = None  # [tasks] share correct per task at the last version evaluated
+    before: np.ndarray | None = None  # ... at version 0
+    samples: int = 0  # eval samples at the last version
+    interval: tuple[float, float] | None = None
+    curve: list[tuple[int, float, float]] = field(default_factory=list)  # (step, seconds, reward/mean)
+
+    @property
+    def pass_at_1(self) -> float | None:
+        return None if self.after is None else float(self.after.mean())
+
+    @property
+    def before_pass_at_1(self) -> float | None:
+        return None if self.before is None else float(self.before.mean())
+
+
+@dataclass
+class ArmResult:
+    arm: str
+    method: str
+    runs: list[str]
+    pass_at_1: float | None
+    interval: tuple[float, float] | None
+    before: float | None
+    delta: float | None = None
+    delta_interval: tuple[float, float] | None = None
+    steps: float | None = None
+    training_s: float | None = None
+
+
+@dataclass
+class Comparison:
+    runs: list[RunResult]
+    arms: list[ArmResult]
+    level: float
+    samples: int  # bootstrap draws
+    missing_eval: list[str]
+
+    def as_dict(self) -> dict[str, Any]:
+        def run(r: RunResult) -> dict[str, Any]:
+            return {"run": r.name, "method": r.method, "arm": r.arm, "seed": r.seed, "steps": r.steps,
+                    "training_s": r.training_s, "after_version": r.after_version, "pass_at_1": r.pass_at_1,
+                    "interval": r.interval, "before_pass_at_1": r.before_pass_at_1,
+                    "tasks": None if r.after is None else len(r.after), "eval_samples": r.samples}
+
+        return {"level": self.level, "bootstrap_samples": self.samples, "runs": [run(r) for r in self.runs],
+                "arms": [a.__dict__ for a in self.arms], "missing_eval": self.missing_eval}
+
+
+def _draw(runs: Sequence[np.ndarray], rng: np.random.Generator) -> float:
+    """One two-level bootstrap draw: runs with replacement, then each drawn run's tasks."""
+    picks = rng.integers(len(runs), size=len(runs))
+    return float(np.mean([runs[p][rng.integers(len(runs[p]), size=len(runs[p]))].mean() for p in picks]))
+
+
+def _interval(draws: np.ndarray, level: float) -> tuple[float, float]:
+    lo, hi = np.quantile(draws, [(1 - level) / 2, 1 - (1 - level) / 2])
+    return float(lo), float(hi)
+
+
+def compare(store: Store, names: Sequence[str], *, by: str = "arm", samples: int = 2000, seed: int = 0,
+            level: float = 0.95) -> Comparison:
+    """Read the named runs and compute the comparison (see the module docstring)."""
+    if not names:
+        raise ReflexdbError("name at least one run to compare")
+    if len(set(names)) != len(names):
+        raise ReflexdbError("a run is named twice: " + ", ".join(sorted({n for n in names if names.count(n) > 1})))
+    if by not in ("arm", "method"):
+        raise ReflexdbError(f"--by must be arm or method, not {by!r}")
+    if not 0 < level < 1:
+        raise ReflexdbError(f"--level must be between 0 and 1, not {level}")
+    with store.transaction() as conn:
+        rows = conn.execute(Q["compare_runs"], {"names": list(names)}).fetchall()
+        found = {r[1] for r in rows}
+        missing = [n for n in names if n not in found]
+        if missing:
+            raise NotFound("no run named " + ", ".join(repr(n) for n in missing) + "; `reflexdb runs` lists them")
+        ids = [r[0] for r in rows]
+        evals = conn.execute(Q["compare_evals"], {"ids": ids}).fetchall()
+        steps = conn.execute(Q["compare_steps"], {"ids": ids}).fetchall()
+    rng = np.random.default_rng(seed)
+    results: dict[int, RunResult] = {}
+    for rid, name, method, run_seed, _cfg, n_steps, training_s in rows:
+        results[rid] = RunResult(name=name, method=method or "-", arm=arm_of(name) if by == "arm" else (method or "-"),
+                                 seed=run_seed, steps=int(n_steps or 0),
+                                 training_s=None if training_s is None else float(training_s))
+    per_version: dict[int, dict[int, list[tuple[int, int]]]] = {}
+    for rid, version, _task, n, c in evals:
+        per_version.setdefault(rid, {}).setdefault(int(version), []).append((int(n), int(c)))
+    for rid, versions in per_version.items():
+        r = results[rid]
+        last = max(versions)
+        if last > 0:
+            r.after_version = last
+            r.after = np.array([c / n for n, c in versions[last]])
+            r.samples = sum(n for n, _ in versions[last])
+            r.interval = _interval(np.array([r.after[rng.integers(len(r.after), size=len(r.after))].mean()
+                                             for _ in range(samples)]), level)
+        if 0 in versions:
+            r.before = np.array([c / n for n, c in versions[0]])
+    for rid, step, secs, reward in steps:
+        results[rid].curve.append((int(step), float(secs) if secs is not None else float("nan"),
+                                   float(reward) if reward is not None else float("nan")))
+    ordered = [results[i] for i in ids]
+    arms: dict[str, list[RunResult]] = {}
+    for r in ordered:
+        arms.setdefault(r.arm, []).append(r)
+    draws: dict[str, np.ndarray] = {}
+    out: list[ArmResult] = []
+    for arm, members in arms.items():
+        scored = [m for m in members if m.after is not None]
+        befores = [m.before_pass_at_1 for m in members if m.before is not None]
+        a = ArmResult(arm=arm, method=", ".join(sorted({m.method for m in members})), runs=[m.name for m in members],
+                      pass_at_1=None, interval=None, before=float(np.mean(befores)) if befores else None,
+                      steps=float(np.mean([m.steps for m in members])),
+                      training_s=(float(np.mean([m.training_s for m in members if m.training_s is not None]))
+                                  if any(m.training_s is not None for m in members) else None))
+        if scored:
+            tasks = [m.after for m in scored]
+            d = np.array([_draw(tasks, rng) for _ in range(samples)])
+            draws[arm] = d
+            a.pass_at_1 = float(np.mean([t.mean() for t in tasks]))
+            a.interval = _interval(d, level)
+        out.append(a)
+    base = out[0]
+    if base.arm in draws:
+        for a in out[1:]:
+            if a.arm in draws:
+                a.delta = a.pass_at_1 - base.pass_at_1
+                a.delta_interval = _interval(draws[a.arm] - draws[base.arm], level)
+    return Comparison(runs=ordered, arms=out, level=level, samples=samples,
+                      missing_eval=[r.name for r in ordered if r.after is None])
+
+
+def plot(comparison: Comparison, path: Path, *, x: str = "step") -> None:
+    """One PNG: held-out pass@1 per arm (mean, interval, each run's dot, before as a grey ring) and
+    each run's batch reward per learner step (``x="step"``) or per training second (``"seconds"``)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2), gridspec_kw={"width_ratios": [1, 1.4]})
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    color = {a.arm: colors[i % len(colors)] for i, a in enumerate(comparison.arms)}
+    for i, a in enumerate(comparison.arms):
+        runs = [r for r in comparison.runs if r.arm == a.arm]
+        for j, r in enumerate(runs):
+            dx = (j - (len(runs) - 1) / 2) * 0.08
+            if r.pass_at_1 is not None:
+                left.plot(i + 0.25 + dx, r.pass_at_1, "o", color=color[a.arm], alpha=0.5, ms=5)
+            if r.before_pass_at_1 is not None:
+                left.plot(i + 0.25 + dx, r.before_pass_at_1, "o", mfc="none", color="grey", ms=5)
+        if a.pass_at_1 is not None:
+            lo, hi = a.interval
+            left.errorbar(i, a.pass_at_1, yerr=[[a.pass_at_1 - lo], [hi - a.pass_at_1]], fmt="s", color=color[a.arm],
+                          capsize=5, ms=8)
+    left.set_xticks(range(len(comparison.arms)), [f"{a.arm}\n({len(a.runs)} run{'s' * (len(a.runs) > 1)})"
+                                                  for a in comparison.arms], fontsize=8)
+    left.set_ylim(-0.02, 1.02)
+    left.set_ylabel("held-out pass@1 (last version evaluated)")
+    left.set_title(f"mean and {comparison.level:.0%} bootstrap interval\n(dots: runs; rings: before training)",
+                   fontsize=9)
+    for r in comparison.runs:
+        pts = [(s, sec, rw) for s, sec, rw in r.curve if rw == rw]
+        if pts:
+            xs = [p[0] if x == "step" else p[1] for p in pts]
+            right.plot(xs, [p[2] for p in pts], "-", color=color[r.arm], alpha=0.6, lw=1.2,
+                       label=r.arm if r is next(q for q in comparison.runs if q.arm == r.arm) else None)
+    right.set_xlabel("learner step" if x == "step" else "seconds since policy v0")
+    right.set_ylabel("batch mean reward")
+    right.set_title("training batches, each run", fontsize=9)
+    right.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+__all__ = ["ArmResult", "Comparison", "RunResult", "arm_of", "compare", "plot"]
