@@ -74,6 +74,14 @@ ACTIONS = ("stall-collector-write", "kill-collector-write", "kill-learner-step",
            "kill-learner-publish", "term-collector", "kill-learner-buildlock", "kill-learner-record",
            "term-learner")
 
+#: ``--method lte``: the same run under LTE (hints from the model's own mistakes). The tiny model
+#: solves nothing, so every group is none-pass and held for a hint stage; collectors are also
+#: killed inside a stage (phase ``hint``), leaving stages that only their timeout ends. The
+#: view ``untrained_groups`` must then call a group whose stage outlived its staleness bound
+#: ``held_past_staleness``, never ``passed_over`` (issue 37, item 6; docs/reliability.md).
+LTE_CONFIG = {"algorithm": "lte", "lte": {"hint_timeout_s": 15}}
+LTE_ACTIONS = ("kill-collector-hint",)
+
 SIGNAL_NAMES = {signal.SIGKILL: "SIGKILL", signal.SIGTERM: "SIGTERM", signal.SIGSTOP: "SIGSTOP"}
 
 
@@ -140,6 +148,8 @@ class Drill:
         self.store = Store.open(self.url)
         cfg = json.loads(json.dumps(RUN_CONFIG))
         cfg["run"] = self.args.run
+        if self.args.method == "lte":
+            cfg.update(json.loads(json.dumps(LTE_CONFIG)))
         self.config = self.home / "chaos.yaml"
         self.config.write_text(yaml.safe_dump(cfg))
         self.cfg = cfg
@@ -349,7 +359,8 @@ class Drill:
         can_outage = self.pgdata is not None or (self.args.db_stop_cmd and self.args.db_start_cmd)
         n_out = self.args.outages if can_outage else 0
         outage_at = sorted(t0 + (i + 1) * (end - t0) / (n_out + 1) for i in range(n_out))
-        queue = list(ACTIONS)
+        actions = ACTIONS + (LTE_ACTIONS if self.args.method == "lte" else ())
+        queue = list(actions)
         tries: Counter = Counter()
         self.say(f"drill: {self.args.collectors} collectors and a learner for {self.args.minutes:g} min "
                  f"(home {self.home})")
@@ -362,7 +373,7 @@ class Drill:
                 self.say(f"  database stopped for {seconds:.0f} s")
                 self.outage(seconds)
                 continue
-            action = queue.pop(0) if queue else self.rng.choice(ACTIONS)
+            action = queue.pop(0) if queue else self.rng.choice(actions)
             self.say(f"  {time.monotonic() - t0:6.0f}s {action}")
             if not self.act(action) and tries[action] < 3:  # its phase never came: try it again later
                 tries[action] += 1
@@ -608,6 +619,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--outages", type=int, default=2, help="database stops during the drill (default 2)")
     ap.add_argument("--home", help="REFLEXDB_HOME for the drill (default: a new temporary directory)")
     ap.add_argument("--run", default="chaos", help="run name")
+    ap.add_argument("--method", choices=("grpo", "lte"), default="grpo",
+                    help="lte: the run under LTE, collectors also killed inside hint stages")
     ap.add_argument("--url", help="use this PostgreSQL instead of a private embedded one")
     ap.add_argument("--db-stop-cmd", help="with --url: a shell command that stops the server (for outages)")
     ap.add_argument("--db-start-cmd", help="with --url: a shell command that starts it again")

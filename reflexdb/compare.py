@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -219,7 +220,7 @@ def plot(comparison: Comparison, path: Path, *, x: str = "step") -> None:
     left.set_title(f"mean and {comparison.level:.0%} bootstrap interval\n(dots: runs; rings: before training)",
                    fontsize=9)
     for r in comparison.runs:
-        pts = [(s, sec, rw) for s, sec, rw in r.curve if rw == rw]
+        pts = [(s, sec, rw) for s, sec, rw in r.curve if not np.isnan(rw)]
         if pts:
             xs = [p[0] if x == "step" else p[1] for p in pts]
             right.plot(xs, [p[2] for p in pts], "-", color=color[r.arm], alpha=0.6, lw=1.2,

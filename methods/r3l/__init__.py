@@ -62,6 +62,7 @@ class R3LConfig(BaseModel):
     reflect_per_step: int = Field(8, ge=0, le=4096, description="Most reflect-set pairs a learner step takes (the oldest available).")
     retry_per_step: int = Field(8, ge=0, le=4096, description="Most retry-set pairs a learner step takes (the oldest available).")
     sft_max_uses: int = Field(1, ge=1, le=1000, description="Times each SFT pair may be trained (views r3l_reflect_set, r3l_retry_set: column available).")
+    guidance: Literal["reflection", "oracle"] = Field("reflection", description="What guides a retry: 'reflection' (the paper: the policy's own reflection, retried when it names a failure) or 'oracle', a diagnostic arm, never the method: every base episode that is not correct is retried from its first turn with a guidance built from the task's ground truth (stored in the guidance turn, rows marked meta.guidance = 'oracle'), so that retries succeed and the distillation path (twins re-scored under the plain context, amplification, the retry SFT set) is exercised whatever the model's reflections are worth. The policy still reflects and its reflections are stored and parsed as usual; the reflect set is not trained under it (the retries' success is the oracle's, not the reflection's).")
 
 
 def _cfg(cfg) -> R3LConfig:
@@ -71,7 +72,7 @@ def _cfg(cfg) -> R3LConfig:
 def _workflows(cfg) -> list[WorkflowUse]:
     r = _cfg(cfg)
     return [WorkflowUse("r3l", {"temperature": r.temperature, "max_tokens": r.max_tokens, "decoding": r.decoding,
-                                "max_chars": r.max_chars})]
+                                "max_chars": r.max_chars, "guidance": r.guidance})]
 
 
 def exploration_rows(batch):
@@ -105,7 +106,7 @@ def _terms(cfg, main_params) -> list[LossTerm]:
     r = _cfg(cfg)
     terms = [LossTerm("policy", cfg.learner.loss or "opmd", main_params, rows=exploration_rows,
                       mask=pivot_tokens if r.pivot_mask else None)]
-    if r.reflect_weight > 0:
+    if r.reflect_weight > 0 and r.guidance == "reflection":
         terms.append(LossTerm("reflect", "sft", SFTParams(), rows=reflect_rows, weight=r.reflect_weight))
     if r.retry_weight > 0:
         terms.append(LossTerm("retry", "sft", SFTParams(), rows=retry_rows, weight=r.retry_weight))
@@ -125,7 +126,8 @@ def _transforms(cfg) -> list:
 
 def _settings(cfg) -> dict:
     r = _cfg(cfg)
-    return {"r3l.sft_max_uses": r.sft_max_uses, "r3l.decoding": r.decoding, "r3l.alpha": r.alpha}
+    return {"r3l.sft_max_uses": r.sft_max_uses, "r3l.decoding": r.decoding, "r3l.alpha": r.alpha,
+            "r3l.guidance": r.guidance}
 
 
 def _check(cfg) -> None:
@@ -151,7 +153,7 @@ class R3LHooks:
         if len(chosen.group_ids) < n:  # the learner waits for more groups; the pairs are chosen then
             return chosen
         extra = []
-        if r.reflect_weight > 0:
+        if r.reflect_weight > 0 and r.guidance == "reflection":  # oracle: the retry's success is not the reflection's
             extra += r3l.sft_pairs(L.store, L.run_id, "r3l_reflect_set", r.reflect_per_step)
         if r.retry_weight > 0:
             extra += r3l.sft_pairs(L.store, L.run_id, "r3l_retry_set", r.retry_per_step)

@@ -63,6 +63,16 @@ class _Base:
     parsed: ParsedReflection | None = None
     reflection_id: int = 0
     retry: Episode | None = None
+    oracle: str | None = None  # under guidance 'oracle': the report built from the ground truth
+
+    @property
+    def pivot(self) -> int:
+        """The turn the retry starts from: the reflection's, or 0 under the oracle."""
+        return 0 if self.oracle is not None else self.parsed.pivot
+
+    @property
+    def retried(self) -> bool:
+        return self.oracle is not None or self.parsed.retry
 
 
 @register_workflow("r3l")
@@ -73,14 +83,20 @@ class R3LWorkflow(GroupWorkflow):
         decoding: ``free`` (the paper) or ``json_schema`` (constrained to the reflection's schema
             with a grammar engine: xgrammar on the HF engine, SGLang's own on SGLang).
         max_chars: under ``json_schema``, the longest text a reflection field may hold.
+        guidance: ``reflection`` (the paper) or ``oracle`` (a diagnostic arm, docs/r3l.md: every
+            base episode that is not correct is retried from turn 0 with :func:`oracle_report`
+            of its task's ground truth as the guidance; its rows carry ``meta.guidance = 'oracle'``).
     """
 
     def __init__(self, ctx, *, temperature: float = 0.7, max_tokens: int = 384, decoding: str = "free",
-                 max_chars: int = 400):
+                 max_chars: int = 400, guidance: str = "reflection"):
         if decoding not in DECODINGS:
             raise ValueError(f"r3l: decoding {decoding!r} is not one of {', '.join(DECODINGS)}")
+        if guidance not in ("reflection", "oracle"):
+            raise ValueError(f"r3l: guidance {guidance!r} is not one of reflection, oracle")
         super().__init__(ctx)
         self.temperature, self.max_tokens, self.decoding, self.max_chars = temperature, max_tokens, decoding, max_chars
+        self.guidance = guidance
 
     def collect(self, claimed: list[work.ClaimedTask]) -> list[list[GroupIn]]:
         c = self.ctx
@@ -93,8 +109,12 @@ class R3LWorkflow(GroupWorkflow):
         ids = c.db(lambda: r3l.reserve_ids(c.store, len(bases)))
         for b, rid in zip(bases, ids):
             b.reflection_id = rid
+        if self.guidance == "oracle":
+            for b in bases:
+                if not b.trajectory.correct:
+                    b.oracle = oracle_report(claimed[b.task].ground_truth)
         drill.phase("retry")
-        retried = [b for b in bases if b.parsed.retry]
+        retried = [b for b in bases if b.retried]
         twins = [sum(b.task == i for b in retried) for i in range(len(tasks))]
         starts = [self._retry_start(b) for b in retried]
         fills = [(i, c.make_env(task)) for i, task in enumerate(tasks) for _ in range(N // 2 - twins[i])]
@@ -132,9 +152,9 @@ class R3LWorkflow(GroupWorkflow):
 
     def _retry_start(self, b: _Base) -> Start:
         """The base episode restored to its pivot k, with the guidance after the restored conversation."""
-        k = b.parsed.pivot
+        k = b.pivot
         text = b.reflection.text
-        report = text[text.find("{"): text.rfind("}") + 1]
+        report = b.oracle if b.oracle is not None else text[text.find("{"): text.rfind("}") + 1]
         messages = b.episode.env.restore(k)
         return Start(b.episode.env, [*messages, guidance_message(report)], attempt=k)
 
@@ -182,6 +202,8 @@ class R3LWorkflow(GroupWorkflow):
                 aux_links.append((len(aux) - 1, b.reflection_id))
         meta = {"n_base": len(bases), "n_distilled": sum(id(b) in distilled for b in bases), "n_filled": len(filled),
                 "decoding": self.decoding}
+        if self.guidance == "oracle":
+            meta["guidance"] = "oracle"
         group = GroupIn(run_id=c.run_id, task_id=task.id, policy_version=c.version, trajectories=explore,
                         workflow="r3l", kind="fresh", collector=c.name, embedding_model=c.embedding_model,
                         embedding_layer=-1, meta=meta, attachments=[
@@ -224,7 +246,7 @@ def _assistant_start(t: TrajectoryIn, k: int) -> int:
 def _stitch(b: _Base) -> TrajectoryIn:
     """The distilled trajectory of a retried base episode (log-probs still to be scored)."""
     base, retry = b.trajectory, b.retry.trajectory()
-    k = b.parsed.pivot
+    k = b.pivot
     cut = _assistant_start(base, k)
     prompt_turns = [TurnIn(u.role, u.text, trainable=False) for u in base.turns if u.token_start is None]
     before = [u for u in base.turns if u.token_start is not None and u.token_end <= cut]
@@ -237,8 +259,21 @@ def _stitch(b: _Base) -> TrajectoryIn:
         logprobs=None, reward=retry.reward, correct=retry.correct, turns=prompt_turns + before + after,
         finish_reason=retry.finish_reason, extracted_answer=retry.extracted_answer, error=retry.error,
         origin="distilled", token_policy_versions=versions.astype(np.int32),
-        meta={**retry.meta, "pivot": k, "pivot_token": cut, "logprobs_from": "rescored"},
+        meta={**retry.meta, "pivot": k, "pivot_token": cut, "logprobs_from": "rescored",
+              **({"guidance": "oracle"} if b.oracle is not None else {})},
     )
+
+
+def oracle_report(ground_truth: str) -> str:
+    """The guidance report of the oracle arm: the reflection's five keys, written from the task's
+    ground truth instead of by the policy (a diagnostic, never the method: docs/r3l.md)."""
+    return json.dumps({
+        "trajectory_summary": "The attempt did not reach the correct answer.",
+        "root_cause_analysis": "The answer given was wrong.",
+        "trajectory_outcome": "failure",
+        "improvement_suggestion": f"The correct answer is {str(ground_truth).strip()}. Answer with exactly this number.",
+        "retry_from_step": 0,
+    })
 
 
 def _reflection_row(b: _Base) -> TrajectoryIn:
@@ -262,6 +297,7 @@ def _guided_row(b: _Base) -> TrajectoryIn:
     t = b.retry.trajectory()
     t.origin = "guided_retry"
     t.parent_trajectory_id = Sibling(0, b.index)
-    t.meta = {**t.meta, "pivot": b.parsed.pivot, "logprobs_from": "sampled"}
+    t.meta = {**t.meta, "pivot": b.pivot, "logprobs_from": "sampled",
+              **({"guidance": "oracle"} if b.oracle is not None else {})}
     t.embedding = None
     return t

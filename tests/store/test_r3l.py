@@ -542,6 +542,40 @@ def test_the_workflow_end_to_end_on_the_tiny_model(store, tmp_path, monkeypatch,
     assert all(f.meta.get("reflected") is False and f.id not in links for f in fills)
 
 
+def test_oracle_guidance_retries_every_failure_with_the_ground_truth(store, tmp_path, monkeypatch, model_cache):
+    """r3l.guidance: oracle (a diagnostic arm): the tiny model solves nothing, so each of the three
+    base episodes of a task is retried from turn 0 whatever its reflection said, with the oracle's
+    report (the ground truth) as the guidance: 3 twins, no filling episode; every retry row and
+    twin is marked, the group too; the policy's reflections are still stored as written; and the
+    learner takes no reflect-set pair and has no reflect term."""
+    from reflexdb.collector.runner import Collector
+    from reflexdb.methods.r3l import _terms
+    from reflexdb.methods.r3l.workflow import oracle_report
+
+    monkeypatch.setenv("REFLEXDB_HOME", str(tmp_path / "home"))
+    cfg = _config(guidance="oracle")
+    collector = Collector(cfg, store, echo=lambda m: None)
+    collector.setup()
+    collector.run(max_groups=4)
+    groups = rows(store, "SELECT id, task_id, kind, meta->>'n_distilled', meta->>'n_filled', meta->>'guidance' "
+                         "FROM groups ORDER BY id")
+    assert [g[2:] for g in groups] == [("fresh", "3", "0", "oracle"), ("retry", None, None, None)] * 2
+    explore, retry = store.read_groups([groups[0][0], groups[1][0]])
+    truth = rows(store, "SELECT ground_truth FROM tasks WHERE id = :t", t=groups[0][1])[0][0]
+    assert [t.origin for t in explore.trajectories] == ["base"] * 3 + ["distilled"] * 3
+    assert all(t.meta["guidance"] == "oracle" and t.meta["pivot"] == 0 for t in explore.trajectories[3:])
+    guided = [t for t in retry.trajectories if t.origin == "guided_retry"]
+    assert len(guided) == 3 and all(t.meta["guidance"] == "oracle" for t in guided)
+    guidance = [u.text for u in guided[0].turns if u.token_start is None][-1]
+    assert json.loads(oracle_report(truth)) == json.loads(guidance[guidance.find("{"):guidance.rfind("}") + 1])
+    assert f"The correct answer is {truth}." in guidance
+    # twins from turn 0: the retry's tokens alone, under the plain prompt
+    assert list(explore.trajectories[3].response_ids) == list(guided[0].response_ids)
+    assert rows(store, "SELECT count(*) FROM reflections") == [(6,)]  # the policy's own, as written
+    assert [t.name for t in _terms(cfg, None)] == ["policy", "retry"]
+    assert [t.name for t in _terms(_config(), None)] == ["policy", "reflect", "retry"]
+
+
 def test_the_learner_trains_exploration_groups_and_the_sft_pairs(store, tmp_path, monkeypatch, model_cache):
     """Retries that solve what the base episodes did not: verified corrections. A learner step
     takes the two exploration groups and, beside them, the two reflect pairs and the two retry

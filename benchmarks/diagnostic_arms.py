@@ -1,0 +1,102 @@
+"""Diagnostic arms against their baseline, every run in one database, compared with ``reflexdb compare``.
+
+Each arm and seed runs what a user types, ``reflexdb run CONFIG --set run=ARM-sSEED --set seed=SEED
+--max-steps N --max-seconds S`` (held-out pass@1 before and after, plain prompt), one after the
+other, all in one ``REFLEXDB_HOME`` (one embedded PostgreSQL), so that ``reflexdb compare`` reads
+them together. The seeds go in turn, each seed's arms one after the other (a cut-short experiment
+still compares like with like); a run already in the results file is skipped, so the script
+resumes. Each run's processes are polled for their peak resident memory (benchmarks/memory_bench.py).
+
+Experiments (``--experiment``):
+
+- ``r3l-oracle``: ``examples/arithmetic-r3l.yaml`` (multi-attempt sums, levels 1-2, N = G = 8) with
+  ``r3l.guidance: oracle`` (docs/r3l.md) against ``algorithm: grpo`` on the same task and budget.
+
+Run it from a frozen copy of the code::
+
+    python benchmarks/diagnostic_arms.py --experiment r3l-oracle --seeds 0,1,2 --max-steps 20 \\
+        --max-seconds 1500 --home /work/exp-home --json-out benchmarks/results/r3l_oracle.json
+    reflexdb compare grpo-s0 r3l-oracle-s0 grpo-s1 ... --png docs/r3l_oracle.png   # REFLEXDB_HOME=/work/exp-home
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from memory_bench import Poller  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+CLI = [sys.executable, "-m", "reflexdb.cli.main"]
+EXPERIMENTS = {
+    "r3l-oracle": {
+        "config": ROOT / "examples" / "arithmetic-r3l.yaml",
+        "arms": {"grpo": ["--set", "algorithm=grpo"], "r3l-oracle": ["--set", "r3l.guidance=oracle"]},
+    },
+}
+SUMMARY = re.compile(r"held-out pass@1 \((\d+) \S+ tasks x (\d+) samples\): (\S+) ([\d.]+) -> (\S+) ([\d.]+)")
+
+
+def run_one(exp: dict, arm: str, seed: int, args) -> dict:
+    name = f"{arm}-s{seed}"
+    env = {k: v for k, v in os.environ.items() if k not in ("REFLEXDB_DATABASE_URL", "OMP_NUM_THREADS")}
+    env.update(REFLEXDB_HOME=str(args.home), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    cmd = CLI + ["run", str(exp["config"]), "--set", f"run={name}", "--set", f"seed={seed}",
+                 "--max-steps", str(args.max_steps), "--max-seconds", str(args.max_seconds)] + exp["arms"][arm]
+    log = args.home / f"{name}.log"
+    t0 = time.time()
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
+        poller = Poller(proc.pid)
+        poller.start()
+        rc = proc.wait()
+        poller.done.set()
+        poller.join()
+    peaks: dict[str, int] = {}
+    for role, peak in poller.peaks.values():
+        peaks[role] = max(peaks.get(role, 0), round(peak / 2**20))
+    text = log.read_text(errors="replace")
+    m = SUMMARY.search(text)
+    return {"run": name, "arm": arm, "seed": seed, "rc": rc, "wall_s": round(time.time() - t0, 1),
+            "pass_at_1_before": float(m.group(4)) if m else None, "pass_at_1_after": float(m.group(6)) if m else None,
+            "peak_rss_mib": peaks, "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            **({"log_tail": text[-2000:]} if rc else {})}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--experiment", choices=sorted(EXPERIMENTS), required=True)
+    ap.add_argument("--seeds", default="0,1,2")
+    ap.add_argument("--arms", help="a subset of the experiment's arms, comma-separated (default: all)")
+    ap.add_argument("--max-steps", type=int, default=20)
+    ap.add_argument("--max-seconds", type=float, default=1500)
+    ap.add_argument("--home", type=Path, required=True)
+    ap.add_argument("--json-out", type=Path, required=True)
+    args = ap.parse_args()
+    exp = EXPERIMENTS[args.experiment]
+    arms = args.arms.split(",") if args.arms else list(exp["arms"])
+    args.home.mkdir(parents=True, exist_ok=True)
+    res = json.loads(args.json_out.read_text()) if args.json_out.exists() else {
+        "experiment": args.experiment, "max_steps": args.max_steps, "max_seconds": args.max_seconds, "runs": []}
+    for seed in [int(s) for s in args.seeds.split(",")]:
+        for arm in arms:
+            if any(r["arm"] == arm and r["seed"] == seed and r["rc"] == 0 for r in res["runs"]):
+                continue
+            print(f"== {arm} seed {seed}", flush=True)
+            r = run_one(exp, arm, seed, args)
+            print(json.dumps(r), flush=True)
+            res["runs"] = [x for x in res["runs"] if not (x["arm"] == arm and x["seed"] == seed)] + [r]
+            args.json_out.parent.mkdir(parents=True, exist_ok=True)
+            args.json_out.write_text(json.dumps(res, indent=1))
+
+
+if __name__ == "__main__":
+    main()
