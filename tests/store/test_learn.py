@@ -345,7 +345,10 @@ def test_world_size_2_matches_one_process(db_url, tmp_path, model_cache):
     assert one.keys() == two.keys()
     moved = 0.0
     for k in one:
-        assert torch.allclose(one[k], two[k], atol=1e-5, rtol=1e-4), k
+        # AdamW's first step moves a weight by lr·g/(|g| + eps) (lr = 1e-3): where a gradient is near eps
+        # (1e-8), the order of float sums (one process, or two ranks and an all-reduce; the head's
+        # chunks) shows as a few percent of lr; a wrong data-parallel step would differ by about lr
+        assert torch.allclose(one[k], two[k], atol=5e-5, rtol=1e-4), (k, float((one[k] - two[k]).abs().max()))
         moved = max(moved, float((one[k] - base[k]).abs().max()))
     assert moved > 1e-5  # the step did change the weights
 
