@@ -125,7 +125,7 @@ class LearnerConfig(_Section):
     weight_decay: float = Field(0.0, ge=0.0, le=1.0, description="AdamW weight decay.")
     grad_clip: float = Field(1.0, gt=0.0, description="Gradient norm clipping.")
     micro_batch_size: int = Field(8, ge=1, le=4096, description="Trajectories per forward/backward pass (gradient accumulation covers the rest).")
-    micro_batch_tokens: int | None = Field(2048, ge=16, description="Token budget of a forward/backward pass: a micro-batch whose rows × longest row (prompt and response, padded) passes it is cut into smaller passes, so long multi-turn rows do not multiply the learner's activation memory. The gradient is the same (each pass is weighted by its share). None: micro_batch_size alone decides.")
+    micro_batch_tokens: int | None = Field(1024, ge=16, description="Token budget of a forward/backward pass: a micro-batch whose rows × longest row (prompt and response, padded) passes it is cut into smaller passes, so long multi-turn rows do not multiply the learner's activation memory. The gradient is the same (each pass is weighted by its share). None: micro_batch_size alone decides.")
     activation_checkpointing: bool = Field(False, description="Recompute each decoder layer's activations in the backward pass instead of keeping them (HF gradient checkpointing): less memory for long rows, about a third more compute per step.")
     zero_stage: int = Field(0, ge=0, le=3, description="DeepSpeed ZeRO stage.")
     dtype: Literal["float32", "bfloat16"] = Field("float32", description="Training precision.")
