@@ -187,11 +187,16 @@ class Drill:
 
     # ------------------------------------------------------------------ processes
 
-    def spawn(self, p: Proc) -> None:
+    def spawn(self, p: Proc, hold: str | None = None) -> None:
+        """Start ``p``; with ``hold``, it stops itself (SIGSTOP) as it enters that phase
+        (``REFLEXDB_DRILL_HOLD``): a phase too short to hit from outside (a hint stage of the tiny
+        model) is then killed exactly there."""
         log = open(self.logs / f"{p.name}.log", "a")
-        log.write(f"\n===== incarnation {p.incarnations + 1} at {time.strftime('%H:%M:%S')} =====\n")
+        log.write(f"\n===== incarnation {p.incarnations + 1} at {time.strftime('%H:%M:%S')}"
+                  f"{f' (held at {hold})' if hold else ''} =====\n")
         log.flush()
-        p.popen = subprocess.Popen(CLI + p.args + ["-c", str(self.config)], env=self.env, stdout=log,
+        env = dict(self.env, REFLEXDB_DRILL_HOLD=hold) if hold else self.env
+        p.popen = subprocess.Popen(CLI + p.args + ["-c", str(self.config)], env=env, stdout=log,
                                    stderr=subprocess.STDOUT, start_new_session=True)
         log.close()
         p.incarnations += 1
@@ -296,6 +301,9 @@ class Drill:
         elif where == "buildlock":
             if not self._kill_at_build_lock(p):
                 return False
+        elif where == "hint":
+            if not self._kill_held(p, "hint"):
+                return False
         elif what == "term":
             phase = self.at_phase(p, {"generate", "write", "step", "wait", "claim", "record", "publish"}, timeout=30)
             self.signal(p, signal.SIGTERM, phase or self.phase(p))  # SIGTERM, then SIGCONT
@@ -309,6 +317,35 @@ class Drill:
             self.signal(p, signal.SIGKILL, phase or self.phase(p))
         self.actions_done[action] += 1
         return True
+
+    def _kill_held(self, p: Proc, phase: str, timeout: float = 90.0) -> bool:
+        """Restart ``p`` held at ``phase`` (SIGTERM first: it releases what it holds and exits 0),
+        wait until it has stopped itself there, and SIGKILL it: its claims stay until they expire."""
+        self.signal(p, signal.SIGTERM, self.phase(p))
+        try:
+            p.popen.wait(timeout=180)
+        except subprocess.TimeoutExpired:
+            self.problems.append(f"{p.name} (pid {p.popen.pid}) ignored SIGTERM for 180 s")
+            p.popen.kill()
+        if p.popen.returncode not in (0, -signal.SIGKILL):
+            self.problems.append(f"{p.name} (pid {p.popen.pid}) exited with code {p.popen.returncode} after SIGTERM")
+        self.spawn(p, hold=phase)
+        self.restarts += 1
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and p.alive():
+            try:
+                state = Path(f"/proc/{p.popen.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            except FileNotFoundError:
+                break
+            if state == "T" and self.phase(p) == phase:
+                self.signal(p, signal.SIGKILL, phase)
+                return True
+            self.reap()
+            time.sleep(0.05)
+        # it never got there: SIGTERM (and SIGCONT); the restart after it holds nowhere
+        if p.alive():
+            self.signal(p, signal.SIGTERM, self.phase(p))
+        return False
 
     def _kill_at_build_lock(self, p: Proc) -> bool:
         """Kill the learner while torch holds its extension build lock (start-up; under a second)."""

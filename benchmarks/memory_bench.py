@@ -58,6 +58,7 @@ class Poller(threading.Thread):
         super().__init__(daemon=True)
         self.root, self.interval = root_pid, interval
         self.peaks: dict[int, tuple[str, int]] = {}  # pid -> (role, peak rss bytes)
+        self.commands: dict[int, str] = {}  # pid -> its command line (the first 120 characters)
         self.total_peak = 0
         self.done = threading.Event()
 
@@ -78,6 +79,10 @@ class Poller(threading.Thread):
                 r, peak = self.peaks.get(p.pid, (None, 0))
                 if r is None or r == "other":
                     r = role(p)
+                    try:
+                        self.commands[p.pid] = " ".join(p.cmdline())[:120]
+                    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+                        pass
                 self.peaks[p.pid] = (r, max(peak, rss))
             self.total_peak = max(self.total_peak, total)
             time.sleep(self.interval)
@@ -106,6 +111,8 @@ def run_example(name: str, args) -> dict:
     by_role = {r: 0 for r in ROLES}
     for r, peak in poller.peaks.values():
         by_role[r] = max(by_role[r], peak)
+    others = sorted(((peak, poller.commands.get(pid, "?")) for pid, (r, peak) in poller.peaks.items() if r == "other"),
+                    reverse=True)
     steps = None
     for line in log.read_text(errors="replace").splitlines():
         if "step " in line and "loss" in line:
@@ -115,6 +122,7 @@ def run_example(name: str, args) -> dict:
         "peak_mib": {r: round(v / 2**20) for r, v in by_role.items() if v},
         "largest_mib": round(max(by_role.values()) / 2**20), "tree_total_peak_mib": round(poller.total_peak / 2**20),
         "last_step_line": steps,
+        "largest_other": {"mib": round(others[0][0] / 2**20), "command": others[0][1]} if others else None,
         "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
     }
     if rc != 0:

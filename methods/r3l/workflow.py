@@ -63,7 +63,7 @@ class _Base:
     parsed: ParsedReflection | None = None
     reflection_id: int = 0
     retry: Episode | None = None
-    oracle: str | None = None  # under guidance 'oracle': the report built from the ground truth
+    oracle: str | None = None  # under guidance 'oracle': the guidance built from the ground truth
 
     @property
     def pivot(self) -> int:
@@ -84,8 +84,9 @@ class R3LWorkflow(GroupWorkflow):
             with a grammar engine: xgrammar on the HF engine, SGLang's own on SGLang).
         max_chars: under ``json_schema``, the longest text a reflection field may hold.
         guidance: ``reflection`` (the paper) or ``oracle`` (a diagnostic arm, docs/r3l.md: every
-            base episode that is not correct is retried from turn 0 with :func:`oracle_report`
-            of its task's ground truth as the guidance; its rows carry ``meta.guidance = 'oracle'``).
+            base episode that is not correct is retried from turn 0 with a line built from its
+            task's ground truth as the guidance (:func:`oracle_guidance`); its rows carry
+            ``meta.guidance = 'oracle'``).
     """
 
     def __init__(self, ctx, *, temperature: float = 0.7, max_tokens: int = 384, decoding: str = "free",
@@ -112,7 +113,7 @@ class R3LWorkflow(GroupWorkflow):
         if self.guidance == "oracle":
             for b in bases:
                 if not b.trajectory.correct:
-                    b.oracle = oracle_report(claimed[b.task].ground_truth)
+                    b.oracle = oracle_guidance(claimed[b.task].ground_truth)
         drill.phase("retry")
         retried = [b for b in bases if b.retried]
         twins = [sum(b.task == i for b in retried) for i in range(len(tasks))]
@@ -153,9 +154,11 @@ class R3LWorkflow(GroupWorkflow):
     def _retry_start(self, b: _Base) -> Start:
         """The base episode restored to its pivot k, with the guidance after the restored conversation."""
         k = b.pivot
-        text = b.reflection.text
-        report = b.oracle if b.oracle is not None else text[text.find("{"): text.rfind("}") + 1]
         messages = b.episode.env.restore(k)
+        if b.oracle is not None:
+            return Start(b.episode.env, [*messages, {"role": "user", "content": b.oracle}], attempt=k)
+        text = b.reflection.text
+        report = text[text.find("{"): text.rfind("}") + 1]
         return Start(b.episode.env, [*messages, guidance_message(report)], attempt=k)
 
     def _distill(self, retried: list[_Base]) -> dict[int, TrajectoryIn]:
@@ -264,16 +267,16 @@ def _stitch(b: _Base) -> TrajectoryIn:
     )
 
 
-def oracle_report(ground_truth: str) -> str:
-    """The guidance report of the oracle arm: the reflection's five keys, written from the task's
-    ground truth instead of by the policy (a diagnostic, never the method: docs/r3l.md)."""
-    return json.dumps({
-        "trajectory_summary": "The attempt did not reach the correct answer.",
-        "root_cause_analysis": "The answer given was wrong.",
-        "trajectory_outcome": "failure",
-        "improvement_suggestion": f"The correct answer is {str(ground_truth).strip()}. Answer with exactly this number.",
-        "retry_from_step": 0,
-    })
+def oracle_guidance(ground_truth: str) -> str:
+    """The guidance of the oracle arm, a user message after the restored conversation, written
+    from the task's ground truth (a diagnostic, never the method: docs/r3l.md).
+
+    Short and direct on purpose: SmolLM2-135M followed the paper's guidance block around a
+    reflection-shaped JSON report built from the ground truth in 4 of 32 samples (0.125), and this
+    line in 15 of 32 (0.469; 8 sums × 4 samples at temperature 1, measured 2026-11-26,
+    docs/experiments.md); the arm exists to make retries succeed."""
+    answer = str(ground_truth).strip()
+    return f"The answer is {answer}. Say: The answer is {answer}."
 
 
 def _reflection_row(b: _Base) -> TrajectoryIn:

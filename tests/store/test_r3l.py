@@ -545,12 +545,12 @@ def test_the_workflow_end_to_end_on_the_tiny_model(store, tmp_path, monkeypatch,
 def test_oracle_guidance_retries_every_failure_with_the_ground_truth(store, tmp_path, monkeypatch, model_cache):
     """r3l.guidance: oracle (a diagnostic arm): the tiny model solves nothing, so each of the three
     base episodes of a task is retried from turn 0 whatever its reflection said, with the oracle's
-    report (the ground truth) as the guidance: 3 twins, no filling episode; every retry row and
+    line (the ground truth) as the guidance: 3 twins, no filling episode; every retry row and
     twin is marked, the group too; the policy's reflections are still stored as written; and the
     learner takes no reflect-set pair and has no reflect term."""
     from reflexdb.collector.runner import Collector
     from reflexdb.methods.r3l import _terms
-    from reflexdb.methods.r3l.workflow import oracle_report
+    from reflexdb.methods.r3l.workflow import oracle_guidance
 
     monkeypatch.setenv("REFLEXDB_HOME", str(tmp_path / "home"))
     cfg = _config(guidance="oracle")
@@ -567,8 +567,7 @@ def test_oracle_guidance_retries_every_failure_with_the_ground_truth(store, tmp_
     guided = [t for t in retry.trajectories if t.origin == "guided_retry"]
     assert len(guided) == 3 and all(t.meta["guidance"] == "oracle" for t in guided)
     guidance = [u.text for u in guided[0].turns if u.token_start is None][-1]
-    assert json.loads(oracle_report(truth)) == json.loads(guidance[guidance.find("{"):guidance.rfind("}") + 1])
-    assert f"The correct answer is {truth}." in guidance
+    assert guidance == oracle_guidance(truth) == f"The answer is {truth}. Say: The answer is {truth}."
     # twins from turn 0: the retry's tokens alone, under the plain prompt
     assert list(explore.trajectories[3].response_ids) == list(guided[0].response_ids)
     assert rows(store, "SELECT count(*) FROM reflections") == [(6,)]  # the policy's own, as written
