@@ -25,14 +25,13 @@ import argparse
 import json
 import os
 import re
-import subprocess
 import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from memory_bench import Poller  # noqa: E402
+from memory_bench import run_polled  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 CLI = [sys.executable, "-m", "reflexdb.cli.main"]
@@ -53,13 +52,7 @@ def run_one(exp: dict, arm: str, seed: int, args) -> dict:
                  "--max-steps", str(args.max_steps), "--max-seconds", str(args.max_seconds)] + exp["arms"][arm]
     log = args.home / f"{name}.log"
     t0 = time.time()
-    with open(log, "w") as out:
-        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
-        poller = Poller(proc.pid)
-        poller.start()
-        rc = proc.wait()
-        poller.done.set()
-        poller.join()
+    rc, poller = run_polled(cmd, env, log)
     peaks: dict[str, int] = {}
     for role, peak in poller.peaks.values():
         peaks[role] = max(peaks.get(role, 0), round(peak / 2**20))

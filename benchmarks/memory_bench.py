@@ -88,6 +88,18 @@ class Poller(threading.Thread):
             time.sleep(self.interval)
 
 
+def run_polled(cmd: list[str], env: dict, log: Path) -> tuple[int, Poller]:
+    """Run ``cmd`` (output to ``log``) while polling its process tree; its exit code and the poller."""
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
+        poller = Poller(proc.pid)
+        poller.start()
+        rc = proc.wait()
+        poller.done.set()
+        poller.join()
+    return rc, poller
+
+
 def run_example(name: str, args) -> dict:
     home = Path(tempfile.mkdtemp(prefix=f"reflexdb-memory-{name}-"))
     env = {k: v for k, v in os.environ.items() if k != "REFLEXDB_DATABASE_URL"}
@@ -100,13 +112,7 @@ def run_example(name: str, args) -> dict:
         cmd += ["--set", kv]
     t0 = time.time()
     log = home / "run.log"
-    with open(log, "w") as out:
-        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
-        poller = Poller(proc.pid)
-        poller.start()
-        rc = proc.wait()
-        poller.done.set()
-        poller.join()
+    rc, poller = run_polled(cmd, env, log)
     wall = time.time() - t0
     by_role = {r: 0 for r in ROLES}
     for r, peak in poller.peaks.values():
