@@ -50,6 +50,8 @@ def run_one(exp: dict, arm: str, seed: int, args) -> dict:
     env.update(REFLEXDB_HOME=str(args.home), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     cmd = CLI + ["run", str(exp["config"]), "--set", f"run={name}", "--set", f"seed={seed}",
                  "--max-steps", str(args.max_steps), "--max-seconds", str(args.max_seconds)] + exp["arms"][arm]
+    for kv in args.overrides:
+        cmd += ["--set", kv]
     log = args.home / f"{name}.log"
     t0 = time.time()
     rc, poller = run_polled(cmd, env, log)
@@ -71,6 +73,9 @@ def main() -> None:
     ap.add_argument("--arms", help="a subset of the experiment's arms, comma-separated (default: all)")
     ap.add_argument("--max-steps", type=int, default=20)
     ap.add_argument("--max-seconds", type=float, default=1500)
+    ap.add_argument("--set", dest="overrides", action="append", default=[],
+                    help="a config override for every arm (repeatable), e.g. --set learner.keep_policies=null to keep "
+                         "every published version for `reflexdb eval --checkpoint vN` at equal steps")
     ap.add_argument("--home", type=Path, required=True)
     ap.add_argument("--json-out", type=Path, required=True)
     args = ap.parse_args()
