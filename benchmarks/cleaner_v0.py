@@ -38,6 +38,10 @@ SETTINGS = {
     "level6": {"tasks.level": 6},
     "levels2_8": {"tasks.level": [2, 8]},
     "levels4_6_8": {"tasks.level": [4, 6, 8]},
+    # a library call (math.comb, factorial, gcd, lcm, isqrt): code that fails fixably when `import math` is
+    # forgotten (issue 37's regime of frequent recoverable tool errors); alone and with level 4's mixed groups
+    "level9": {"tasks.level": 9},
+    "levels4_9": {"tasks.level": [4, 9]},
     "gsm8k": {"tasks.source": "file", "tasks.path": str(GSM8K), "tasks.train_size": 200, "tasks.eval_size": 20,
               "collector.sampling.max_new_tokens": 256},
 }

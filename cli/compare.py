@@ -27,6 +27,7 @@ def compare(
     samples: int = typer.Option(2000, "--samples", min=100, max=1_000_000, help="Bootstrap draws."),
     level: float = typer.Option(0.95, "--level", help="Confidence level of the intervals."),
     seed: int = typer.Option(0, "--seed", help="Seed of the bootstrap draws."),
+    at_version: int = typer.Option(None, "--at-version", help="Score each run at its last version evaluated at or below N (equal steps; evaluate it first with `reflexdb eval --checkpoint vN`), not at its last."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of the tables."),
     url: str = typer.Option(None, "--url", envvar="REFLEXDB_DATABASE_URL", help="PostgreSQL URL (default: config.toml, then embedded)."),
 ) -> None:
@@ -40,7 +41,7 @@ def compare(
     if x not in ("step", "seconds"):
         raise ReflexdbError(f"--x must be step or seconds, not {x!r}")
     with Store.open(url) as store:
-        c = do_compare(store, runs, by=by, samples=samples, seed=seed, level=level)
+        c = do_compare(store, runs, by=by, samples=samples, seed=seed, level=level, at_version=at_version)
     if png is not None:
         plot(c, png, x=x)
     if as_json:
@@ -48,10 +49,11 @@ def compare(
         return
     lvl = f"{c.level:.0%} CI"
     typer.echo(screen.format_table(
-        ["run", "method", "seed", "steps", "training s", "version", "pass@1 before", "pass@1 after", lvl + " (tasks)"],
+        ["run", "method", "seed", "steps", "training s", "version", "its s", "pass@1 before", "pass@1 after",
+         lvl + " (tasks)"],
         [(r.name, r.method, r.seed or "-", r.steps, "-" if r.training_s is None else f"{r.training_s:.0f}",
-          "-" if r.after_version is None else f"v{r.after_version}", _p(r.before_pass_at_1), _p(r.pass_at_1),
-          _ci(r.interval)) for r in c.runs]))
+          "-" if r.after_version is None else f"v{r.after_version}", "-" if r.after_s is None else f"{r.after_s:.0f}",
+          _p(r.before_pass_at_1), _p(r.pass_at_1), _ci(r.interval)) for r in c.runs]))
     typer.echo("")
     typer.echo(screen.format_table(
         ["arm", "method", "runs", "mean steps", "mean training s", "pass@1 before", "pass@1 after",
@@ -60,7 +62,8 @@ def compare(
           "-" if a.training_s is None else f"{a.training_s:.0f}", _p(a.before), _p(a.pass_at_1), _ci(a.interval),
           "-" if a.delta is None else f"{a.delta:+.3f}", _ci(a.delta_interval)) for a in c.arms]))
     if c.missing_eval:
-        typer.echo(f"\nno held-out evaluation after training for: {', '.join(c.missing_eval)} "
-                   "(`reflexdb eval -c CONFIG --checkpoint latest`)")
+        where = "latest" if at_version is None else f"v{at_version}"
+        typer.echo(f"\nno held-out evaluation after training{'' if at_version is None else f' at or below v{at_version}'}"
+                   f" for: {', '.join(c.missing_eval)} (`reflexdb eval -c CONFIG --checkpoint {where}`)")
     if png is not None:
         typer.echo(f"\nplot: {png}")

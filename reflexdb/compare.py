@@ -6,7 +6,11 @@ eval-split tasks), its learner steps and the publication time of policy v0.
 
 - **A run's pass@1** is the mean over its eval tasks of each task's share of correct samples, at
   the last policy version evaluated ("after") and at version 0 ("before", when evaluated). Its
-  interval resamples the tasks (bootstrap, percentile).
+  interval resamples the tasks (bootstrap, percentile). With ``at_version=N`` (``--at-version``),
+  "after" is the last version evaluated **at or below N** instead: runs compared at equal steps
+  (evaluate the earlier versions first, ``reflexdb eval --checkpoint vN``, which needs the
+  published weights kept: ``learner.keep_policies``). Each run also reports the seconds of
+  training behind the version it is scored at (from v0's publication to that version's).
 - **An arm** is the runs of one configuration at different seeds: by default the runs whose names
   are equal once a seed suffix (``-s0``, ``_seed2``, ``-3``) is removed; ``by="method"`` groups by
   the run's algorithm instead. An arm's pass@1 is the mean of its runs'; its interval is a
@@ -57,6 +61,7 @@ class RunResult:
     steps: int
     training_s: float | None
     after_version: int | None = None
+    after_s: float | None = None  # seconds from policy v0's publication to after_version's
     after: np.ndarray | None = None  # [tasks] share correct per task at the last version evaluated
     before: np.ndarray | None = None  # ... at version 0
     samples: int = 0  # eval samples at the last version
@@ -93,15 +98,18 @@ class Comparison:
     level: float
     samples: int  # bootstrap draws
     missing_eval: list[str]
+    at_version: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
         def run(r: RunResult) -> dict[str, Any]:
             return {"run": r.name, "method": r.method, "arm": r.arm, "seed": r.seed, "steps": r.steps,
-                    "training_s": r.training_s, "after_version": r.after_version, "pass_at_1": r.pass_at_1,
+                    "training_s": r.training_s, "after_version": r.after_version, "after_s": r.after_s,
+                    "pass_at_1": r.pass_at_1,
                     "interval": r.interval, "before_pass_at_1": r.before_pass_at_1,
                     "tasks": None if r.after is None else len(r.after), "eval_samples": r.samples}
 
-        return {"level": self.level, "bootstrap_samples": self.samples, "runs": [run(r) for r in self.runs],
+        return {"level": self.level, "bootstrap_samples": self.samples, "at_version": self.at_version,
+                "runs": [run(r) for r in self.runs],
                 "arms": [a.__dict__ for a in self.arms], "missing_eval": self.missing_eval}
 
 
@@ -117,8 +125,9 @@ def _interval(draws: np.ndarray, level: float) -> tuple[float, float]:
 
 
 def compare(store: Store, names: Sequence[str], *, by: str = "arm", samples: int = 2000, seed: int = 0,
-            level: float = 0.95) -> Comparison:
-    """Read the named runs and compute the comparison (see the module docstring)."""
+            level: float = 0.95, at_version: int | None = None) -> Comparison:
+    """Read the named runs and compute the comparison (see the module docstring); ``at_version``:
+    score each run at its last version evaluated at or below it, not at its last."""
     if not names:
         raise ReflexdbError("name at least one run to compare")
     if len(set(names)) != len(names):
@@ -127,6 +136,8 @@ def compare(store: Store, names: Sequence[str], *, by: str = "arm", samples: int
         raise ReflexdbError(f"--by must be arm or method, not {by!r}")
     if not 0 < level < 1:
         raise ReflexdbError(f"--level must be between 0 and 1, not {level}")
+    if at_version is not None and at_version < 1:
+        raise ReflexdbError(f"--at-version must be a trained version (1 or more), not {at_version}")
     with store.transaction() as conn:
         rows = conn.execute(Q["compare_runs"], {"names": list(names)}).fetchall()
         found = {r[1] for r in rows}
@@ -136,6 +147,7 @@ def compare(store: Store, names: Sequence[str], *, by: str = "arm", samples: int
         ids = [r[0] for r in rows]
         evals = conn.execute(Q["compare_evals"], {"ids": ids}).fetchall()
         steps = conn.execute(Q["compare_steps"], {"ids": ids}).fetchall()
+        published = {(rid, int(v)): sec for rid, v, sec in conn.execute(Q["compare_versions"], {"ids": ids})}
     rng = np.random.default_rng(seed)
     results: dict[int, RunResult] = {}
     for rid, name, method, run_seed, _cfg, n_steps, training_s in rows:
@@ -147,9 +159,12 @@ def compare(store: Store, names: Sequence[str], *, by: str = "arm", samples: int
         per_version.setdefault(rid, {}).setdefault(int(version), []).append((int(n), int(c)))
     for rid, versions in per_version.items():
         r = results[rid]
-        last = max(versions)
+        scored = [v for v in versions if at_version is None or v <= at_version]
+        last = max(scored, default=0)
         if last > 0:
             r.after_version = last
+            sec = published.get((rid, last))
+            r.after_s = None if sec is None else float(sec)
             r.after = np.array([c / n for n, c in versions[last]])
             r.samples = sum(n for n, _ in versions[last])
             r.interval = _interval(np.array([r.after[rng.integers(len(r.after), size=len(r.after))].mean()
@@ -187,7 +202,7 @@ def compare(store: Store, names: Sequence[str], *, by: str = "arm", samples: int
                 a.delta = a.pass_at_1 - base.pass_at_1
                 a.delta_interval = _interval(draws[a.arm] - draws[base.arm], level)
     return Comparison(runs=ordered, arms=out, level=level, samples=samples,
-                      missing_eval=[r.name for r in ordered if r.after is None])
+                      missing_eval=[r.name for r in ordered if r.after is None], at_version=at_version)
 
 
 def plot(comparison: Comparison, path: Path, *, x: str = "step") -> None:
@@ -216,7 +231,8 @@ def plot(comparison: Comparison, path: Path, *, x: str = "step") -> None:
     left.set_xticks(range(len(comparison.arms)), [f"{a.arm}\n({len(a.runs)} run{'s' * (len(a.runs) > 1)})"
                                                   for a in comparison.arms], fontsize=8)
     left.set_ylim(-0.02, 1.02)
-    left.set_ylabel("held-out pass@1 (last version evaluated)")
+    left.set_ylabel("held-out pass@1 (last version evaluated" + (
+        f", at most v{comparison.at_version})" if comparison.at_version is not None else ")"))
     left.set_title(f"mean and {comparison.level:.0%} bootstrap interval\n(dots: runs; rings: before training)",
                    fontsize=9)
     for r in comparison.runs:

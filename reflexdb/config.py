@@ -40,7 +40,7 @@ class TasksConfig(_Section):
     question_field: str = Field("question", description="Field holding the question (source: file).")
     answer_field: str = Field("answer", description="Field holding the answer; GSM8K's '#### 42' suffix is understood (source: file).")
     dataset: str | None = Field(None, description="Name stored with the tasks (default: 'arithmetic' or the file's stem).")
-    level: int | list[int] = Field(1, description="Arithmetic difficulty: 1 = single-digit addition (100 problems in all), up to 6; 7 (multi-digit products) and 8 (long sums) are for tool use; or a list of levels, each problem drawn from one of them uniformly.")
+    level: int | list[int] = Field(1, description="Arithmetic difficulty: 1 = single-digit addition (100 problems in all), up to 6; 7 (multi-digit products), 8 (long sums) and 9 (a call of Python's math module, e.g. math.comb(23, 4)) are for tool use; or a list of levels, each problem drawn from one of them uniformly.")
     train_size: int = Field(80, ge=1, le=10_000_000, description="Arithmetic tasks in the train split (or at most this many rows of the file).")
     eval_size: int = Field(8, ge=0, le=1_000_000, description="Held-out tasks in the eval split (disjoint from train).")
     seed: int = Field(0, description="Seed of the task generator / of the file's train/eval split.")
@@ -50,9 +50,9 @@ class TasksConfig(_Section):
     @classmethod
     def _levels(cls, v: int | list[int]) -> int | list[int]:
         levels = [v] if isinstance(v, int) else v
-        bad = [lv for lv in levels if not 1 <= lv <= 8]
+        bad = [lv for lv in levels if not 1 <= lv <= 9]
         if bad or not levels:
-            raise ValueError(f"levels lie in 1..8, got {bad or 'none'}")
+            raise ValueError(f"levels lie in 1..9, got {bad or 'none'}")
         return v
 
     @field_validator("path")

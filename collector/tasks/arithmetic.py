@@ -16,10 +16,14 @@ level  problems                                               example
 6      three-digit addition / subtraction, two-digit product  ``512 - 287``
 7      a product of multi-digit numbers (3-4 by 2-4 digits)   ``4821 * 376``
 8      a long sum: 5 to 7 terms of 3 to 5 digits              ``482 + 9171 + ...``
+9      a call of Python's ``math`` module                     ``math.comb(23, 4)``
 ====== ===================================================== ===============
 
 Levels 7 and 8 are beyond a small model's mental arithmetic: tasks where a tool (the
-``tool_python`` environment's interpreter) matters.
+``tool_python`` environment's interpreter) matters. Level 9 names a library call (``comb``,
+``factorial``, ``gcd``, ``lcm``, ``isqrt`` of ``math``): a tool task whose code fails in a
+fixable way when the model forgets ``import math`` (CLEANER's regime, docs/cleaner.md); some of
+its problems (a small ``gcd`` or ``lcm``) are within mental reach.
 
 The split of a problem is a pure function of its text (a SHA-256 bucket), not of the seed: the
 train and eval sets are disjoint for every seed, and the eval set is the same in every run.
@@ -28,6 +32,7 @@ train and eval sets are disjoint for every seed, and the eval set is the same in
 from __future__ import annotations
 
 import hashlib
+import math
 import random
 from collections.abc import Callable, Sequence
 
@@ -94,9 +99,27 @@ def _level8(rng: random.Random) -> tuple[str, int]:
     return " + ".join(map(str, terms)), sum(terms)
 
 
+def _level9(rng: random.Random) -> tuple[str, int]:
+    form = rng.randrange(5)
+    if form == 0:
+        n, k = rng.randint(10, 40), rng.randint(2, 6)
+        return f"math.comb({n}, {k})", math.comb(n, k)
+    if form == 1:
+        n = rng.randint(7, 14)
+        return f"math.factorial({n})", math.factorial(n)
+    if form == 2:
+        g, x, y = rng.randint(2, 50), rng.randint(2, 60), rng.randint(2, 60)
+        return f"math.gcd({g * x}, {g * y})", math.gcd(g * x, g * y)
+    if form == 3:
+        a, b = rng.randint(4, 60), rng.randint(4, 60)
+        return f"math.lcm({a}, {b})", math.lcm(a, b)
+    n = rng.randint(1000, 999999)
+    return f"math.isqrt({n})", math.isqrt(n)
+
+
 #: level → problem drawer.
 LEVELS: dict[int, Draw] = {1: _level1, 2: _level2, 3: _level3, 4: _level4, 5: _level5, 6: _level6, 7: _level7,
-                           8: _level8}
+                           8: _level8, 9: _level9}
 
 
 def split_of(level: int, expression: str, eval_fraction: float = 0.1) -> str:

@@ -34,3 +34,13 @@ SELECT s.run_id, s.step,
 FROM learner_steps s
 WHERE s.run_id = ANY(%(ids)s::bigint[])
 ORDER BY 1, 2;
+
+-- name: compare_versions
+-- Each run's published policy versions: seconds from policy v0's publication to each one's (the
+-- training time behind a version's evaluation).
+SELECT p.run_id, p.version,
+       extract(epoch FROM p.created_at - (SELECT p0.created_at FROM policy_versions p0
+                                         WHERE p0.run_id = p.run_id AND p0.version = 0)) AS seconds
+FROM policy_versions p
+WHERE p.run_id = ANY(%(ids)s::bigint[])
+ORDER BY 1, 2;

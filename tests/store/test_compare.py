@@ -21,7 +21,7 @@ CLI = [sys.executable, "-m", "reflexdb.cli.main", "compare"]
 
 
 def _run(store, name, algorithm, seed, after: list[int], *, before: int = 1, steps: int = 2, k: int = 4,
-         evaluated: bool = True):
+         evaluated: bool = True, also: dict[int, list[int]] | None = None):
     """A run with 4 eval tasks: k samples each, ``before`` right per task at v0 and ``after[i]``
     right on task i at v``steps``; ``steps`` learner steps whose batch reward/mean is step / 10."""
     rng = np.random.default_rng(seed)
@@ -33,7 +33,7 @@ def _run(store, name, algorithm, seed, after: list[int], *, before: int = 1, ste
     for step in range(1, steps + 1):
         store.record_step(run, step, step - 1, ids, metrics={"reward/mean": step / 10})
         store.publish_policy(run, step, f"file:///x/v{step}", step=step)
-    for version, right in [(0, [before] * 4)] + ([(steps, after)] if evaluated else []):
+    for version, right in [(0, [before] * 4)] + ([(steps, after)] if evaluated else []) + list((also or {}).items()):
         for t, r in zip(evals, right):
             g = make_group(rng, run, t, size=k, version=version, n_correct=r)
             store.write_group(dataclasses.replace(g, kind="eval", workflow="eval", meta={"attempts": 1}))
@@ -76,6 +76,24 @@ def test_arms_means_intervals_and_deltas_by_hand(store):
     assert [a.arm for a in by_method.arms] == ["r3l", "grpo"] and by_method.arms[1].delta == pytest.approx(-0.25)
 
 
+def test_at_version_scores_each_run_at_equal_steps(store):
+    # GRPO ran 4 steps, evaluated at v2 (1/4 right per task) and v4 (4/4); R3L ran 2, evaluated at v2 (2/4)
+    _run(store, "eq-grpo-s0", "grpo", 0, [4, 4, 4, 4], steps=4, also={2: [1, 1, 1, 1]})
+    _run(store, "eq-r3l-s0", "r3l", 0, [2, 2, 2, 2], steps=2)
+    last = compare(store, ["eq-grpo-s0", "eq-r3l-s0"])
+    assert [r.after_version for r in last.runs] == [4, 2] and last.arms[1].delta == pytest.approx(0.5 - 1.0)
+    eq = compare(store, ["eq-grpo-s0", "eq-r3l-s0"], at_version=2)
+    # both at v2: GRPO 1/4 = 0.25, R3L 2/4 = 0.5, Δ = 0.5 - 0.25 = +0.25
+    assert [r.after_version for r in eq.runs] == [2, 2] and [r.pass_at_1 for r in eq.runs] == [0.25, 0.5]
+    assert eq.arms[1].delta == pytest.approx(0.25) and eq.at_version == 2
+    assert all(r.after_s is not None and r.after_s >= 0 for r in eq.runs)
+    assert eq.runs[0].steps == 4  # the run's own steps are still reported
+    # below every trained evaluation: nothing to score, said so
+    assert compare(store, ["eq-grpo-s0"], at_version=1).missing_eval == ["eq-grpo-s0"]
+    with pytest.raises(ReflexdbError, match="--at-version must be a trained version"):
+        compare(store, ["eq-grpo-s0"], at_version=0)
+
+
 def test_bad_input_names_the_problem(store):
     _run(store, "cmp-one", "grpo", 0, [1, 1, 1, 1])
     with pytest.raises(NotFound, match="no run named 'cmp-nope'"):
@@ -105,5 +123,9 @@ def test_the_command_prints_the_tables_and_writes_the_png(store, db_url, tmp_pat
                         capture_output=True, text=True, timeout=120)
     data = json.loads(js.stdout)
     assert [a["arm"] for a in data["arms"]] == ["grpo", "r3l"] and data["arms"][1]["delta"] == pytest.approx(0.25)
+    at = subprocess.run(CLI + ["cmp-grpo-s0", "cmp-r3l-s0", "--at-version", "2"], env=env, capture_output=True,
+                        text=True, timeout=120)
+    assert at.returncode == 0, at.stderr
+    assert "no held-out evaluation after training at or below v2 for: cmp-r3l-s0" in at.stdout  # r3l-s0 at v3 only
     bad = subprocess.run(CLI + ["cmp-grpo-s0", "nope"], env=env, capture_output=True, text=True, timeout=120)
     assert bad.returncode != 0 and "no run named 'nope'" in bad.stderr and "Traceback" not in bad.stderr

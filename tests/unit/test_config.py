@@ -143,6 +143,6 @@ def test_gsm8k_example_reads_the_real_gsm8k_file():
 def test_tasks_level_takes_one_level_or_a_list_and_names_a_bad_one():
     assert parse_config({"run": "r", "tasks": {"level": [1, 2]}}).tasks.level == [1, 2]
     assert parse_config({"run": "r", "tasks": {"level": 3}}).tasks.level == 3
-    for bad, says in [([1, 9], "[9]"), (0, "[0]"), ([], "none")]:
-        with pytest.raises(ConfigError, match=rf"tasks.level: .*levels lie in 1..8, got {re.escape(says)}"):
+    for bad, says in [([1, 10], "[10]"), (0, "[0]"), ([], "none")]:
+        with pytest.raises(ConfigError, match=rf"tasks.level: .*levels lie in 1..9, got {re.escape(says)}"):
             parse_config({"run": "r", "tasks": {"level": bad}})

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import random
 import tempfile
@@ -54,7 +55,7 @@ def test_arithmetic_answers_are_right(level):
     for t in arithmetic_tasks(30, level=level, seed=1):
         expression = t.meta["expression"]
         assert t.prompt == f"What is {expression}?"
-        assert int(t.ground_truth) == eval(expression)  # noqa: S307 - our own generated text
+        assert int(t.ground_truth) == eval(expression, {"math": math})  # noqa: S307 - our own generated text
         assert int(t.ground_truth) >= 0 or level == 5
         assert t.meta["level"] == level and t.dataset == "arithmetic" and t.split == "train"
 
@@ -258,7 +259,12 @@ def test_builtin_math_rewards():
         get_reward("math")("5", None)
 
 
-def test_register_and_look_up_a_reward():
+def test_register_and_look_up_a_reward(monkeypatch):
+    from reflexdb.collector.rewards import REWARDS
+
+    # the registry is process-wide: registering a test reward would change what the generated
+    # configuration reference lists for every later test (test_config), so the test's registry is a copy
+    monkeypatch.setattr(REWARDS, "_items", dict(REWARDS._items))
     name = "test_length_penalty"
 
     @register_reward(name)
