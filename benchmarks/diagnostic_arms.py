@@ -17,6 +17,11 @@ Run it from a frozen copy of the code::
     python benchmarks/diagnostic_arms.py --experiment r3l-oracle --seeds 0,1,2 --max-steps 20 \\
         --max-seconds 1500 --home /work/exp-home --json-out benchmarks/results/r3l_oracle.json
     reflexdb compare grpo-s0 r3l-oracle-s0 grpo-s1 ... --png docs/r3l_oracle.png   # REFLEXDB_HOME=/work/exp-home
+
+At equal steps: run with ``--set learner.keep_policies=null`` (every published version kept), then
+the same command with ``--eval-at N`` evaluates each run that went past version N at vN (the runs
+themselves are skipped: they are in the results file), and ``reflexdb compare ... --at-version N``
+scores every run there.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import argparse
 import json
 import os
 import re
+import subprocess
 import sys
 import time
 from datetime import datetime, timezone
@@ -46,8 +52,7 @@ SUMMARY = re.compile(r"held-out pass@1 \((\d+) \S+ tasks x (\d+) samples\): (\S+
 
 def run_one(exp: dict, arm: str, seed: int, args) -> dict:
     name = f"{arm}-s{seed}"
-    env = {k: v for k, v in os.environ.items() if k not in ("REFLEXDB_DATABASE_URL", "OMP_NUM_THREADS")}
-    env.update(REFLEXDB_HOME=str(args.home), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    env = _env(args)
     cmd = CLI + ["run", str(exp["config"]), "--set", f"run={name}", "--set", f"seed={seed}",
                  "--max-steps", str(args.max_steps), "--max-seconds", str(args.max_seconds)] + exp["arms"][arm]
     for kv in args.overrides:
@@ -66,6 +71,36 @@ def run_one(exp: dict, arm: str, seed: int, args) -> dict:
             **({"log_tail": text[-2000:]} if rc else {})}
 
 
+def _env(args) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in ("REFLEXDB_DATABASE_URL", "OMP_NUM_THREADS")}
+    env.update(REFLEXDB_HOME=str(args.home), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    return env
+
+
+def eval_at(exp: dict, r: dict, version: int, args) -> dict | None:
+    """Held-out pass@1 of run ``r`` at policy version ``version`` (``reflexdb eval --checkpoint vN``,
+    the run's own overrides), for ``reflexdb compare --at-version``: None when the run ended at or
+    before that version (its last evaluation is already there)."""
+    env = _env(args)
+    q = subprocess.run(CLI + ["sql", "--json", "SELECT max(p.version) AS v FROM policy_versions p JOIN runs r "
+                              "ON r.id = p.run_id WHERE r.name = :'run'", "-v", f"run={r['run']}"],
+                       env=env, capture_output=True, text=True, check=True)
+    last = json.loads(q.stdout)[0]["v"] or 0
+    if last <= version:
+        return None
+    cmd = CLI + ["eval", "-c", str(exp["config"]), "--set", f"run={r['run']}", "--set", f"seed={r['seed']}",
+                 "--checkpoint", f"v{version}", "--json"] + exp["arms"][r["arm"]]
+    for kv in args.overrides:
+        cmd += ["--set", kv]
+    t0 = time.time()
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if out.returncode:
+        return {"version": version, "rc": out.returncode, "stderr_tail": out.stderr[-2000:]}
+    res = json.loads(out.stdout.strip().splitlines()[-1])
+    return {"version": version, "rc": 0, "last_version": last, "seconds": round(time.time() - t0, 1),
+            "pass_at_1": res.get("pass_at_1")}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--experiment", choices=sorted(EXPERIMENTS), required=True)
@@ -76,6 +111,8 @@ def main() -> None:
     ap.add_argument("--set", dest="overrides", action="append", default=[],
                     help="a config override for every arm (repeatable), e.g. --set learner.keep_policies=null to keep "
                          "every published version for `reflexdb eval --checkpoint vN` at equal steps")
+    ap.add_argument("--eval-at", type=int, help="then evaluate every run that went past version N at vN "
+                    "(needs --set learner.keep_policies=null during the runs), for `reflexdb compare --at-version N`")
     ap.add_argument("--home", type=Path, required=True)
     ap.add_argument("--json-out", type=Path, required=True)
     args = ap.parse_args()
@@ -93,6 +130,16 @@ def main() -> None:
             print(json.dumps(r), flush=True)
             res["runs"] = [x for x in res["runs"] if not (x["arm"] == arm and x["seed"] == seed)] + [r]
             args.json_out.parent.mkdir(parents=True, exist_ok=True)
+            args.json_out.write_text(json.dumps(res, indent=1))
+    if args.eval_at is not None:
+        for r in res["runs"]:
+            key = f"at_v{args.eval_at}"
+            done = key in r and (r[key] is None or r[key].get("rc") == 0)  # None: the run ended at or before vN
+            if r["rc"] or done:
+                continue
+            print(f"== {r['run']} at v{args.eval_at}", flush=True)
+            r[key] = eval_at(exp, r, args.eval_at, args)
+            print(json.dumps(r[key]), flush=True)
             args.json_out.write_text(json.dumps(res, indent=1))
 
 
