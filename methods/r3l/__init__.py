@@ -175,7 +175,11 @@ class R3LHooks:
         outcomes = Counter(s.outcome for s in valid)
         for o in r3l.OUTCOMES:
             m[f"r3l/outcome/{o}"] = outcomes[o] / len(valid) if valid else nan
-        m["r3l/pivot_mean"] = sum(s.pivot for s in retried) / len(retried) if retried else nan
+        # the turn each retry started from: the reflection's pivot, or 0 under the oracle, whose
+        # retries start from turn 0 whatever the reflection said (its pivot may be None: invalid)
+        starts = [0 if self.r.guidance == "oracle" else s.pivot for s in retried]
+        starts = [p for p in starts if p is not None]
+        m["r3l/pivot_mean"] = sum(starts) / len(starts) if starts else nan
         m["r3l/retry_improvement_rate"] = (sum(s.retry_reward > s.base_reward for s in pairs) / len(pairs)
                                            if pairs else nan)
         m.update(reward_gain(stats))

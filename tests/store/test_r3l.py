@@ -573,6 +573,15 @@ def test_oracle_guidance_retries_every_failure_with_the_ground_truth(store, tmp_
     assert rows(store, "SELECT count(*) FROM reflections") == [(6,)]  # the policy's own, as written
     assert [t.name for t in _terms(cfg, None)] == ["policy", "retry"]
     assert [t.name for t in _terms(_config(), None)] == ["policy", "reflect", "retry"]
+    # a learner step on them: the reflections of retried episodes may have no pivot (invalid, or
+    # "success"): the step's metrics once summed those Nones and the learner died at its first step
+    from reflexdb.trainer.learner import Learner
+
+    learner = Learner(cfg, store, echo=lambda m: None)
+    learner.setup()
+    learner.run(max_steps=1)
+    [(metrics,)] = rows(store, "SELECT metrics FROM learner_steps")
+    assert metrics["r3l/retries"] == 6 and metrics["r3l/pivot_mean"] == 0.0  # two groups of 3 retried episodes
 
 
 def test_the_learner_trains_exploration_groups_and_the_sft_pairs(store, tmp_path, monkeypatch, model_cache):
