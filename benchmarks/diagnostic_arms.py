@@ -15,7 +15,9 @@ Experiments (``--experiment``):
 Run it from a frozen copy of the code::
 
     python benchmarks/diagnostic_arms.py --experiment r3l-oracle --seeds 0,1,2 --max-steps 20 \\
-        --max-seconds 1500 --home /work/exp-home --json-out benchmarks/results/r3l_oracle.json
+        --max-seconds 1000 --set learner.keep_policies=null --home /work/exp-home \\
+        --json-out benchmarks/results/r3l_oracle_1000.json
+    # the same command with --eval-at 7 (docs/experiments.md), then:
     reflexdb compare grpo-s0 r3l-oracle-s0 grpo-s1 ... --png docs/r3l_oracle.png   # REFLEXDB_HOME=/work/exp-home
 
 At equal steps: run with ``--set learner.keep_policies=null`` (every published version kept), then
