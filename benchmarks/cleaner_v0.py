@@ -42,6 +42,10 @@ SETTINGS = {
     # forgotten (issue 37's regime of frequent recoverable tool errors); alone and with level 4's mixed groups
     "level9": {"tasks.level": 9},
     "levels4_9": {"tasks.level": [4, 9]},
+    # the same tasks under a prompt whose worked exchange fails a call for want of `import math` and fixes it
+    # in one line (tool_python_fix_shot): does the model then make the recoverable error, and fix it?
+    "level9_fixshot": {"tasks.level": 9, "tasks.template": "tool_python_fix_shot"},
+    "levels4_9_fixshot": {"tasks.level": [4, 9], "tasks.template": "tool_python_fix_shot"},
     "gsm8k": {"tasks.source": "file", "tasks.path": str(GSM8K), "tasks.train_size": 200, "tasks.eval_size": 20,
               "collector.sampling.max_new_tokens": 256},
 }

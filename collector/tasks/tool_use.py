@@ -3,7 +3,8 @@
 The model reasons, writes one fenced Python block per turn, reads what the interpreter printed
 (or its error) in the next user message, and ends with its final answer in ``\\boxed{}``. The
 prompt template ``tool_python`` carries the instructions (``tool_python_shot``: the same, with one
-worked exchange before the question); :func:`code_block` finds the call in a
+worked exchange before the question; ``tool_python_fix_shot``: one whose first call fails and is
+fixed); :func:`code_block` finds the call in a
 turn; :func:`observation` formats the interpreter's answer.
 """
 
@@ -44,6 +45,23 @@ SHOT = (
 )
 TEMPLATE_SHOT = register_template(PromptTemplate("tool_python_shot", USER, system=SYSTEM, answer_format="boxed",
                                                  shots=SHOT))
+
+#: One worked exchange in which the first call fails and one added line fixes it (a diagnostic prompt
+#: for CLEANER's regime, issue 37): a call of ``math.perm`` (which no level-9 task asks) without
+#: ``import math`` gets the sandbox's real ``NameError``, the next turn adds the import, and the
+#: answer follows. A small model that imitates it makes the recoverable error CLEANER's rollback is
+#: for (docs/cleaner.md, "A shot that shows the fix"); the method is unchanged, only the task's prompt.
+FIX_SHOT = (
+    {"role": "user", "content": "What is math.perm(7, 3)?"},
+    {"role": "assistant", "content": "I will compute it with Python.\n```python\nprint(math.perm(7, 3))\n```"},
+    {"role": "user", "content": ERROR.format(text='Traceback (most recent call last):\n  File "<stdin>", line 1, in '
+                                                  "<module>\nNameError: name 'math' is not defined")},
+    {"role": "assistant", "content": "I forgot to import math.\n```python\nimport math\nprint(math.perm(7, 3))\n```"},
+    {"role": "user", "content": OUTPUT.format(text="210")},
+    {"role": "assistant", "content": "The answer is \\boxed{210}."},
+)
+TEMPLATE_FIX_SHOT = register_template(PromptTemplate("tool_python_fix_shot", USER, system=SYSTEM, answer_format="boxed",
+                                                     shots=FIX_SHOT))
 
 _BLOCK = re.compile(r"```(?:python|py)[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL | re.IGNORECASE)
 

@@ -220,6 +220,26 @@ def test_the_one_shot_template_puts_a_worked_exchange_before_the_question():
     assert get_template("tool_python").messages(TASK.prompt)[1:] == [{"role": "user", "content": TASK.prompt}]
 
 
+def test_the_fix_shot_shows_what_the_real_sandbox_answers_and_its_fix():
+    """tool_python_fix_shot (issue 37's CLEANER regime): its first call fails as the sandbox really
+    fails it, the next adds one line and prints the answer the shot ends with; its question is no
+    level-9 task's."""
+    from reflexdb.collector.sandbox import PythonSandbox
+    from reflexdb.collector.tasks.arithmetic import arithmetic_tasks
+
+    msgs = get_template("tool_python_fix_shot").messages(TASK.prompt)
+    assert [m["role"] for m in msgs] == ["system"] + ["user", "assistant"] * 3 + ["user"]
+    first, fixed = code_block(msgs[2]["content"]), code_block(msgs[4]["content"])
+    assert fixed == "import math\n" + first  # the one-line fix
+    box = PythonSandbox()
+    failed, ok = box.run(first), box.run(fixed)
+    assert failed.failed and msgs[3]["content"] == observation(failed.observation(), failed=True)
+    assert not ok.failed and msgs[5]["content"] == observation(ok.observation(), failed=False)
+    assert msgs[6]["content"].endswith(f"\\boxed{{{ok.stdout.strip()}}}.") and msgs[-1]["content"] == TASK.prompt
+    level9 = {t.prompt for split in ("train", "eval") for t in arithmetic_tasks(400, level=9, split=split)}
+    assert msgs[1]["content"] not in level9 and not any("perm" in p for p in level9)
+
+
 def test_tool_calls_are_recorded_with_their_turns(tokenizer, store):
     """Each call's record is stored with its tool turn and read back through the view tool_calls;
     a call printing a NUL byte (which stopped the collector before issue 33) is stored with U+FFFD."""
