@@ -36,8 +36,12 @@ def ensure_home() -> Path:
     """
     h = home()
     if not h.exists():
-        h.mkdir(parents=True, mode=0o700, exist_ok=True)
-        h.chmod(0o700)  # mkdir's mode is filtered by the umask
+        h.parent.mkdir(parents=True, exist_ok=True)
+        # mkdir's mode is filtered by the umask, which only takes bits away: 0700 or narrower, with
+        # no chmod after it. A chmod here once raced another process that found the home missing
+        # at the same moment: it narrowed the home after that process's embedded server had opened
+        # it for its OS user, and initdb failed with "Permission denied" (CI, stop 45).
+        h.mkdir(mode=0o700, exist_ok=True)
     return h
 
 
