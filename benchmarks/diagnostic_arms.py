@@ -11,6 +11,9 @@ Experiments (``--experiment``):
 
 - ``r3l-oracle``: ``examples/arithmetic-r3l.yaml`` (multi-attempt sums, levels 1-2, N = G = 8) with
   ``r3l.guidance: oracle`` (docs/r3l.md) against ``algorithm: grpo`` on the same task and budget.
+- ``cleaner-fixshot``: ``examples/arithmetic-cleaner.yaml`` (SAAR rollback) against its baseline
+  ``examples/arithmetic-tool-dapo.yaml`` (the same episodes, no rollback), both at level 9 under the
+  ``tool_python_fix_shot`` prompt, whose worked exchange fails a call and fixes it (docs/cleaner.md).
 
 Run it from a frozen copy of the code::
 
@@ -43,20 +46,34 @@ from memory_bench import run_polled  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 CLI = [sys.executable, "-m", "reflexdb.cli.main"]
+#: Each arm is a list of overrides of the experiment's config, or ``(config, overrides)`` when the
+#: arm is another example file (a baseline with its own file, say).
+FIX_SHOT = ["--set", "tasks.level=9", "--set", "tasks.template=tool_python_fix_shot"]
 EXPERIMENTS = {
     "r3l-oracle": {
         "config": ROOT / "examples" / "arithmetic-r3l.yaml",
         "arms": {"grpo": ["--set", "algorithm=grpo"], "r3l-oracle": ["--set", "r3l.guidance=oracle"]},
     },
+    "cleaner-fixshot": {
+        "config": ROOT / "examples" / "arithmetic-cleaner.yaml",
+        "arms": {"dapo": (ROOT / "examples" / "arithmetic-tool-dapo.yaml", FIX_SHOT), "cleaner": FIX_SHOT},
+    },
 }
+
+
+def arm_command(exp: dict, arm: str) -> tuple[Path, list[str]]:
+    """The config file and the overrides of ``arm``."""
+    spec = exp["arms"][arm]
+    return spec if isinstance(spec, tuple) else (exp["config"], spec)
 SUMMARY = re.compile(r"held-out pass@1 \((\d+) \S+ tasks x (\d+) samples\): (\S+) ([\d.]+) -> (\S+) ([\d.]+)")
 
 
 def run_one(exp: dict, arm: str, seed: int, args) -> dict:
     name = f"{arm}-s{seed}"
     env = _env(args)
-    cmd = CLI + ["run", str(exp["config"]), "--set", f"run={name}", "--set", f"seed={seed}",
-                 "--max-steps", str(args.max_steps), "--max-seconds", str(args.max_seconds)] + exp["arms"][arm]
+    config, arm_set = arm_command(exp, arm)
+    cmd = CLI + ["run", str(config), "--set", f"run={name}", "--set", f"seed={seed}",
+                 "--max-steps", str(args.max_steps), "--max-seconds", str(args.max_seconds)] + arm_set
     for kv in args.overrides:
         cmd += ["--set", kv]
     log = args.home / f"{name}.log"
@@ -90,8 +107,9 @@ def eval_at(exp: dict, r: dict, version: int, args) -> dict | None:
     last = json.loads(q.stdout)[0]["v"] or 0
     if last <= version:
         return None
-    cmd = CLI + ["eval", "-c", str(exp["config"]), "--set", f"run={r['run']}", "--set", f"seed={r['seed']}",
-                 "--checkpoint", f"v{version}", "--json"] + exp["arms"][r["arm"]]
+    config, arm_set = arm_command(exp, r["arm"])
+    cmd = CLI + ["eval", "-c", str(config), "--set", f"run={r['run']}", "--set", f"seed={r['seed']}",
+                 "--checkpoint", f"v{version}", "--json"] + arm_set
     for kv in args.overrides:
         cmd += ["--set", kv]
     t0 = time.time()
