@@ -46,9 +46,9 @@ from memory_bench import run_polled  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 CLI = [sys.executable, "-m", "reflexdb.cli.main"]
+FIX_SHOT = ["--set", "tasks.level=9", "--set", "tasks.template=tool_python_fix_shot"]
 #: Each arm is a list of overrides of the experiment's config, or ``(config, overrides)`` when the
 #: arm is another example file (a baseline with its own file, say).
-FIX_SHOT = ["--set", "tasks.level=9", "--set", "tasks.template=tool_python_fix_shot"]
 EXPERIMENTS = {
     "r3l-oracle": {
         "config": ROOT / "examples" / "arithmetic-r3l.yaml",
@@ -65,6 +65,8 @@ def arm_command(exp: dict, arm: str) -> tuple[Path, list[str]]:
     """The config file and the overrides of ``arm``."""
     spec = exp["arms"][arm]
     return spec if isinstance(spec, tuple) else (exp["config"], spec)
+
+
 SUMMARY = re.compile(r"held-out pass@1 \((\d+) \S+ tasks x (\d+) samples\): (\S+) ([\d.]+) -> (\S+) ([\d.]+)")
 
 
