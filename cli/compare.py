@@ -20,7 +20,7 @@ def _ci(iv) -> str:
 
 
 def compare(
-    runs: list[str] = typer.Argument(..., help="Run names; the first run's arm is the baseline of Δ."),
+    runs: list[str] = typer.Argument(None, help="Run names; the first run's arm is the baseline of Δ (default with --runs-from: every run of the files).", show_default=False),
     by: str = typer.Option("arm", "--by", help="Group runs into arms by name without its seed suffix (arm) or by algorithm (method)."),
     png: Path = typer.Option(None, "--png", help="Also write the plot here (a PNG)."),
     x: str = typer.Option("step", "--x", help="The plot's training curves against learner step (step) or seconds since policy v0 (seconds)."),
@@ -28,6 +28,9 @@ def compare(
     level: float = typer.Option(0.95, "--level", help="Confidence level of the intervals."),
     seed: int = typer.Option(0, "--seed", help="Seed of the bootstrap draws."),
     at_version: int = typer.Option(None, "--at-version", help="Score each run at its last version evaluated at or below N (equal steps; evaluate it first with `reflexdb eval --checkpoint vN`), not at its last."),
+    at_seconds: float = typer.Option(None, "--at-seconds", help="Score each run at its last version evaluated that was published at most S seconds after v0 (equal wall clock), not at its last."),
+    save_runs: Path = typer.Option(None, "--save-runs", help="Also write what was read of the runs (evaluations per version and task, publication times, steps) to this JSON file, for --runs-from on another machine or database."),
+    runs_from: list[Path] = typer.Option(None, "--runs-from", help="Take runs from a file written by --save-runs (repeatable): a run named there is read from the file, not the database."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of the tables."),
     url: str = typer.Option(None, "--url", envvar="REFLEXDB_DATABASE_URL", help="PostgreSQL URL (default: config.toml, then embedded)."),
 ) -> None:
@@ -35,13 +38,25 @@ def compare(
     interval over seeds and tasks, Δ against the first arm), steps and training seconds."""
     from reflexdb import Store
     from reflexdb.compare import compare as do_compare
-    from reflexdb.compare import plot
+    from reflexdb.compare import load_records, plot, save_records
     from reflexdb.errors import ReflexdbError
 
     if x not in ("step", "seconds"):
         raise ReflexdbError(f"--x must be step or seconds, not {x!r}")
-    with Store.open(url) as store:
-        c = do_compare(store, runs, by=by, samples=samples, seed=seed, level=level, at_version=at_version)
+    runs = list(runs or [])
+    recorded = load_records(runs_from or [])
+    if not runs and not recorded:
+        raise ReflexdbError("name at least one run to compare (or give --runs-from FILE)")
+    names = runs or list(recorded)
+    kw = dict(by=by, samples=samples, seed=seed, level=level, at_version=at_version, at_seconds=at_seconds,
+              recorded=recorded)
+    if all(n in recorded for n in names):  # nothing to read from a database: none is opened
+        c = do_compare(None, names, **kw)
+    else:
+        with Store.open(url) as store:
+            c = do_compare(store, names, **kw)
+    if save_runs is not None:
+        save_records(c.records, save_runs)
     if png is not None:
         plot(c, png, x=x)
     if as_json:
@@ -63,7 +78,11 @@ def compare(
           "-" if a.delta is None else f"{a.delta:+.3f}", _ci(a.delta_interval)) for a in c.arms]))
     if c.missing_eval:
         where = "latest" if at_version is None else f"v{at_version}"
-        typer.echo(f"\nno held-out evaluation after training{'' if at_version is None else f' at or below v{at_version}'}"
+        bound = "" if at_version is None else f" at or below v{at_version}"
+        bound += "" if at_seconds is None else f" published by {at_seconds:g} s"
+        typer.echo(f"\nno held-out evaluation after training{bound}"
                    f" for: {', '.join(c.missing_eval)} (`reflexdb eval -c CONFIG --checkpoint {where}`)")
+    if save_runs is not None:
+        typer.echo(f"\nrun records: {save_runs}")
     if png is not None:
         typer.echo(f"\nplot: {png}")

@@ -21,12 +21,25 @@ eval-split tasks), its learner steps and the publication time of policy v0.
 
 Steps and wall clock come from ``learner_steps`` and ``policy_versions``: the last step, and the
 seconds from policy v0's publication (the learner ready) to the last step.
+
+- **Equal wall clock**: with ``at_seconds=S`` (``--at-seconds``), "after" is the last version
+  evaluated whose publication came at most S seconds after v0's, so an arm that makes fewer, slower
+  steps is scored at the version it had reached when the other finished.
+- **Runs of other databases**: what compare reads of a run is a :class:`RunRecord` (its evaluations
+  per version and task, its publication times, its steps). ``save_records`` writes records to a
+  JSON file (``--save-runs``) and ``load_records`` reads them back (``--runs-from``), so runs made
+  on different machines or in different sessions, each with its own database, can be compared and
+  pooled into one arm. A run named on the command line is taken from a file when one holds it,
+  else from the database.
 """
 
 from __future__ import annotations
 
+import json
+import math
 import re
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -36,9 +49,9 @@ from .errors import NotFound, ReflexdbError
 from .sqlfile import load_queries
 
 if TYPE_CHECKING:
-    from pathlib import Path
-
     from .store import Store
+
+from pathlib import Path
 
 Q = load_queries("compare.sql")
 
@@ -50,6 +63,110 @@ def arm_of(name: str) -> str:
     """The arm of a run name: the name without its seed suffix (``r3l-oracle-s2`` → ``r3l-oracle``)."""
     stripped = _SEED_SUFFIX.sub("", name)
     return stripped or name
+
+
+#: The ``format`` of a file of run records (``--save-runs`` / ``--runs-from``).
+RECORDS_FORMAT = "reflexdb-compare-runs/1"
+
+
+@dataclass
+class RunRecord:
+    """All that compare reads of one run, from the database or from a file of records."""
+
+    name: str
+    method: str | None
+    seed: str | None
+    steps: int
+    training_s: float | None
+    evals: dict[int, list[tuple[int, int]]] = field(default_factory=dict)  # version -> (samples, correct) per task
+    published: dict[int, float] = field(default_factory=dict)  # version -> seconds after v0's publication
+    curve: list[tuple[int, float, float]] = field(default_factory=list)  # (step, seconds, reward/mean)
+    source: str = "database"  # or the file it was read from
+
+    def as_dict(self) -> dict[str, Any]:
+        def num(v: float) -> float | None:
+            return None if v is None or math.isnan(v) else v
+
+        return {"name": self.name, "method": self.method, "seed": self.seed, "steps": self.steps,
+                "training_s": self.training_s,
+                "evals": {str(v): [list(t) for t in tasks] for v, tasks in sorted(self.evals.items())},
+                "published": {str(v): sec for v, sec in sorted(self.published.items())},
+                "curve": [[step, num(sec), num(rw)] for step, sec, rw in self.curve]}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], source: str) -> RunRecord:
+        def num(v) -> float:
+            return float("nan") if v is None else float(v)
+
+        evals = {int(v): [(int(n), int(c)) for n, c in tasks] for v, tasks in d.get("evals", {}).items()}
+        for v, tasks in evals.items():
+            if any(n < 1 or not 0 <= c <= n for n, c in tasks):
+                raise ValueError(f"run {d.get('name')!r}, v{v}: every task needs samples >= 1 and 0 <= correct <= samples")
+        return cls(name=str(d["name"]), method=d.get("method"), seed=None if d.get("seed") is None else str(d["seed"]),
+                   steps=int(d.get("steps") or 0),
+                   training_s=None if d.get("training_s") is None else float(d["training_s"]), evals=evals,
+                   published={int(v): float(sec) for v, sec in d.get("published", {}).items()},
+                   curve=[(int(step), num(sec), num(rw)) for step, sec, rw in d.get("curve", [])], source=source)
+
+
+def save_records(records: Sequence[RunRecord], path: Path) -> None:
+    """Write run records as one JSON file (``reflexdb compare RUN... --save-runs FILE``)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    doc = {"format": RECORDS_FORMAT, "saved_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+           "runs": [r.as_dict() for r in records]}
+    path.write_text(json.dumps(doc, indent=1) + "\n")
+
+
+def load_records(paths: Sequence[Path]) -> dict[str, RunRecord]:
+    """Run records by name from files written by :func:`save_records`; a run in two files, an
+    unreadable file or one of another format is refused, naming the file."""
+    out: dict[str, RunRecord] = {}
+    for path in map(Path, paths):
+        try:
+            doc = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise NotFound(f"{path}: no such file of run records") from None
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise ReflexdbError(f"{path}: not a file of run records (unreadable JSON: {e})") from None
+        if not isinstance(doc, dict) or doc.get("format") != RECORDS_FORMAT:
+            raise ReflexdbError(f"{path}: not a file of run records (its format is not {RECORDS_FORMAT!r}; "
+                                "write one with `reflexdb compare RUN... --save-runs FILE`)")
+        for d in doc.get("runs") or []:
+            try:
+                r = RunRecord.from_dict(d, source=str(path))
+            except (KeyError, TypeError, ValueError) as e:
+                raise ReflexdbError(f"{path}: a run record is malformed ({type(e).__name__}: {e})") from None
+            if r.name in out:
+                raise ReflexdbError(f"run {r.name!r} is in two files of run records: {out[r.name].source} and {path}")
+            out[r.name] = r
+    return out
+
+
+def read_records(store: Store, names: Sequence[str]) -> list[RunRecord]:
+    """The named runs' records from the database, in the order named (NotFound for a missing one)."""
+    with store.transaction() as conn:
+        rows = conn.execute(Q["compare_runs"], {"names": list(names)}).fetchall()
+        found = {r[1] for r in rows}
+        missing = [n for n in names if n not in found]
+        if missing:
+            raise NotFound("no run named " + ", ".join(repr(n) for n in missing) + "; `reflexdb runs` lists them")
+        ids = [r[0] for r in rows]
+        evals = conn.execute(Q["compare_evals"], {"ids": ids}).fetchall()
+        steps = conn.execute(Q["compare_steps"], {"ids": ids}).fetchall()
+        versions = conn.execute(Q["compare_versions"], {"ids": ids}).fetchall()
+    records = {rid: RunRecord(name=name, method=method, seed=run_seed, steps=int(n_steps or 0),
+                              training_s=None if training_s is None else float(training_s))
+               for rid, name, method, run_seed, _cfg, n_steps, training_s in rows}
+    for rid, version, _task, n, c in evals:
+        records[rid].evals.setdefault(int(version), []).append((int(n), int(c)))
+    for rid, version, sec in versions:
+        if sec is not None:
+            records[rid].published[int(version)] = float(sec)
+    for rid, step, secs, reward in steps:
+        records[rid].curve.append((int(step), float(secs) if secs is not None else float("nan"),
+                                   float(reward) if reward is not None else float("nan")))
+    return [records[i] for i in ids]
 
 
 @dataclass
@@ -99,6 +216,8 @@ class Comparison:
     samples: int  # bootstrap draws
     missing_eval: list[str]
     at_version: int | None = None
+    at_seconds: float | None = None
+    records: list[RunRecord] = field(default_factory=list)  # what was read of each run, in order (``save_records``)
 
     def as_dict(self) -> dict[str, Any]:
         def run(r: RunResult) -> dict[str, Any]:
@@ -109,6 +228,7 @@ class Comparison:
                     "tasks": None if r.after is None else len(r.after), "eval_samples": r.samples}
 
         return {"level": self.level, "bootstrap_samples": self.samples, "at_version": self.at_version,
+                "at_seconds": self.at_seconds,
                 "runs": [run(r) for r in self.runs],
                 "arms": [a.__dict__ for a in self.arms], "missing_eval": self.missing_eval}
 
@@ -124,10 +244,16 @@ def _interval(draws: np.ndarray, level: float) -> tuple[float, float]:
     return float(lo), float(hi)
 
 
-def compare(store: Store, names: Sequence[str], *, by: str = "arm", samples: int = 2000, seed: int = 0,
-            level: float = 0.95, at_version: int | None = None) -> Comparison:
-    """Read the named runs and compute the comparison (see the module docstring); ``at_version``:
-    score each run at its last version evaluated at or below it, not at its last."""
+def compare(store: Store | None, names: Sequence[str], *, by: str = "arm", samples: int = 2000, seed: int = 0,
+            level: float = 0.95, at_version: int | None = None, at_seconds: float | None = None,
+            recorded: dict[str, RunRecord] | None = None) -> Comparison:
+    """Read the named runs and compute the comparison (see the module docstring). ``at_version``:
+    score each run at its last version evaluated at or below it, not at its last; ``at_seconds``:
+    at its last version evaluated that was published at most that many seconds after v0.
+    ``recorded`` (:func:`load_records`): runs taken from files instead of ``store``; with no
+    names, every recorded run, in file order."""
+    recorded = recorded or {}
+    names = list(names) or list(recorded)
     if not names:
         raise ReflexdbError("name at least one run to compare")
     if len(set(names)) != len(names):
@@ -138,43 +264,32 @@ def compare(store: Store, names: Sequence[str], *, by: str = "arm", samples: int
         raise ReflexdbError(f"--level must be between 0 and 1, not {level}")
     if at_version is not None and at_version < 1:
         raise ReflexdbError(f"--at-version must be a trained version (1 or more), not {at_version}")
-    with store.transaction() as conn:
-        rows = conn.execute(Q["compare_runs"], {"names": list(names)}).fetchall()
-        found = {r[1] for r in rows}
-        missing = [n for n in names if n not in found]
-        if missing:
-            raise NotFound("no run named " + ", ".join(repr(n) for n in missing) + "; `reflexdb runs` lists them")
-        ids = [r[0] for r in rows]
-        evals = conn.execute(Q["compare_evals"], {"ids": ids}).fetchall()
-        steps = conn.execute(Q["compare_steps"], {"ids": ids}).fetchall()
-        published = {(rid, int(v)): sec for rid, v, sec in conn.execute(Q["compare_versions"], {"ids": ids})}
+    if at_seconds is not None and not (at_seconds > 0 and math.isfinite(at_seconds)):
+        raise ReflexdbError(f"--at-seconds must be a number of seconds above 0, not {at_seconds}")
+    from_db = [n for n in names if n not in recorded]
+    if from_db and store is None:
+        raise NotFound("no run record named " + ", ".join(repr(n) for n in from_db) + " in the files given")
+    in_db = {r.name: r for r in read_records(store, from_db)} if from_db else {}
+    records = [recorded[n] if n in recorded else in_db[n] for n in names]
     rng = np.random.default_rng(seed)
-    results: dict[int, RunResult] = {}
-    for rid, name, method, run_seed, _cfg, n_steps, training_s in rows:
-        results[rid] = RunResult(name=name, method=method or "-", arm=arm_of(name) if by == "arm" else (method or "-"),
-                                 seed=run_seed, steps=int(n_steps or 0),
-                                 training_s=None if training_s is None else float(training_s))
-    per_version: dict[int, dict[int, list[tuple[int, int]]]] = {}
-    for rid, version, _task, n, c in evals:
-        per_version.setdefault(rid, {}).setdefault(int(version), []).append((int(n), int(c)))
-    for rid, versions in per_version.items():
-        r = results[rid]
-        scored = [v for v in versions if at_version is None or v <= at_version]
+    ordered: list[RunResult] = []
+    for rec in records:
+        method = rec.method or "-"
+        r = RunResult(name=rec.name, method=method, arm=arm_of(rec.name) if by == "arm" else method, seed=rec.seed,
+                      steps=rec.steps, training_s=rec.training_s, curve=list(rec.curve))
+        scored = [v for v in rec.evals if (at_version is None or v <= at_version)
+                  and (at_seconds is None or rec.published.get(v, math.inf) <= at_seconds)]
         last = max(scored, default=0)
         if last > 0:
             r.after_version = last
-            sec = published.get((rid, last))
-            r.after_s = None if sec is None else float(sec)
-            r.after = np.array([c / n for n, c in versions[last]])
-            r.samples = sum(n for n, _ in versions[last])
+            r.after_s = rec.published.get(last)
+            r.after = np.array([c / n for n, c in rec.evals[last]])
+            r.samples = sum(n for n, _ in rec.evals[last])
             r.interval = _interval(np.array([r.after[rng.integers(len(r.after), size=len(r.after))].mean()
                                              for _ in range(samples)]), level)
-        if 0 in versions:
-            r.before = np.array([c / n for n, c in versions[0]])
-    for rid, step, secs, reward in steps:
-        results[rid].curve.append((int(step), float(secs) if secs is not None else float("nan"),
-                                   float(reward) if reward is not None else float("nan")))
-    ordered = [results[i] for i in ids]
+        if 0 in rec.evals:
+            r.before = np.array([c / n for n, c in rec.evals[0]])
+        ordered.append(r)
     arms: dict[str, list[RunResult]] = {}
     for r in ordered:
         arms.setdefault(r.arm, []).append(r)
@@ -202,7 +317,8 @@ def compare(store: Store, names: Sequence[str], *, by: str = "arm", samples: int
                 a.delta = a.pass_at_1 - base.pass_at_1
                 a.delta_interval = _interval(draws[a.arm] - draws[base.arm], level)
     return Comparison(runs=ordered, arms=out, level=level, samples=samples,
-                      missing_eval=[r.name for r in ordered if r.after is None], at_version=at_version)
+                      missing_eval=[r.name for r in ordered if r.after is None], at_version=at_version,
+                      at_seconds=at_seconds, records=records)
 
 
 def plot(comparison: Comparison, path: Path, *, x: str = "step") -> None:
@@ -250,4 +366,5 @@ def plot(comparison: Comparison, path: Path, *, x: str = "step") -> None:
     plt.close(fig)
 
 
-__all__ = ["ArmResult", "Comparison", "RunResult", "arm_of", "compare", "plot"]
+__all__ = ["ArmResult", "Comparison", "RunRecord", "RunResult", "arm_of", "compare", "load_records", "plot",
+           "read_records", "save_records"]

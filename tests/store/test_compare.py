@@ -129,3 +129,25 @@ def test_the_command_prints_the_tables_and_writes_the_png(store, db_url, tmp_pat
     assert "no held-out evaluation after training at or below v2 for: cmp-r3l-s0" in at.stdout  # r3l-s0 at v3 only
     bad = subprocess.run(CLI + ["cmp-grpo-s0", "nope"], env=env, capture_output=True, text=True, timeout=120)
     assert bad.returncode != 0 and "no run named 'nope'" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_runs_saved_from_one_database_compare_beside_runs_of_another(store, tmp_path):
+    """--save-runs on one machine, --runs-from on another: the same numbers as from the database,
+    and runs of both pooled into one arm."""
+    from reflexdb.compare import load_records, save_records
+
+    _arms(store)
+    names = ["cmp-grpo-s0", "cmp-grpo-s1", "cmp-r3l-s0", "cmp-r3l-s1"]
+    from_db = compare(store, names)
+    save_records(from_db.records, tmp_path / "runs.json")
+    recorded = load_records([tmp_path / "runs.json"])
+    from_file = compare(None, names, recorded=recorded)
+    assert [(r.name, r.after_version, r.after_s, r.pass_at_1, r.interval, r.before_pass_at_1, r.steps, r.curve)
+            for r in from_file.runs] == [(r.name, r.after_version, r.after_s, r.pass_at_1, r.interval,
+                                          r.before_pass_at_1, r.steps, r.curve) for r in from_db.runs]
+    assert [a.__dict__ for a in from_file.arms] == [a.__dict__ for a in from_db.arms]
+    # seed 1 of each arm "on this machine", seed 0 from the file: one arm each, the same means
+    pooled = compare(store, names, recorded={n: recorded[n] for n in ("cmp-grpo-s0", "cmp-r3l-s0")})
+    assert [a.runs for a in pooled.arms] == [["cmp-grpo-s0", "cmp-grpo-s1"], ["cmp-r3l-s0", "cmp-r3l-s1"]]
+    assert pooled.arms[1].delta == pytest.approx(0.25)
+    assert [r.source for r in pooled.records] == [str(tmp_path / "runs.json"), "database"] * 2
