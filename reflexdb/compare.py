@@ -41,6 +41,7 @@ import re
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -50,8 +51,6 @@ from .sqlfile import load_queries
 
 if TYPE_CHECKING:
     from .store import Store
-
-from pathlib import Path
 
 Q = load_queries("compare.sql")
 
