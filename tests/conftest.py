@@ -10,7 +10,8 @@ The tiers (README, "Tests"), each a folder and a marker applied here:
 - ``tests/unit``: no database, no reflexdb process, no real model (the tiny random model and the
   sandbox's own jail are fine); neither marker;
 - ``tests/store``: tests that use a database fixture (marker ``db``, whichever folder they are in);
-  the external-server pass runs ``-m "db and not e2e"``;
+  the external-server pass runs ``-m "db and not e2e and not model"``: marker ``model`` (set in the
+  test module) is a db test whose work is the model's or DeepSpeed's, the database incidental;
 - ``tests/e2e``: tests that start reflexdb processes (collect, learn, run, servers, the UI) or load
   SmolLM2 itself (marker ``e2e``).
 

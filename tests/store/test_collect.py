@@ -10,7 +10,9 @@ import yaml
 from reflexdb.config import parse_config
 from tests.processes import rows
 
-# Model and process tests: run on the embedded pass of CI; the external-server pass skips them.
+# Model and process tests (marker model): the model's and DeepSpeed's work, the database incidental; CI's
+# embedded pass runs them, its external-server pass skips them (.ci/run).
+pytestmark = pytest.mark.model
 
 
 def write_config(tmp_path, **collector) -> Path:

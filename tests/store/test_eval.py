@@ -13,7 +13,9 @@ from reflexdb import GroupIn
 from reflexdb.config import parse_config
 from tests.factories import make_group, setup_run
 
-# Model and process tests: run on the embedded pass of CI; the external-server pass skips them.
+# Model and process tests (marker model): the model's and DeepSpeed's work, the database incidental; CI's
+# embedded pass runs them, its external-server pass skips them (.ci/run).
+pytestmark = pytest.mark.model
 
 
 def test_pass_at_k_by_hand():

@@ -15,7 +15,9 @@ from reflexdb import GroupIn, Store, TaskIn, TrajectoryIn, TurnIn
 from reflexdb.config import parse_config
 from tests.processes import REFLEXDB, child_env, rows
 
-# Model and process tests: run on the embedded pass of CI; the external-server pass skips them.
+# Model and process tests (marker model): the model's and DeepSpeed's work, the database incidental; CI's
+# embedded pass runs them, its external-server pass skips them (.ci/run).
+pytestmark = pytest.mark.model
 
 
 def config_data(**learner) -> dict:
@@ -368,3 +370,25 @@ def eligible_ids(store, run_id):
     from reflexdb.trainer.batch import eligible_group_ids
 
     return eligible_group_ids(store, run_id, 2).group_ids
+
+
+@pytest.mark.parametrize("algorithm", ["dr_grpo", "dapo", "gspo", "opmd", "raft"])
+def test_each_loss_only_baseline_takes_a_step_on_the_store(algorithm, store, tmp_path, monkeypatch, model_cache):
+    """The baselines that are a loss and nothing else (the grpo workflow, fresh groups of base rows):
+    one real DeepSpeed step each, chosen by ``algorithm`` as a user writes it, with the rows consumed
+    and a finite loss. Their process plumbing is grpo's, which tests/e2e/test_methods.py runs as
+    processes; their losses' arithmetic is in tests/unit/test_losses.py."""
+    from reflexdb.trainer.learner import Learner
+
+    seed_groups(store, "learn-test", 2)
+    monkeypatch.setenv("REFLEXDB_HOME", str(tmp_path / "home"))
+    data = config_data() | {"algorithm": algorithm, "max_staleness": 100}
+    lr = Learner(parse_config(data), store, echo=lambda _m: None)
+    lr.setup()
+    assert lr.method.name == algorithm
+    result = lr.step(eligible_ids(store, lr.run_id))
+    assert not result.skipped and math.isfinite(result.loss)
+    assert rows(store, "SELECT count(*) FROM consumption") == [(8,)]
+    assert math.isfinite(result.metrics["policy/grad_norm"])
+    if algorithm == "raft":
+        assert result.metrics["loss/nll"] > 0
