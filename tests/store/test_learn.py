@@ -66,12 +66,14 @@ def seed_groups(store, run_name: str, n_groups: int, G: int = 4, seed: int = 0, 
 # ------------------------------------------------------------------ in-process (DeepSpeed in pytest)
 
 
-def _learner(store, tmp_path, monkeypatch, **learner):
+def _learner(store, tmp_path, monkeypatch, *, algorithm: str | None = None, **learner):
     from reflexdb.trainer.learner import Learner
 
     monkeypatch.setenv("REFLEXDB_HOME", str(tmp_path / "home"))
     data = config_data(**learner)
     data["max_staleness"] = 100
+    if algorithm is not None:
+        data["algorithm"] = algorithm
     msgs = []
     lr = Learner(parse_config(data), store, echo=msgs.append)
     return lr, msgs
@@ -378,12 +380,8 @@ def test_each_loss_only_baseline_takes_a_step_on_the_store(algorithm, store, tmp
     one real DeepSpeed step each, chosen by ``algorithm`` as a user writes it, with the rows consumed
     and a finite loss. Their process plumbing is grpo's, which tests/e2e/test_methods.py runs as
     processes; their losses' arithmetic is in tests/unit/test_losses.py."""
-    from reflexdb.trainer.learner import Learner
-
     seed_groups(store, "learn-test", 2)
-    monkeypatch.setenv("REFLEXDB_HOME", str(tmp_path / "home"))
-    data = config_data() | {"algorithm": algorithm, "max_staleness": 100}
-    lr = Learner(parse_config(data), store, echo=lambda _m: None)
+    lr, _ = _learner(store, tmp_path, monkeypatch, algorithm=algorithm)
     lr.setup()
     assert lr.method.name == algorithm
     result = lr.step(eligible_ids(store, lr.run_id))
