@@ -77,11 +77,13 @@ def compare(
           "-" if a.training_s is None else f"{a.training_s:.0f}", _p(a.before), _p(a.pass_at_1), _ci(a.interval),
           "-" if a.delta is None else f"{a.delta:+.3f}", _ci(a.delta_interval)) for a in c.arms]))
     if c.missing_eval:
-        where = "latest" if at_version is None else f"v{at_version}"
         bound = "" if at_version is None else f" at or below v{at_version}"
         bound += "" if at_seconds is None else f" published by {at_seconds:g} s"
-        typer.echo(f"\nno held-out evaluation after training{bound}"
-                   f" for: {', '.join(c.missing_eval)} (`reflexdb eval -c CONFIG --checkpoint {where}`)")
+        typer.echo(f"\nno held-out evaluation after training{bound} for: {', '.join(c.missing_eval)}")
+        for name in c.missing_eval:
+            v = c.evaluate.get(name)
+            typer.echo(f"  {name}: no trained version{bound}" if v is None else
+                       f"  {name}: reflexdb eval -c CONFIG --set run={name} --checkpoint v{v}")
     if save_runs is not None:
         typer.echo(f"\nrun records: {save_runs}")
     if png is not None:

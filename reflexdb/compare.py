@@ -217,6 +217,9 @@ class Comparison:
     at_version: int | None = None
     at_seconds: float | None = None
     records: list[RunRecord] = field(default_factory=list)  # what was read of each run, in order (``save_records``)
+    # per run of ``missing_eval``: the version whose evaluation would score it (the last one published
+    # within the bounds), None when no trained version was published within them
+    evaluate: dict[str, int | None] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         def run(r: RunResult) -> dict[str, Any]:
@@ -229,7 +232,18 @@ class Comparison:
         return {"level": self.level, "bootstrap_samples": self.samples, "at_version": self.at_version,
                 "at_seconds": self.at_seconds,
                 "runs": [run(r) for r in self.runs],
-                "arms": [a.__dict__ for a in self.arms], "missing_eval": self.missing_eval}
+                "arms": [a.__dict__ for a in self.arms], "missing_eval": self.missing_eval,
+                "evaluate": self.evaluate}
+
+
+def version_to_evaluate(rec: RunRecord, *, at_version: int | None = None,
+                        at_seconds: float | None = None) -> int | None:
+    """The version of ``rec`` whose held-out evaluation would score it under the bounds: its last
+    trained version published at or below ``at_version`` and at most ``at_seconds`` after v0 (with
+    no bound, its last); None when it published none."""
+    ok = [v for v, sec in rec.published.items() if v > 0 and (at_version is None or v <= at_version)
+          and (at_seconds is None or sec <= at_seconds)]
+    return max(ok, default=None)
 
 
 def _draw(runs: Sequence[np.ndarray], rng: np.random.Generator) -> float:
@@ -315,9 +329,11 @@ def compare(store: Store | None, names: Sequence[str], *, by: str = "arm", sampl
             if a.arm in draws:
                 a.delta = a.pass_at_1 - base.pass_at_1
                 a.delta_interval = _interval(draws[a.arm] - draws[base.arm], level)
-    return Comparison(runs=ordered, arms=out, level=level, samples=samples,
-                      missing_eval=[r.name for r in ordered if r.after is None], at_version=at_version,
-                      at_seconds=at_seconds, records=records)
+    missing = [r.name for r in ordered if r.after is None]
+    return Comparison(runs=ordered, arms=out, level=level, samples=samples, missing_eval=missing,
+                      at_version=at_version, at_seconds=at_seconds, records=records,
+                      evaluate={rec.name: version_to_evaluate(rec, at_version=at_version, at_seconds=at_seconds)
+                                for rec in records if rec.name in missing})
 
 
 def plot(comparison: Comparison, path: Path, *, x: str = "step") -> None:

@@ -44,10 +44,15 @@ def test_at_seconds_scores_each_run_at_equal_wall_clock():
     assert eq.arms[1].delta == pytest.approx(-0.25) and eq.arms[1].delta_interval == pytest.approx((-0.25, -0.25))
     assert eq.at_seconds == 1000 and eq.as_dict()["at_seconds"] == 1000
     # before any trained evaluation was published (v10 at 950 s, v20 at 1,000 s): nothing to score, said so
-    assert compare(None, [], recorded=recs, at_seconds=900).missing_eval == ["base-s0", "meth-s0"]
+    early = compare(None, [], recorded=recs, at_seconds=900)
+    assert early.missing_eval == ["base-s0", "meth-s0"]
+    # what to evaluate to score them: the baseline's v10 was published at 500 s (never evaluated);
+    # the method published nothing trained by 900 s
+    assert early.evaluate == {"base-s0": 10, "meth-s0": None} and early.as_dict()["evaluate"] == early.evaluate
     # both bounds at once: at or below v10 and by 1,000 s
     both = compare(None, [], recorded=recs, at_seconds=1000, at_version=10)
     assert [r.after_version for r in both.runs] == [None, 10] and both.missing_eval == ["base-s0"]
+    assert both.evaluate == {"base-s0": 10}
     for bad in (0, -5, float("inf"), float("nan")):
         with pytest.raises(ReflexdbError, match="--at-seconds must be a number of seconds above 0"):
             compare(None, [], recorded=recs, at_seconds=bad)
@@ -117,6 +122,13 @@ def test_the_command_compares_recorded_runs_without_a_database(tmp_path):
     assert table.returncode == 0, table.stderr
     assert f"run records: {again}" in table.stdout
     assert [r.name for r in load_records([again]).values()] == ["meth-s0"]
+    # a run with no evaluation within the bounds: the hint names the version to evaluate, per run
+    hint = subprocess.run(CLI + ["--runs-from", str(f), "--at-seconds", "900"], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert hint.returncode == 0, hint.stderr
+    assert "no held-out evaluation after training published by 900 s for: base-s0, meth-s0" in hint.stdout
+    assert "base-s0: reflexdb eval -c CONFIG --set run=base-s0 --checkpoint v10" in hint.stdout
+    assert "meth-s0: no trained version published by 900 s" in hint.stdout
     bad = subprocess.run(CLI + ["--runs-from", str(tmp_path / "missing.json")], env=env, capture_output=True,
                          text=True, timeout=120)
     assert bad.returncode != 0 and "missing.json: no such file of run records" in bad.stderr
