@@ -236,14 +236,18 @@ class Comparison:
                 "evaluate": self.evaluate}
 
 
+def _within(rec: RunRecord, v: int, at_version: int | None, at_seconds: float | None) -> bool:
+    """Version ``v`` of ``rec`` is at or below ``at_version`` and was published at most ``at_seconds``
+    after v0 (an unset bound holds)."""
+    return ((at_version is None or v <= at_version)
+            and (at_seconds is None or rec.published.get(v, math.inf) <= at_seconds))
+
+
 def version_to_evaluate(rec: RunRecord, *, at_version: int | None = None,
                         at_seconds: float | None = None) -> int | None:
     """The version of ``rec`` whose held-out evaluation would score it under the bounds: its last
-    trained version published at or below ``at_version`` and at most ``at_seconds`` after v0 (with
-    no bound, its last); None when it published none."""
-    ok = [v for v, sec in rec.published.items() if v > 0 and (at_version is None or v <= at_version)
-          and (at_seconds is None or sec <= at_seconds)]
-    return max(ok, default=None)
+    trained version published within them (with no bound, its last); None when it published none."""
+    return max((v for v in rec.published if v > 0 and _within(rec, v, at_version, at_seconds)), default=None)
 
 
 def _draw(runs: Sequence[np.ndarray], rng: np.random.Generator) -> float:
@@ -290,8 +294,7 @@ def compare(store: Store | None, names: Sequence[str], *, by: str = "arm", sampl
         method = rec.method or "-"
         r = RunResult(name=rec.name, method=method, arm=arm_of(rec.name) if by == "arm" else method, seed=rec.seed,
                       steps=rec.steps, training_s=rec.training_s, curve=list(rec.curve))
-        scored = [v for v in rec.evals if (at_version is None or v <= at_version)
-                  and (at_seconds is None or rec.published.get(v, math.inf) <= at_seconds)]
+        scored = [v for v in rec.evals if _within(rec, v, at_version, at_seconds)]
         last = max(scored, default=0)
         if last > 0:
             r.after_version = last
