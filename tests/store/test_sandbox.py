@@ -20,6 +20,8 @@ from reflexdb.collector.sandbox import (
     ToolResult,
 )
 
+from tests.sandbox_corpus import SNIPPETS
+
 pytestmark = pytest.mark.timeout(120)
 
 # Short limits keep the suite fast; the defaults (4 s, 256 MB, 16 processes) behave the same way.
@@ -146,6 +148,27 @@ def test_printing_100_mb_is_cut_off(sandbox):
     assert "output over" in res.detail
     assert len(res.stdout) <= LIMITS.output_bytes and time.monotonic() - t0 < LIMITS.timeout_s + 2
     assert len(res.observation()) <= 2000
+
+
+def test_stdout_and_stderr_are_capped_together(sandbox):
+    """Issue 50: 60,000 bytes on each stream came back as 120,000 against a cap of 65,536 (each
+    stream was cut at the cap on its own); the cap is for both together, as documented."""
+    res = sandbox.run("import sys\nsys.stdout.write('o' * 60000); sys.stdout.flush()\n"
+                      "sys.stderr.write('e' * 60000); sys.stderr.flush()\n")
+    _contained(res, "limit")
+    kept = len(res.stdout.encode()) + len(res.stderr.encode())
+    assert kept == LIMITS.output_bytes and res.output_bytes > LIMITS.output_bytes, (kept, res.output_bytes)
+    assert res.stdout == "o" * 60000 and res.stderr == "e" * (LIMITS.output_bytes - 60000)  # in the order written
+
+
+def test_terminal_control_sequences_never_reach_the_model(sandbox):
+    """Issue 50: escapes in tool output (a screen clear, OSC 52 writing the clipboard, an OSC 8
+    link hiding its target) went into the next prompt unchanged. The model is shown the text
+    without them; the record counts them."""
+    res = sandbox.run("print('\\x1b[2J\\x1b]52;c;ZXZpbA==\\x07result \\x1b]8;;http://evil\\x1b\\\\42\\x1b]8;;\\x1b\\\\')")
+    assert res.status == "ok", res
+    assert "\x1b" in res.stdout  # the call's own output, as the sandbox read it
+    assert res.observation() == "result 42" and res.record()["control_sequences"] == 4
 
 
 def test_killing_its_parent_reaches_nothing_outside(sandbox):
@@ -282,6 +305,105 @@ def test_the_seccomp_filter_refuses_the_kernels_riskiest_calls_and_allows_the_re
     assert seen["subprocess"] == ["b'1\\n'"]
 
 
+
+# Calls a deny list lets through (issue 50): newer than its list, or siblings of calls it refuses.
+# Each reached the kernel under the old filter (its own errno: EBADF, EINVAL, EFAULT); the allow
+# list answers EPERM. x86_64 numbers (>= 424 they are the same on every architecture).
+FORGOTTEN = [("quotactl_fd", 443, (-1, 0, 0, 0)), ("set_mempolicy_home_node", 450, (0, 0, 0, 0)),
+             ("statmount", 457, (0, 0, 0, 0)), ("listmount", 458, (0, 0, 0, 0)),
+             ("open_tree_attr", 467, (-1, 0, 0, 0, 0)), ("memfd_secret", 447, (0,)), ("cachestat", 451, (-1, 0, 0, 0)),
+             ("lsm_list_modules", 461, (0, 0, 0)), ("landlock_create_ruleset", 444, (0, 0, 1)),
+             ("process_madvise", 440, (-1, 0, 0, 0, 0)), ("x32 getpid", 0x40000000 | 39, ())]
+_SYSCALL_CODE = ("import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+                 "for name, nr, args in {calls!r}:\n"
+                 "    ctypes.set_errno(0)\n"
+                 "    ret = libc.syscall(ctypes.c_long(nr), *[ctypes.c_long(a) if isinstance(a, int) else a for a in args])\n"
+                 "    print(name.replace(' ', '_'), ret, ctypes.get_errno())\n")
+
+
+def _syscalls(sandbox, calls) -> dict[str, list[str]]:
+    res = sandbox.run(_SYSCALL_CODE.format(calls=calls))
+    assert res.status == "ok", res
+    return {line.split()[0]: line.split()[1:] for line in res.stdout.splitlines()}
+
+
+@needs_x86_64
+def test_the_filter_is_an_allow_list_calls_a_deny_list_forgets_get_eperm(sandbox):
+    seen = _syscalls(sandbox, FORGOTTEN + [("newest", 469, (0, 0, 0, 0, 0)), ("future", 470, ()),
+                                           ("far future", 511, ())])
+    for name, *_ in FORGOTTEN:
+        assert seen[name.replace(" ", "_")] == ["-1", "1"], (name, seen[name.replace(" ", "_")])  # EPERM
+    assert seen["newest"] == ["-1", "1"]  # file_setattr, the newest call the list was written against
+    # a number no kernel had when the list was written: ENOSYS, as an older kernel answers, so a
+    # library falls back instead of failing
+    assert seen["future"] == ["-1", "38"] and seen["far_future"] == ["-1", "38"]
+
+
+@needs_x86_64
+def test_the_filter_checks_arguments(sandbox):
+    seen = _syscalls(sandbox, [
+        ("socket_inet", 41, (2, 1, 0)), ("socket_inet6", 41, (10, 2, 0)), ("socket_netlink", 41, (16, 3, 0)),
+        ("socket_packet", 41, (17, 3, 0)), ("socket_unix", 41, (1, 1, 0)),
+        ("socket_unix_high_bits", 41, (0x100000001, 1, 0)),  # the kernel would read AF_UNIX; the filter sees 64 bits
+        ("socketpair_inet", 53, (2, 1, 0, 0)), ("ioctl_tiocsti", 16, (0, 0x5412, 0)), ("ioctl_tioclinux", 16, (0, 0x541c, 0)),
+        ("ioctl_tcgets", 16, (0, 0x5401, 0)), ("prctl_set_mm", 157, (35, 0, 0, 0, 0)),
+        ("prctl_cap_ambient", 157, (47, 2, 0, 0, 0)), ("prctl_get_dumpable", 157, (3, 0, 0, 0, 0)),
+        ("personality_query", 135, (0xffffffff,)), ("personality_other_domain", 135, (0x0040000,)),
+    ])
+    for name in ("socket_inet", "socket_inet6", "socket_netlink", "socket_packet", "socket_unix_high_bits",
+                 "socketpair_inet", "ioctl_tiocsti", "ioctl_tioclinux", "prctl_set_mm", "prctl_cap_ambient",
+                 "personality_other_domain"):
+        assert seen[name] == ["-1", "1"], (name, seen[name])  # EPERM from the filter
+    assert int(seen["socket_unix"][0]) >= 0  # a unix socket, in the call's own network namespace
+    assert seen["ioctl_tcgets"] == ["-1", "25"]  # allowed: the kernel answers ENOTTY (stdin is a pipe)
+    assert seen["prctl_get_dumpable"][1] == "0" and seen["personality_query"][1] == "0"
+
+
+@needs_x86_64
+def test_the_filter_checks_the_architecture(sandbox):
+    """A 32-bit system call (``int 0x80``) from a 64-bit process would be read with another
+    numbering: the filter kills the process (SIGSYS) instead of looking it up. x32's numbers (bit
+    30 set) are refused like any call the list does not name."""
+    code = ("import ctypes, mmap, os\n"
+            "buf = mmap.mmap(-1, 4096, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)\n"
+            "buf.write(bytes([0xb8, 20, 0, 0, 0, 0xcd, 0x80, 0xc3]))  # mov eax, 20 (i386 getpid); int 0x80; ret\n"
+            "fn = ctypes.CFUNCTYPE(ctypes.c_int)(ctypes.addressof(ctypes.c_char.from_buffer(buf)))\n"
+            "pid = os.fork()\nif pid == 0:\n    print('returned', fn(), flush=True)\n    os._exit(0)\n"
+            "status = os.waitpid(pid, 0)[1]\nprint('signal', os.WTERMSIG(status) if os.WIFSIGNALED(status) else None)\n"
+            "libc = ctypes.CDLL(None, use_errno=True)\nctypes.set_errno(0)\n"
+            "print('x32', libc.syscall(ctypes.c_long(0x40000000 | 39)), ctypes.get_errno())\n")
+    res = sandbox.run(code)
+    assert res.status == "ok", res
+    assert "returned" not in res.stdout and "signal 31" in res.stdout, res.stdout  # SIGSYS
+    assert "x32 -1 1" in res.stdout
+
+
+@pytest.mark.parametrize("name", sorted(SNIPPETS))
+def test_ordinary_tool_calls_run_under_the_filter(sandbox, name):
+    """The corpus the allow list was measured on (tests/sandbox_corpus.py): each call exits 0 and
+    nothing in it was refused by the filter."""
+    res = sandbox.run(SNIPPETS[name])
+    assert res.status == "ok", res
+    out = res.stdout + res.stderr
+    assert "PermissionError" not in out and "Operation not permitted" not in out, out
+    if name == "the network is not there":  # the filter, not only the empty namespace, refuses it now
+        assert "AF_INET refused EPERM" in res.stdout and "AF_INET6 refused EPERM" in res.stdout, res.stdout
+
+
+def test_check_refuses_a_deny_list(tmp_path, monkeypatch):
+    """The filter before issue 50, a deny list (DEFAULT ALLOW), passes every other check: the probe's
+    calls that a deny list forgets reach the kernel, and the sandbox refuses to start."""
+    from reflexdb.collector import sandbox as module
+
+    deny_list = tmp_path / "deny.kafel"
+    deny_list.write_text(module.POLICY.read_text().replace("DEFAULT ERRNO(1)", "DEFAULT ALLOW"))
+    monkeypatch.setattr(module, "POLICY", deny_list)
+    with pytest.raises(SandboxUnavailable) as err:
+        PythonSandbox(LIMITS).check()
+    msg = str(err.value)
+    assert "does not refuse" in msg and "quotactl_fd" in msg and "\n" not in msg, msg
+
+
 MB = 1024 * 1024
 
 
@@ -413,7 +535,8 @@ def test_the_probe_finds_what_the_real_jail_promises(sandbox):
     facts = __import__("json").loads(res.stdout)
     assert isolation_problems(facts, sandbox, res, seen["limits"]) == []
     assert facts["uid"] == 65534 and facts["uid_map"][1] != "0" and facts["status"]["Seccomp"] == "2"
-    assert facts["loopback"] == "ENETUNREACH" and facts["database_port"] == "ENETUNREACH"  # loopback is down
+    # the filter refuses every socket but a unix one (and loopback is down besides)
+    assert facts["loopback"] == "EPERM" and facts["database_port"] == "EPERM" and facts["interfaces"] == ["lo"]
     assert set(facts["mounts"]) == {"bin", "lib", "lib64", "proc", "tmp", "usr"}
     assert res.memory_peak_mb >= 24 and seen["limits"].memory_bytes == LIMITS.memory_mb * MB
 
