@@ -44,6 +44,8 @@ from .engines.base import checkpoint_path
 from .environments import EnvTask
 from .episodes import Episode, Rollout, RolloutStats, Start, environment_factory
 from reflexdb.models import model_display_name, resolve_model
+from .deadline import Deadline
+from .environments.base import unverified
 from .rewards import get_reward
 from .sources import build_tasks, prompt_messages
 from .tasks.templates import get_template
@@ -89,6 +91,7 @@ class Stats:
     tokens: int = 0
     correct: int = 0
     reward_errors: int = 0
+    unverified_rewards: int = 0  # scored 0 for want of a verdict: past the deadline, or unverifiable
     skipped_rows: int = 0
     rejected: int = 0  # groups the store refused for their content: counted, skipped, never a crash
     kinds: Counter = field(default_factory=Counter)  # groups of each kind other than 'fresh'
@@ -111,6 +114,8 @@ class Stats:
             recent = (f"{(self.correct - since.correct) / (self.fresh_samples - since.fresh_samples):.3f} "
                       f"since the last line, ")
         rejected = f" | {self.rejected} refused by the store" if self.rejected else ""
+        if self.unverified_rewards:
+            rejected += f" | {self.unverified_rewards} rewards unverified (scored 0)"
         return (f"policy v{version} | groups {self.groups}{replays} | trajectories {self.trajectories} "
                 f"({self.trajectories / dt:.2f}/s) | tokens/s {self.tokens / dt:.1f} | pass@1 {recent}{pass1:.3f} "
                 f"overall{rejected}")
@@ -126,8 +131,10 @@ class Collector:
         self.echo = echo
         self.name = self.c.name or f"{socket.gethostname()}-{os.getpid()}"
         self.model_location = resolve_model(cfg.model)
+        # The reward runs in a child process under a deadline (collector/deadline.py), forked before
+        # the engine loads so the child is small.
+        self.reward_fn = Deadline(get_reward(self.c.reward), self.c.reward_timeout_s)
         self.engine = engine or make_engine(self.c.engine, model=self.model_location, device=self.c.device)
-        self.reward_fn = get_reward(self.c.reward)
         get_template(cfg.tasks.template)  # an unknown name stops here, before any work
         self.params = SamplingParams(
             temperature=self.c.sampling.temperature, top_p=self.c.sampling.top_p,
@@ -302,14 +309,14 @@ class Collector:
         :meth:`resume` (``Episode.trajectory()`` is the trajectory)."""
         drill.phase("generate")
         out = self.driver().episodes(tasks, n)
-        self.stats.reward_errors += sum(ep.error is not None for row in out for ep in row)
+        self._count_errors([ep.error for row in out for ep in row])
         return out
 
     def resume(self, starts: list[Start]) -> list[Episode]:
         """One episode from each start (a restored environment and its conversation), batched."""
         drill.phase("generate")
         out = self.driver().resume(starts)
-        self.stats.reward_errors += sum(ep.error is not None for ep in out)
+        self._count_errors([ep.error for ep in out])
         return out
 
     def driver(self, cls: type[Rollout] = Rollout, **options) -> Rollout:
@@ -326,8 +333,12 @@ class Collector:
         """Samples as trajectories with their rewards (a reward function that raises gives a NULL
         reward and the error, never a crash)."""
         trajectories = score_samples(self.reward_fn, ground_truth, prompt, samples)
-        self.stats.reward_errors += sum(t.error is not None for t in trajectories)
+        self._count_errors([t.error for t in trajectories])
         return trajectories
+
+    def _count_errors(self, errors: list[str | None]) -> None:
+        self.stats.reward_errors += sum(e is not None for e in errors)
+        self.stats.unverified_rewards += sum(unverified(e) for e in errors)
 
     def _write(self, units: list[GroupIn | list[GroupIn]]) -> int:
         """Write what a workflow returned: each group in its own transaction, or each list of groups
@@ -381,10 +392,12 @@ class Collector:
             self.store, self.collector_id, policy_version=self.version, groups=s.groups - reported.groups,
             trajectories=s.trajectories - reported.trajectories, tokens=s.tokens - reported.tokens,
             reward_errors=s.reward_errors - reported.reward_errors,
+            unverified_rewards=s.unverified_rewards - reported.unverified_rewards,
         ))
         line = s.line(self.version, since=reported) if s.groups > reported.groups else None
         reported.groups, reported.trajectories, reported.tokens, reported.reward_errors = (
             s.groups, s.trajectories, s.tokens, s.reward_errors)
+        reported.unverified_rewards = s.unverified_rewards
         reported.correct, reported.fresh_samples = s.correct, s.fresh_samples
         if line is not None:  # a heartbeat with nothing new says nothing
             self.echo(line)

@@ -71,6 +71,7 @@ class CollectorConfig(_Section):
     tasks_per_batch: int = Field(1, ge=1, le=256, description="Tasks generated together in one engine call (each still written as its own group).")
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
     reward: str = Field("math", description="Reward function registry name.")
+    reward_timeout_s: float = Field(10.0, gt=0, le=3600, description="Deadline of one reward call: it runs in a child process that is stopped past it, and the answer scores 0 (its error `RewardTimeout: ...`, counted in `collectors.unverified_rewards`).")
     claim_ttl_s: float = Field(600.0, gt=0, description="A task claim older than this is taken as abandoned by a dead collector.")
     max_collections: int | None = Field(None, ge=1, description="Collect each task at most this many times (epochs); None = forever.")
     progress_every_s: float = Field(10.0, gt=0, description="Seconds between progress lines and heartbeats.")

@@ -390,6 +390,9 @@ collectors = Table(
     Column("started_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Column("last_seen", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Column("stopped_at", DateTime(timezone=True)),
+    # Rewards scored 0 for want of a verdict (0025): past collector.reward_timeout_s, or an answer
+    # the verifier could not check (over its size cap, or past its own time limit).
+    Column("unverified_rewards", Integer, nullable=False, server_default=text("0")),
     CheckConstraint("status IN ('running', 'stopped', 'failed')", name="status"),
     UniqueConstraint("run_id", "name"),
 )

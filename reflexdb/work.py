@@ -149,12 +149,14 @@ def register_collector(store: Store, run_id: int, name: str, *, engine: str, mod
 
 
 def report_progress(store: Store, collector_id: int, *, policy_version: int | None, groups: int = 0,
-                    trajectories: int = 0, tokens: int = 0, reward_errors: int = 0, skipped_rows: int = 0) -> None:
+                    trajectories: int = 0, tokens: int = 0, reward_errors: int = 0, skipped_rows: int = 0,
+                    unverified_rewards: int = 0) -> None:
     with store.transaction() as conn:
         conn.execute(
             W["collector_progress"],
             {"id": collector_id, "policy_version": policy_version, "groups": groups, "trajectories": trajectories,
-             "tokens": tokens, "reward_errors": reward_errors, "skipped_rows": skipped_rows},
+             "tokens": tokens, "reward_errors": reward_errors, "skipped_rows": skipped_rows,
+             "unverified_rewards": unverified_rewards},
         )
 
 

@@ -78,11 +78,28 @@ class Environment(Protocol):
     # concurrently, collector/environments/tool_python.py).
 
 
+#: How the error of a reward scored 0 without a verdict begins: the reward function passed its
+#: deadline (``RewardTimeout``), or its verifier could not check the answer (``Unverified``).
+UNVERIFIED = ("RewardTimeout:", "Unverified:")
+
+
+def unverified(error: str | None) -> bool:
+    """Whether a trajectory's ``error`` says its reward is 0 for want of a verdict (counted in
+    ``collectors.unverified_rewards``)."""
+    return error is not None and error.startswith(UNVERIFIED)
+
+
 def judge(reward_fn, text: str, ground_truth: str | None) -> tuple[float | None, bool | None, str | None, str | None]:
-    """(reward, correct, answer, error) of one response; a reward function that raises gives a NULL
-    reward and its error, never a crash (a user's reward function must not stop a collector)."""
+    """(reward, correct, answer, error) of one response. A reward function that raises gives a NULL
+    reward and its error, never a crash (a user's reward function must not stop a collector); one
+    stopped at its deadline (collector/deadline.py) scores 0, its error ``RewardTimeout: …``; one
+    whose verifier could not check the answer says so in :attr:`RewardResult.error` and scores 0."""
+    from ..deadline import RewardTimeout
+
     try:
         r = reward_fn(text, ground_truth)
-        return float(r.reward), r.correct, r.extracted, None
+        return float(r.reward), r.correct, r.extracted, getattr(r, "error", None)
+    except RewardTimeout as exc:
+        return 0.0, False, None, f"RewardTimeout: {exc}"
     except Exception as exc:
         return None, None, None, f"{type(exc).__name__}: {exc}"

@@ -47,7 +47,8 @@ GRANT UPDATE (embedding_dim, embedding_model) ON runs TO reflexdb_collector;
 GRANT INSERT ON tasks, groups, trajectories, turns, token_bytes, embeddings, collectors TO reflexdb_collector;
 GRANT UPDATE (claimed_by, claimed_at, times_collected, times_passed) ON tasks TO reflexdb_collector;
 GRANT UPDATE (host, pid, engine, model, policy_version, status, started_at, last_seen, stopped_at, groups_written,
-              trajectories_written, tokens_generated, reward_errors, skipped_rows, rejected_groups, last_rejection)
+              trajectories_written, tokens_generated, reward_errors, skipped_rows, rejected_groups, last_rejection,
+              unverified_rewards)
     ON collectors TO reflexdb_collector;
 GRANT USAGE ON ALL SEQUENCES IN SCHEMA public TO reflexdb_collector;
 

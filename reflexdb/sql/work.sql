@@ -51,6 +51,7 @@ SET last_seen = now(), policy_version = %(policy_version)s,
     trajectories_written = trajectories_written + %(trajectories)s,
     tokens_generated = tokens_generated + %(tokens)s,
     reward_errors = reward_errors + %(reward_errors)s,
+    unverified_rewards = unverified_rewards + %(unverified_rewards)s,
     skipped_rows = skipped_rows + %(skipped_rows)s
 WHERE id = %(id)s;
 

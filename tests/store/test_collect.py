@@ -71,6 +71,40 @@ def test_reward_function_errors_are_stored_not_raised(store, tiny_engine):
     assert rows(store, "SELECT reward_errors FROM collectors") == [(3,)]
 
 
+def test_a_reward_past_its_deadline_scores_0_is_recorded_and_the_collector_goes_on(store, tiny_engine, tmp_path):
+    """Issue 50: a reward function that never returns (here a loop; in the wild sympy on a power
+    tower, or a user's bug) is stopped at collector.reward_timeout_s, the answer scores 0 with
+    ``RewardTimeout`` on its row, it is counted, and the next calls and groups go on."""
+    import time
+
+    from reflexdb.collector.rewards import RewardResult, register_reward
+
+    marker = tmp_path / "hung"
+
+    def hangs_once(response, truth):
+        if not marker.exists():  # the first call (in whichever process) hangs
+            marker.touch()
+            while True:
+                pass
+        return RewardResult(0.5, False, "x")
+
+    register_reward("test_hangs_once", hangs_once, replace=True)
+    c = _collector({"collector": {"group_size": 2, "reward": "test_hangs_once", "reward_timeout_s": 1,
+                                  "sampling": {"max_new_tokens": 4}}}, store, tiny_engine)
+    t0 = time.monotonic()
+    stats = c.run(max_groups=2)
+    assert stats.groups == 2 and stats.unverified_rewards == 1 and stats.reward_errors == 1
+    assert time.monotonic() - t0 < 60  # one deadline of 1 s, not a hang
+    got = sorted(rows(store, "SELECT reward, correct, left(error, 15) FROM trajectories"), key=str)
+    assert got == [(0.0, False, "RewardTimeout: ")] + [(0.5, False, None)] * 3
+    assert rows(store, "SELECT unverified_rewards, reward_errors FROM collectors") == [(1, 1)]
+    from tests.store.test_cookbook import QUERIES, substitute  # the cookbook's query finds it
+
+    [(kind, reason, n, tasks, _)] = rows(store, substitute(QUERIES["Rewards scored 0 without a verdict"],
+                                                           {"run": c.cfg.run}))
+    assert (kind, n, tasks) == ("RewardTimeout", 1, 1) and "deadline of 1 s" in reason
+
+
 def test_a_response_that_decodes_to_nul_is_stored(store, tiny_engine):
     # The tiny random model once sampled a token that decodes to NUL: the collector stopped with
     # "contains a NUL character" (CI). The group is stored, token ids exact, U+FFFD in the text

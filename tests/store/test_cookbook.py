@@ -299,6 +299,10 @@ def check_reward_errors(d, rows):
         ("ValueError: no number in response", 1, 1, d["b4"])]
 
 
+def check_unverified(d, rows):
+    assert rows == []  # none in this data; test_collect's deadline test reads a RewardTimeout row with it
+
+
 def check_none_pass(d, rows):
     assert [(r["task_id"], r["split"], r["prompt"], r["ground_truth"], r["groups"], r["trajectories"],
              r["wrong_answers"]) for r in rows] == [(d["tb"], "train", "What is 7*6?", "42", 2, 5, ["13", "36", "48"])]
@@ -523,6 +527,8 @@ EXPECTED = {
         check_similar_failures),
     "Reward-function errors": (_vars(), ["error", "trajectories", "tasks", "latest_trajectory_id"],
                                check_reward_errors),
+    "Rewards scored 0 without a verdict": (_vars(), ["kind", "reason", "trajectories", "tasks", "latest_trajectory_id"],
+                                           check_unverified),
     "Tasks that no group ever solved": (_vars(), [
         "task_id", "split", "prompt", "ground_truth", "groups", "trajectories", "wrong_answers"], check_none_pass),
     "Pass rate by policy version": (_vars(), ["policy_version", "groups", "trajectories", "correct", "pass_rate"],

@@ -16,7 +16,7 @@ from reflexdb.collector.environments.tool_python import ToolPython
 from reflexdb.collector.episodes import Rollout, environment_factory
 from reflexdb.collector.rewards import RewardResult, get_reward
 from reflexdb.collector.tasks.templates import apply_chat_template, get_template
-from reflexdb.collector.tasks.tool_use import code_block, observation
+from reflexdb.collector.tasks.tool_use import block_start, code_block, observation
 
 from reflexdb import GroupIn
 
@@ -40,6 +40,28 @@ def test_code_block_rule():
     assert code_block("```python\n\n```") is None  # empty
     assert observation("", failed=False).startswith("Output: (nothing was printed")
     assert observation("boom", failed=True) == "Error:\n```\nboom\n```"
+
+
+def test_a_21_kb_boxed_answer_is_graded_in_linear_time():
+    """Issue 50: an answer of 3,000 ``\\boxed{`` (21 KB) held ``ToolPython.step`` (through
+    ``_answer`` and ``judge``) for 16.7 s; a 1 MB turn for minutes."""
+    from tests.hostile_text import MB, assert_linear
+
+    e = env(max_tool_calls=0)
+    e.reset()
+    for answer in ("\\boxed{" * 3000, "\\boxed{" * (MB // 7)):
+        assert_linear(lambda text: e.step(text, "stop"), answer)
+    s = e.step("\\boxed{" * 3000, "stop")
+    assert s.done and s.episode_reward == 0.0 and s.answer is None
+
+
+def test_code_blocks_are_found_in_linear_time():
+    from tests.hostile_text import assert_linear, corpus
+
+    for name, text in corpus().items():
+        assert_linear(code_block, text, name=name)
+        assert_linear(block_start, text, name=name)
+        assert_linear(lambda t: observation(t, True), text, name=name)
 
 
 def test_call_then_answer_with_the_real_sandbox():
