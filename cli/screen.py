@@ -13,6 +13,7 @@ import subprocess
 from decimal import Decimal
 
 from reflexdb.lazy import lazy
+from reflexdb.storable import printable
 
 # imported when a table is printed or psql started, not when the CLI starts
 np = lazy("numpy")
@@ -31,7 +32,7 @@ def _cell(value, max_width: int) -> str:
         s = "{" + ",".join(str(x) for x in value[:50].tolist()) + (",…" if value.shape[0] > 50 else "") + "}"
     else:
         s = str(value)
-    s = s.replace("\n", "↵")
+    s = printable(s)[0].replace("\n", "↵")  # model text: no escape reaches the terminal (OSC 52, ...)
     if max_width and len(s) > max_width:
         s = s[: max_width - 1] + "…"
     return s

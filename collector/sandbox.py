@@ -42,7 +42,6 @@ import json
 import math
 import os
 import platform
-import re
 import select
 import signal
 import subprocess
@@ -53,7 +52,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from reflexdb.errors import ReflexdbError
-from reflexdb.storable import storable_text
+from reflexdb.storable import printable, storable_text
 
 from .cgroups import CgroupLimits, CgroupUnavailable, Cgroups, CallCgroup, Usage
 
@@ -104,38 +103,6 @@ class SandboxLimits:
                      "cpus"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"sandbox.{name} must be > 0, got {getattr(self, name)!r}")
-
-
-#: Terminal control sequences and control characters in tool output (ECMA-48): OSC (clipboard
-#: writes, hyperlinks, titles) to its BEL or ST, DCS/SOS/PM/APC strings to their ST, CSI sequences
-#: (colours, cursor moves, screen clears), other escapes, and every C0 and C1 control but tab and
-#: newline. Each branch is one greedy class with an optional end, so a scan never backtracks: linear
-#: in the output's size, terminated or not. A carriage return becomes a newline.
-_CONTROLS = re.compile(
-    r"(?:\x1b\]|\x9d)[^\x07\x1b\x9c]*(?:\x07|\x1b\\|\x9c)?"  # OSC ... BEL | ST (7- or 8-bit)
-    r"|(?:\x1b[PX^_]|[\x90\x98\x9e\x9f])[^\x1b\x9c]*(?:\x1b\\|\x9c)?"  # DCS, SOS, PM, APC ... ST
-    r"|(?:\x1b\[|\x9b)[0-?]*[ -/]*[@-~]?"  # CSI: parameters, intermediates, final
-    r"|\x1b[ -/]*[0-~]?"  # any other escape
-    r"|\r\n?"  # carriage returns: newlines
-    r"|[\x00-\x08\x0b-\x1f\x7f-\x9f]"  # the other C0 and C1 controls (tab and newline stay)
-)
-
-
-def printable(text: str) -> tuple[str, int]:
-    """``text`` without terminal control sequences, and how many were removed (carriage returns,
-    which become newlines, are not counted). Tool output goes into the model's next prompt and the
-    explorer: an escape that clears a screen, writes the clipboard (OSC 52) or hides a link (OSC 8)
-    does not belong in either."""
-    removed = 0
-
-    def drop(m: re.Match) -> str:
-        nonlocal removed
-        if m.group().startswith("\r"):
-            return "\n"
-        removed += 1
-        return ""
-
-    return _CONTROLS.sub(drop, text), removed
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,7 @@ from starlette.templating import Jinja2Templates
 from reflexdb.errors import DatabaseUnavailable
 
 from .data import FILTERS, GROUP_FILTERS, PAGE, BadFilter, Explorer, parse_filters
-from .tokens import tokenizer_for, tokens
+from .tokens import MAX_SHADED, masked_out, shown, tokenizer_for, tokens
 
 log = logging.getLogger(__name__)
 HERE = Path(__file__).parent
@@ -212,7 +212,7 @@ def create_app(db: Explorer, *, mlflow_url: str | None = None, tracking_uri: str
         tok = tokenizer_for((run or {}).get("config", {}).get("model")) if t["tokens"] else None
         turns = _conversation(t, tok)
         return render(request, "trajectory.html", title=f"trajectory {t['id']}", t=t, turns=turns,
-                      raw=_json(_raw(t)), tokenizer=tok is not None)
+                      raw=_json(_page_raw(t)), tokenizer=tok is not None)
 
     def raw(request: Request) -> Response:
         t = db.trajectory(request.path_params["id"])
@@ -290,6 +290,22 @@ def _raw(t: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in t.items() if k not in ("links", "panels", "marks")}
 
 
+def _page_raw(t: dict[str, Any]) -> dict[str, Any]:
+    """The raw rows as the page shows them: each token array's first :data:`MAX_SHADED` items and
+    how many more there are (``/raw`` has them all). A million-token row's arrays, indented one
+    number a line, made 60 MB of page and most of a minute."""
+    raw = _raw(t)
+    if raw.get("tokens"):
+        raw["tokens"] = {k: _first_items(v) for k, v in raw["tokens"].items()}
+    return raw
+
+
+def _first_items(a: np.ndarray | None) -> Any:
+    if a is None or len(a) <= MAX_SHADED:
+        return a
+    return a[:MAX_SHADED].tolist() + [f"… {len(a) - MAX_SHADED} more: the raw JSON file has them all"]
+
+
 def _conversation(t: dict[str, Any], tok: Any) -> list[dict[str, Any]]:
     """The turns to show, each with its label, its tokens (assistant turns) and the marks on it."""
     marks = t["marks"]
@@ -303,9 +319,11 @@ def _conversation(t: dict[str, Any], tok: Any) -> list[dict[str, Any]]:
     placed: set[int] = set()
     out = []
     for u in t["turns"]:
-        toks = []
+        toks, unshaded, out_of_mask = [], 0, 0
         if u["token_start"] is not None and t["tokens"] is not None:
             toks = tokens(tok, t["tokens"], u["token_start"], u["token_end"])
+            start, end = shown(t["tokens"], u["token_start"], u["token_end"])
+            unshaded, out_of_mask = end - start - len(toks), masked_out(t["tokens"], start, end)
         own = turn_marks.get(u["turn_index"], [])
         label = next((m["label"] for m in own if m.get("style") == "label"), u["role"])
         here = {tk.index: token_marks[tk.index] for tk in toks if tk.index in token_marks}
@@ -313,7 +331,7 @@ def _conversation(t: dict[str, Any], tok: Any) -> list[dict[str, Any]]:
         record = u["tool_call"] if isinstance(u["tool_call"], dict) else None
         out.append({**u, "label": label, "tokens": toks, "token_marks": here,
                     "notes": [m for m in own if m.get("style") != "label"], "record": record,
-                    "masked_out": sum(1 for tk in toks if not tk.in_loss)})
+                    "masked_out": out_of_mask, "unshaded": unshaded})
     # a mark at a token no turn shows (e.g. at the end of the response) goes on the last turn
     left = [m for i, ms in token_marks.items() if i not in placed for m in ms]
     if left and out:

@@ -76,24 +76,45 @@ class Token:
                 f"{'in the loss' if self.in_loss else 'out of the loss mask'}")
 
 
+#: The most tokens of one turn the page shades. A longer turn (an imported row may hold a million
+#: tokens) shows its first ones, and its stored text in full: a span per token costs about 10 µs to
+#: decode, build and render, and a page of a million of them took 45 s and 237 MB of HTML.
+MAX_SHADED = 20_000
+
+
 def texts(tok: Any | None, ids: np.ndarray) -> list[str]:
-    """Each id's text (byte-level pieces of one character show as the replacement character)."""
+    """Each id's text (byte-level pieces of one character show as the replacement character).
+
+    Each distinct id is decoded once (a token's text does not depend on its neighbours here), so
+    the tokenizer is called for at most its vocabulary, however long the response.
+    """
     if tok is None:
         return [f"[{int(i)}]" for i in ids]
+    distinct, where = np.unique(np.asarray(ids, dtype=np.int64), return_inverse=True)
     try:
-        return tok.batch_decode([[int(i)] for i in ids], skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        words = tok.batch_decode([[int(i)] for i in distinct], skip_special_tokens=False,
+                                 clean_up_tokenization_spaces=False)
     except Exception:  # ids outside the vocabulary (an imported row, a random test id)
         return [f"[{int(i)}]" for i in ids]
+    return [words[j] for j in where.reshape(-1).tolist()]
 
 
-def tokens(tok: Any | None, payload: dict[str, np.ndarray | None], start: int, end: int) -> list[Token]:
-    """The response tokens ``[start, end)`` of a trajectory's payload."""
+def shown(payload: dict[str, np.ndarray | None], start: int, end: int) -> tuple[int, int]:
+    """The span ``[start, end)`` clipped to the response: the turn's tokens, shaded or not."""
     ids = payload["response_ids"]
-    if ids is None:
-        return []
-    start, end = max(0, int(start)), min(len(ids), int(end))
+    n = 0 if ids is None else len(ids)
+    start = min(max(0, int(start)), n)
+    return start, max(start, min(n, int(end)))
+
+
+def tokens(tok: Any | None, payload: dict[str, np.ndarray | None], start: int, end: int,
+           limit: int = MAX_SHADED) -> list[Token]:
+    """The response tokens ``[start, end)`` of a trajectory's payload, the first ``limit`` of them."""
+    start, end = shown(payload, start, end)
+    end = min(end, start + limit)
     if end <= start:
         return []
+    ids = payload["response_ids"]
     lp, ver, mask = payload["logprobs"], payload["versions"], payload["loss_mask"]
     words = texts(tok, ids[start:end])
     return [Token(i, int(ids[i]), words[i - start], None if lp is None else float(lp[i]),
@@ -101,4 +122,11 @@ def tokens(tok: Any | None, payload: dict[str, np.ndarray | None], start: int, e
             for i in range(start, end)]
 
 
-__all__ = ["Token", "tokenizer_for", "tokens", "texts"]
+def masked_out(payload: dict[str, np.ndarray | None], start: int, end: int) -> int:
+    """How many tokens of ``[start, end)`` are out of the loss mask (all of them without a mask)."""
+    start, end = shown(payload, start, end)
+    mask = payload["loss_mask"]
+    return end - start if mask is None else int(np.count_nonzero(mask[start:end] == 0))
+
+
+__all__ = ["MAX_SHADED", "Token", "masked_out", "shown", "tokenizer_for", "tokens", "texts"]

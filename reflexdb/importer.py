@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -212,13 +213,10 @@ def parse_row(row: Any, *, vocab: int | None = None) -> Parsed:
         raise BadRow("give both prompt_ids and completion_ids, or neither")
     if pi is not None:
         pi, ci = _ids(pi, "prompt_ids", vocab), _ids(ci, "completion_ids", vocab)
-    reward = row.get("reward")
-    if reward is not None and (isinstance(reward, bool) or not isinstance(reward, (int, float))
-                               or reward != reward or abs(reward) == float("inf")):
-        raise BadRow(f"reward must be a finite number or null, got {reward!r}")
+    reward = _reward(row.get("reward"))
     correct = row.get("correct")
     if correct is not None and not isinstance(correct, bool):
-        raise BadRow(f"correct must be true, false or null, got {correct!r}")
+        raise BadRow(f"correct must be true, false or null, got {_brief(correct)}")
     if correct is None and reward is not None:
         correct = reward >= 1.0
     gt, key = row.get("ground_truth"), row.get("task_key")
@@ -228,7 +226,32 @@ def parse_row(row: Any, *, vocab: int | None = None) -> Parsed:
             _storable(value, what)
     if key is not None and len(key.encode("utf-8")) > MAX_KEY_BYTES:
         raise BadRow(f"task_key is {len(key.encode('utf-8'))} bytes; at most {MAX_KEY_BYTES}")
-    return Parsed(prompt, completion, pi, ci, None if reward is None else float(reward), correct, gt, key)
+    return Parsed(prompt, completion, pi, ci, reward, correct, gt, key)
+
+
+def _reward(value: Any) -> float | None:
+    """A row's reward as a float; BadRow unless a finite number or null (an integer too large for
+    a float, which JSON allows, is not finite)."""
+    if value is None:
+        return None
+    if not isinstance(value, bool) and isinstance(value, (int, float)):
+        try:
+            reward = float(value)
+        except OverflowError:
+            reward = math.inf
+        if math.isfinite(reward):
+            return reward
+    raise BadRow(f"reward must be a finite number or null, got {_brief(value)}")
+
+
+def _brief(value: Any) -> str:
+    """A bad value as a message names it: a string's first 40 characters, a number, or a list or
+    an object by its type (a row's value may be a megabyte, or nested 900 deep)."""
+    if isinstance(value, str):
+        return repr(value[:40]) + ("…" if len(value) > 40 else "")
+    if value is None or isinstance(value, (bool, int, float)):
+        return repr(value)[:40]
+    return f"a {type(value).__name__}"
 
 
 class Tokenizer:

@@ -84,6 +84,24 @@ def sample_tokens(
     return tokens, logp.gather(-1, tokens[:, None]).squeeze(1)
 
 
+def stop_window(stop: Sequence[str]) -> int:
+    """Tokens to re-decode when looking for a stop string after each sampled token: enough for the
+    longest one even when every character is split over several byte-level tokens.
+
+    The window, not the response so far, is what each step decodes: matching stop strings costs
+    ``O(window)`` per token, so a response of ``T`` tokens costs ``O(T)``, whatever it holds.
+    """
+    return 4 * max((len(s) for s in stop), default=0) + 4
+
+
+def find_stop(tokenizer: Any, row: torch.Tensor | np.ndarray, end: int, stop: Sequence[str],
+              window: int) -> str | None:
+    """The first of ``stop`` (in its order) in the text of ``row[end - window : end]``, the last
+    ``window`` (:func:`stop_window`) of a row's ``end`` tokens so far; ``None`` when none is there."""
+    text = tokenizer.decode(row[max(0, end - window) : end].tolist())
+    return next((s for s in stop if s in text), None)
+
+
 def _xgrammar() -> Any:
     """The ``xgrammar`` module, imported only when a call asks for ``json_schema``."""
     try:
@@ -284,9 +302,7 @@ class HFEngine:
         reason = ["length"] * B
         matched: list[str | None] = [None] * B
         stop_ids = torch.tensor(sorted(set(self._eos_ids) | set(params.stop_token_ids)), dtype=torch.long, device=dev)
-        # Tokens to re-decode when looking for a stop string: enough for the longest one even
-        # when every character is split over several byte-level tokens.
-        window = 4 * max((len(s) for s in params.stop), default=0) + 4
+        window = stop_window(params.stop)
         rows = torch.arange(B, device=dev)  # original index of each row still decoding
         # [B, ceil(V / 32)] int32: which tokens each row's grammar allows next
         bitmask = _xgrammar().allocate_token_bitmask(B, self._vocab_size) if grammars is not None else None
@@ -310,8 +326,7 @@ class HFEngine:
                 for j, r in enumerate(rows.tolist()):
                     if done[j]:
                         continue
-                    tail = self._tokenizer.decode(tokens[r, max(0, step + 1 - window) : step + 1].tolist())
-                    hit = next((s for s in params.stop if s in tail), None)
+                    hit = find_stop(self._tokenizer, tokens[r], step + 1, params.stop, window)
                     if hit is not None:
                         done[j], matched[r] = True, hit
                 done = done.to(dev)

@@ -28,7 +28,8 @@ from reflexdb.collector.rewards import (
     get_reward,
     verify_answer,
 )
-from reflexdb.collector.sandbox import ToolResult, printable
+from reflexdb.collector.sandbox import ToolResult
+from reflexdb.storable import printable
 from tests.hostile_text import assert_linear, corpus, hostile_texts, megabyte_texts
 
 CORPUS = sorted(corpus())
@@ -287,3 +288,14 @@ def test_the_observation_has_no_controls_and_the_record_counts_them():
 def test_printable_leaves_no_escape_and_no_control(text):
     shown, _ = printable(text)
     assert not re.search(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]", shown)
+
+
+def test_reflexdb_sql_tables_show_model_text_without_escapes():
+    """A response holding OSC 52 would write the clipboard of whoever runs ``reflexdb sql`` on it:
+    the aligned table shows it without (JSON and CSV output keep the stored text as it is)."""
+    from reflexdb.cli.screen import format_json, format_table
+
+    hostile = "ok\x1b]52;c;ZXZpbA==\x07 \x1b[2Jdone"
+    table = format_table(["response"], [(hostile,)])
+    assert "\x1b" not in table and "ok done" in table
+    assert "\\u001b]52" in format_json(["response"], [(hostile,)])
