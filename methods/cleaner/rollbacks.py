@@ -29,7 +29,8 @@ class Rollback:
         turn: the position of the committed turn among the purified episode's response turns.
         attempts: corrections sampled (1..K).
         recovered: a correction ran; then ``similarity`` and ``replacement`` are set.
-        similarity: ``difflib`` ratio of the failed and the corrected code.
+        similarity: ``Sim`` of the failed and the corrected code (``saar.similarity``: difflib's ratio;
+            over lines past ``SIMILARITY_CHARS``).
         replacement: ``shallow`` or ``deep`` (None when not recovered).
         error_text: ``o_t⁻`` as the model was shown it; ``error_status``: its ToolResult status.
         failed_code: ``c_t``; corrected_code: ``c'_t`` (the last attempt's block when none ran).

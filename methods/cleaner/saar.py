@@ -13,6 +13,9 @@ of them (curriculum mixing, CLEANER.md Sec. 4.3). In an episode under SAAR:
 - it runs: ``s = difflib.SequenceMatcher(None, c_t, c'_t).ratio()``; ``s ≥ γ``: shallow
   replacement ``(r_t, c'_t, o'_t)``, else deep ``(r'_aux, c'_t, o'_t)``, committed as turn t; the
   episode goes on from this purified history                                           (Eq. 9)
+  (bounded for hostile sizes: past :data:`SIMILARITY_CHARS` characters ``s`` compares lines, and a
+  turn whose block starts past :data:`MERGE_TOKENS` tokens or :data:`MERGE_CHARS` characters is
+  replaced deep)
 - it fails, or holds no block (shown :data:`~collector.tasks.tool_use.NO_CODE`): the lookahead
   context grows by the attempt and its error and the policy tries again, up to ``K`` corrections.
   After ``K`` failures the original failed call is committed with its error and the note
@@ -33,6 +36,7 @@ fence stays byte-identical.
 from __future__ import annotations
 
 import difflib
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -51,9 +55,43 @@ from .rollbacks import Rollback
 REPLACEMENTS = ("shallow", "deep")
 
 
+#: Past this many characters on either side, :func:`similarity` compares lines
+#: (:func:`line_similarity`, linear) instead of calling difflib, whose worst case is quadratic or
+#: worse: a pair of 64,000 random characters took 40 s, two unrelated 32,000-character Python files
+#: 0.7 s; the worst pair of 4,000 characters found took 0.14 s (issue 50).
+SIMILARITY_CHARS = 4_000
+#: :func:`fence_token` looks for a block's token among a turn's first this many tokens, spelling at
+#: most MERGE_CHARS characters (:func:`searchable`): each probe of its search decodes a prefix, so
+#: this bounds its cost (about 0.1 s) whatever the turn's length. A shallow replacement of a turn
+#: whose block starts later is made deep (:meth:`SaarRollout._correction`).
+MERGE_TOKENS = 16_384
+MERGE_CHARS = 65_536
+
+
 def similarity(failed_code: str, corrected_code: str) -> float:
-    """``Sim(c_t, c'_t)``: ``difflib.SequenceMatcher(None, c_t, c'_t).ratio()`` (CLEANER.md Sec. 4.2)."""
-    return difflib.SequenceMatcher(None, failed_code, corrected_code).ratio()
+    """``Sim(c_t, c'_t)`` (CLEANER.md Sec. 4.2): ``difflib.SequenceMatcher(None, c_t, c'_t).ratio()``
+    as in the paper for code of up to :data:`SIMILARITY_CHARS` characters on each side; past that,
+    :func:`line_similarity`, so that a model's megabyte of code costs milliseconds, not hours."""
+    if max(len(failed_code), len(corrected_code)) <= SIMILARITY_CHARS:
+        return difflib.SequenceMatcher(None, failed_code, corrected_code).ratio()
+    return line_similarity(failed_code, corrected_code)
+
+
+def line_similarity(a: str, b: str) -> float:
+    """difflib's ``2M / T`` with whole lines for matching blocks, in one pass over each text: ``M``
+    the characters of the lines both texts hold (as multisets; whitespace at either end of a line
+    ignored, so re-indented code still matches), ``T`` those of all their lines. 1.0 for the same
+    lines in any order, 0.0 for no line in common (and for texts of different whitespace only)."""
+    lines_a, lines_b = _lines(a), _lines(b)
+    total = sum(len(k) * n for k, n in lines_a.items()) + sum(len(k) * n for k, n in lines_b.items())
+    if not total:
+        return float(a == b)
+    shared = sum(len(k) * min(n, lines_b[k]) for k, n in lines_a.items() if k in lines_b)
+    return 2 * shared / total
+
+
+def _lines(text: str) -> Counter[str]:
+    return Counter(map(str.strip, text.splitlines()))
 
 
 def replacement(sim: float, threshold: float) -> str:
@@ -63,22 +101,49 @@ def replacement(sim: float, threshold: float) -> str:
 
 def fence_token(tokenizer: Any, token_ids: Sequence[int], text: str) -> int | None:
     """Index of the token in which the turn's first fenced Python block begins (its first
-    backtick), or None when the turn has none. ``text`` is the turn decoded (special tokens skipped)."""
+    backtick); None when the turn has none, or when it begins past the first :data:`MERGE_TOKENS`
+    tokens or :data:`MERGE_CHARS` characters. ``text`` is the turn decoded (special tokens skipped)."""
     pos = tool_use.block_start(text)
-    if pos is None:
+    return None if pos is None else _fence_token(tokenizer, token_ids, pos)
+
+
+def _fence_token(tokenizer: Any, token_ids: Sequence[int], pos: int) -> int | None:
+    """The smallest k whose first k + 1 tokens decode past character ``pos`` (``len(token_ids)``
+    when none does), searched among the tokens :func:`searchable`; None when it is not among them.
+
+    The search gallops (1, 2, 4, ... tokens) before it bisects, so a block early in a long turn
+    costs little, and no probe decodes more than the searchable prefix."""
+    ids = np.asarray(token_ids[:MERGE_TOKENS], dtype=np.int64)  # an array: decode converts it in C, a list in Python
+    n = searchable(tokenizer, ids)
+
+    def past(k: int) -> bool:
+        return len(tokenizer.decode(ids[:k + 1], skip_special_tokens=True)) > pos
+
+    lo, hi = 0, min(1, n)  # no k < lo is past; hi - 1 is, or hi = n
+    while hi < n and not past(hi - 1):
+        lo, hi = hi, min(2 * hi, n)
+    if hi == n < len(token_ids) and not (n and past(n - 1)):
         return None
-    ids = [int(i) for i in token_ids]
-    lo, hi = 0, len(ids)
-    while lo < hi:  # the smallest k whose first k + 1 tokens decode past the fence's first character
+    while lo < hi:
         mid = (lo + hi) // 2
-        if len(tokenizer.decode(ids[:mid + 1], skip_special_tokens=True)) > pos:
+        if past(mid):
             hi = mid
         else:
             lo = mid + 1
     return lo
 
 
-def shallow_merge(tokenizer: Any, failed: Sample, correction: Sample) -> Sample:
+def searchable(tokenizer: Any, token_ids: Sequence[int]) -> int:
+    """How many of a turn's first tokens :func:`fence_token` searches: at most :data:`MERGE_TOKENS`,
+    spelling at most :data:`MERGE_CHARS` characters. A token's spelling (``convert_ids_to_tokens``:
+    its bytes, or its piece) is never shorter than what it decodes to, so no probe of the search
+    decodes more than MERGE_CHARS characters."""
+    ids = np.asarray(token_ids[:MERGE_TOKENS], dtype=np.int64).tolist()
+    spelled = np.cumsum([len(t or "") for t in tokenizer.convert_ids_to_tokens(ids)])
+    return int(np.searchsorted(spelled, MERGE_CHARS, side="right"))
+
+
+def shallow_merge(tokenizer: Any, failed: Sample, correction: Sample) -> Sample | None:
     """The shallow replacement's turn ``(r_t, c'_t)``: the failed turn's text before its block, kept
     byte for byte, then the correction's from its block on (its closing token included).
 
@@ -89,16 +154,24 @@ def shallow_merge(tokenizer: Any, failed: Sample, correction: Sample) -> Sample:
     ``ok. ````): the seam between them, the failed turn's characters before its fence and the
     correction's fence token from the fence on, is tokenized again (one to a few tokens). Every
     other token id is one the policy sampled. Log-probs are the sampled ones, 0 on the seam's
-    (the workflow rescores the whole turn); the embedding is the correction's."""
-    kf = fence_token(tokenizer, failed.token_ids, failed.text)
-    kc = fence_token(tokenizer, correction.token_ids, correction.text)
-    if kf is None or kc is None:
+    (the workflow rescores the whole turn); the embedding is the correction's.
+
+    None when a block starts past its turn's first :data:`MERGE_TOKENS` tokens or
+    :data:`MERGE_CHARS` characters (too far to find its token in bounded time): the caller
+    replaces the turn deep.
+
+    Raises:
+        ValueError: a turn has no fenced Python block."""
+    start_f, start_c = tool_use.block_start(failed.text), tool_use.block_start(correction.text)
+    if start_f is None or start_c is None:
         raise ValueError("a shallow replacement needs a fenced Python block in both turns")
-    prefix = failed.text[:tool_use.block_start(failed.text)]  # r_t as written
-    start_c = tool_use.block_start(correction.text)
-    kept = tokenizer.decode([int(i) for i in failed.token_ids[:kf]], skip_special_tokens=True)
-    before_c = tokenizer.decode([int(i) for i in correction.token_ids[:kc]], skip_special_tokens=True)
-    through_c = tokenizer.decode([int(i) for i in correction.token_ids[:kc + 1]], skip_special_tokens=True)
+    kf, kc = _fence_token(tokenizer, failed.token_ids, start_f), _fence_token(tokenizer, correction.token_ids, start_c)
+    if kf is None or kc is None:
+        return None
+    prefix = failed.text[:start_f]  # r_t as written
+    kept = tokenizer.decode(np.asarray(failed.token_ids[:kf], dtype=np.int64), skip_special_tokens=True)
+    before_c = tokenizer.decode(np.asarray(correction.token_ids[:kc], dtype=np.int64), skip_special_tokens=True)
+    through_c = tokenizer.decode(np.asarray(correction.token_ids[:kc + 1], dtype=np.int64), skip_special_tokens=True)
     if kept == prefix and before_c == correction.text[:start_c]:  # both fence tokens start at the fence
         seam_ids, tail = [], kc
     else:
@@ -109,7 +182,7 @@ def shallow_merge(tokenizer: Any, failed: Sample, correction: Sample) -> Sample:
     lps = np.concatenate([np.asarray(failed.logprobs[:kf]), np.zeros(len(seam_ids)),
                           np.asarray(correction.logprobs[tail:])]).astype(np.float32)
     return Sample(prompt_ids=failed.prompt_ids, token_ids=ids, logprobs=lps, finish_reason=correction.finish_reason,
-                  text=tokenizer.decode(ids.tolist(), skip_special_tokens=True), embedding=correction.embedding,
+                  text=tokenizer.decode(ids, skip_special_tokens=True), embedding=correction.embedding,
                   stop=correction.stop)
 
 
@@ -257,6 +330,8 @@ class SaarRollout(Rollout):
             sim = similarity(look.code, code)
             kind = replacement(sim, self.threshold)
             merged = shallow_merge(tok, look.failed, s) if kind == "shallow" else s
+            if merged is None:  # a block too far into its turn to find its token (fence_token): replaced deep
+                kind, merged = "deep", s
             step = se.env.step(merged.text, merged.finish_reason, res)
             self._commit(se, merged, step, tok)
             self._keep_raw(se, s, step, tok)
@@ -279,5 +354,5 @@ class SaarRollout(Rollout):
         se.stopped, se.look = True, None
 
 
-__all__ = ["REPLACEMENTS", "Rollback", "SaarEpisode", "SaarRollout", "fence_token", "replacement", "shallow_merge",
-           "similarity"]
+__all__ = ["MERGE_CHARS", "MERGE_TOKENS", "REPLACEMENTS", "Rollback", "SIMILARITY_CHARS", "SaarEpisode", "SaarRollout",
+           "fence_token", "line_similarity", "replacement", "searchable", "shallow_merge", "similarity"]

@@ -24,20 +24,28 @@ WRONG_ANSWERS = "These answers are known to be wrong: {answers}. Your final answ
 NO_MENTION = "Do not mention this hint in your response; solve the problem as if you had thought of it yourself."
 
 KINDS = ("concise", "wrong_answers", "concise_wrong_answers")
+#: A wrong answer is listed in a hint cut to this many characters (then "…"): an answer is what a
+#: model wrote, of any length, and the hinted prompt goes to the tokenizer and into the context.
+ANSWER_CHARS = 300
 
 
 def hint_text(kind: str, wrong_answers: Sequence[str] = ()) -> str:
-    """The hint of ``kind`` (one of :data:`KINDS`) for a problem whose failed answers were ``wrong_answers``."""
+    """The hint of ``kind`` (one of :data:`KINDS`) for a problem whose failed answers were
+    ``wrong_answers`` (each listed cut to :data:`ANSWER_CHARS` characters)."""
     if kind not in KINDS:
         raise ValueError(f"unknown hint kind {kind!r}; expected one of {', '.join(KINDS)}")
     parts = []
     if kind in ("concise", "concise_wrong_answers"):
         parts.append(CONCISE)
     if kind in ("wrong_answers", "concise_wrong_answers") and wrong_answers:
-        parts.append(WRONG_ANSWERS.format(answers=", ".join(str(a) for a in wrong_answers)))
+        parts.append(WRONG_ANSWERS.format(answers=", ".join(_shown(str(a)) for a in wrong_answers)))
     if not parts:  # wrong_answers with no answer to list (every response held none): the concise hint
         parts.append(CONCISE)
     return "Hint: " + " ".join(parts) + " " + NO_MENTION
+
+
+def _shown(answer: str) -> str:
+    return answer if len(answer) <= ANSWER_CHARS else answer[:ANSWER_CHARS] + "…"
 
 
 def hinted_question(question: str, kind: str, wrong_answers: Sequence[str] = ()) -> str:
