@@ -11,7 +11,9 @@ outside (a C extension does not even see ``signal.alarm``). So the call runs in 
 - each call waits at most ``timeout_s`` for the result. Past it the child is killed (whatever it was
   doing), :class:`RewardTimeout` is raised, and the next call forks a fresh child;
 - an exception the function raises is raised again here, unchanged (``judge`` stores it as before);
-  a child that dies (a crash in a C extension, the OOM killer) is a :class:`RewardProcessDied`.
+  a child that dies (a crash in a C extension, the OOM killer) is a :class:`RewardProcessDied`;
+- the child dies with the collector (``PR_SET_PDEATHSIG``): it holds copies of the collector's
+  descriptors (database connections, stdout), which must close when a collector is killed.
 
 The child runs the function in its main thread, so a library's own ``signal.alarm`` timeouts
 (``math-verify``'s) work there too. A call costs a round trip through a pipe: tens of microseconds
@@ -20,6 +22,7 @@ against the milliseconds of scoring an answer (docs/benchmarks.md).
 
 from __future__ import annotations
 
+import ctypes
 import multiprocessing
 import os
 import signal
@@ -28,6 +31,8 @@ from collections.abc import Callable
 from typing import Any
 
 from reflexdb.errors import ReflexdbError
+
+_PR_SET_PDEATHSIG = 1
 
 
 class RewardTimeout(ReflexdbError):
@@ -38,8 +43,22 @@ class RewardProcessDied(ReflexdbError):
     """The process running the reward function ended in the middle of a call."""
 
 
-def _serve(fn: Callable, conn) -> None:
-    """The child: call ``fn`` on each request until the pipe closes."""
+def _die_with(parent: int) -> None:
+    """End this process when ``parent`` does (``PR_SET_PDEATHSIG``): a forked child holds copies of
+    the collector's descriptors (its database connections, its stdout), which must close when a
+    collector is killed, mid-call or not."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):  # not Linux: the pipe's end-of-file still ends an idle child
+        pass
+    if os.getppid() != parent:  # the parent died before prctl took effect
+        os._exit(0)
+
+
+def _serve(fn: Callable, conn, theirs, parent: int) -> None:
+    """The child: call ``fn`` on each request until the pipe closes (or the parent dies)."""
+    theirs.close()  # the parent's end: held here too, it would keep the pipe open after the parent died
+    _die_with(parent)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the collector's to handle, not ours
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the collector's "finish the group" handler
     while True:
@@ -101,7 +120,8 @@ class Deadline:
         if self._proc is None:
             ctx = multiprocessing.get_context("fork")
             parent, child = ctx.Pipe()
-            self._proc = ctx.Process(target=_serve, args=(self.fn, child), daemon=True, name="reflexdb-reward")
+            self._proc = ctx.Process(target=_serve, args=(self.fn, child, parent, os.getpid()), daemon=True,
+                                     name="reflexdb-reward")
             self._proc.start()
             child.close()
             self._conn, self._owner = parent, os.getpid()

@@ -146,6 +146,9 @@ def _messages(value: Any, what: str) -> list[dict]:
 
 #: The longest task_key (bytes): the store's unique index on tasks holds keys of up to ~2.7 kB.
 MAX_KEY_BYTES = 1024
+#: The longest prompt message or completion a row may hold (about a million tokens): the tokenizer,
+#: a third-party parser, reads every imported text, at 1-5 s a megabyte here.
+MAX_TEXT_CHARS = 4_000_000
 
 
 def _storable(text: str, what: str) -> None:
@@ -207,6 +210,8 @@ def parse_row(row: Any, *, vocab: int | None = None) -> Parsed:
             raise BadRow("completion must be a string")
         completion = c
     for text in [completion] + [m["content"] for m in prompt]:
+        if len(text) > MAX_TEXT_CHARS:  # before the tokenizer sees it (issue 50)
+            raise BadRow(f"a text of the row is {len(text):,} characters; at most {MAX_TEXT_CHARS:,}")
         _storable(text, "the text")
     pi, ci = row.get("prompt_ids"), row.get("completion_ids")
     if (pi is None) != (ci is None):

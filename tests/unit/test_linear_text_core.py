@@ -483,3 +483,14 @@ def test_the_stop_window_finds_what_decoding_the_whole_response_finds(tok, text,
     windowed = _first_stop(len(ids), lambda end: find_stop(tok, row, end, stop, window))
     whole = _first_stop(len(ids), lambda end: next((s for s in stop if s in tok.decode(ids[:end])), None))
     assert windowed == whole
+
+
+def test_an_import_text_over_the_cap_is_a_bad_row_before_the_tokenizer_reads_it():
+    from reflexdb.importer import MAX_TEXT_CHARS
+
+    with pytest.raises(BadRow, match=r"^a text of the row is 4,000,001 characters; at most 4,000,000$"):
+        parse_row({"prompt": "p", "completion": "x" * (MAX_TEXT_CHARS + 1)})
+    with pytest.raises(BadRow, match="4,000,001 characters"):
+        parse_row({"messages": [{"role": "user", "content": "y" * (MAX_TEXT_CHARS + 1)},
+                                {"role": "assistant", "content": "c"}]})
+    assert parse_row({"prompt": "p", "completion": "x" * MAX_TEXT_CHARS}).completion == "x" * MAX_TEXT_CHARS

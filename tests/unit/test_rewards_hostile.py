@@ -299,3 +299,44 @@ def test_reflexdb_sql_tables_show_model_text_without_escapes():
     table = format_table(["response"], [(hostile,)])
     assert "\x1b" not in table and "ok done" in table
     assert "\\u001b]52" in format_json(["response"], [(hostile,)])
+
+
+def _gone(pid: int, within_s: float = 5.0) -> bool:
+    """Whether process ``pid`` has ended (gone, or a zombie nobody reaped) within ``within_s``."""
+    end = time.monotonic() + within_s
+    while time.monotonic() < end:
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                if any(line.startswith("State:") and "Z" in line.split()[1] for line in f):
+                    return True
+        except FileNotFoundError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+@pytest.mark.parametrize("busy", [False, True], ids=["idle", "mid-call"])
+def test_the_reward_process_dies_with_its_collector(busy):
+    """A collector killed with SIGKILL leaves no reward process behind: a forked child holds copies
+    of the collector's descriptors (its database connections, its stdout), and one left alive kept
+    a dead collector's transaction open and a drill waiting for its output to end."""
+    import subprocess
+    import sys
+
+    script = ("import sys, time\nfrom reflexdb.collector.deadline import Deadline\n"
+              "def loops(text, truth):\n    while True:\n        pass\n"
+              "d = Deadline(loops if sys.argv[1] == 'busy' else (lambda t, g: t), 600)\n"
+              "d('warm', None) if sys.argv[1] != 'busy' else d._child()\n"
+              "print(d._proc.pid, flush=True)\n"
+              "d('x', None) if sys.argv[1] == 'busy' else time.sleep(600)\n")
+    proc = subprocess.Popen([sys.executable, "-c", script, "busy" if busy else "idle"], stdout=subprocess.PIPE,
+                            text=True)
+    try:
+        child = int(proc.stdout.readline())
+        time.sleep(0.3)
+        assert not _gone(child, 0.1)  # alive while its collector is
+        proc.kill()
+        proc.wait()
+        assert _gone(child), f"reward process {child} outlived its collector"
+    finally:
+        proc.kill()
