@@ -34,7 +34,6 @@ _CONTROLS = re.compile(
     r"|(?:\x1b[PX^_]|[\x90\x98\x9e\x9f])[^\x1b\x9c]*(?:\x1b\\|\x9c)?"  # DCS, SOS, PM, APC ... ST
     r"|(?:\x1b\[|\x9b)[0-?]*[ -/]*[@-~]?"  # CSI: parameters, intermediates, final
     r"|\x1b[ -/]*[0-~]?"  # any other escape
-    r"|\r\n?"  # carriage returns: newlines
     r"|[\x00-\x08\x0b-\x1f\x7f-\x9f]"  # the other C0 and C1 controls (tab and newline stay)
 )
 
@@ -44,16 +43,7 @@ def printable(text: str) -> tuple[str, int]:
     which become newlines, are not counted). Tool output goes into the model's next prompt, and
     model text onto a researcher's terminal (``reflexdb sql``): an escape that clears a screen,
     writes the clipboard (OSC 52) or hides a link (OSC 8) belongs in neither."""
-    removed = 0
-
-    def drop(m: re.Match) -> str:
-        nonlocal removed
-        if m.group().startswith("\r"):
-            return "\n"
-        removed += 1
-        return ""
-
-    return _CONTROLS.sub(drop, text), removed
+    return _CONTROLS.subn("", text.replace("\r\n", "\n").replace("\r", "\n"))
 
 
 def storable_text(value: str | None) -> str | None:

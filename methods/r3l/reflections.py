@@ -65,6 +65,11 @@ class ParsedReflection:
         return self.valid and self.outcome != "success"
 
 
+#: The longest JSON a reflection may hold (its schema's three text fields hold 400 characters each):
+#: parsing is linear, but a megabyte of empty lists costs json.loads up to a second (issue 50).
+MAX_JSON_CHARS = 65_536
+
+
 def _as_int(value: Any) -> int | None:
     """An integer, or a string or float holding exactly one (the model may write ``"1"`` or ``1.0``)."""
     if isinstance(value, bool):
@@ -91,6 +96,9 @@ def parse_reflection(text: str, n_turns: int) -> ParsedReflection:
     start, end = text.find("{"), text.rfind("}")
     if start < 0 or end < start:
         return ParsedReflection(False, None, None, None, None, "no JSON object: no '{' ... '}' in the text")
+    if end + 1 - start > MAX_JSON_CHARS:
+        return ParsedReflection(False, None, None, None, None, f"the JSON is {end + 1 - start:,} characters; a "
+                                                                f"reflection holds at most {MAX_JSON_CHARS:,}")
     try:
         fields = json.loads(text[start:end + 1])
     except json.JSONDecodeError as exc:

@@ -40,7 +40,7 @@ def test_the_selfcheck_plugin_upgrades_a_database_and_runs_end_to_end(store, db_
     assert rows(store, "SELECT pi_old, pass_at_1, sampled, method FROM origins WHERE name = 'verification'") == [
         ("policy", False, True, "selfcheck")]
     assert sorted(rows(store, "SELECT version_num FROM alembic_version")) == [
-        ("lte_0003",), ("r3l_0002",), ("selfcheck_0001",)]
+        ("0025",), ("lte_0003",), ("r3l_0002",), ("selfcheck_0001",)]
 
     run = subprocess.run(REFLEXDB + [
         "run", str(PLUGIN / "selfcheck.yaml"), "--max-steps", "2", "--no-eval",

@@ -92,6 +92,8 @@ def test_a_reflection_is_parsed_in_linear_time(name):
 @pytest.mark.parametrize("shape", list(JSON_SHAPES))
 def test_the_costliest_json_is_parsed_in_linear_time(shape):
     assert_linear(parse_reflection, JSON_SHAPES[shape], 3, name=shape)
+    p = parse_reflection(JSON_SHAPES[shape], 3)  # longer than any reflection: refused before json.loads
+    assert not p.valid and p.error.endswith("characters; a reflection holds at most 65,536")
 
 
 @ORDINARY
@@ -296,7 +298,15 @@ def _placed(tok, name: str, where: str) -> list[int]:
     return body[:start] + fence + body[start:]
 
 
-@pytest.mark.parametrize("name", NAMES)
+#: The corpus texts the token-level tests use: each costs several decodes of a million tokens to set
+#: up (seconds), and the search they check is bounded by MERGE_TOKENS whatever the text, so eight
+#: kinds stand for the thirty: fences, an unclosed one, braces, one character, one four-byte
+#: character, mixed scripts, invalid UTF-8, an escape sequence.
+TOKEN_NAMES = ["repeated '```python\\n'", "repeated '```'", "unclosed fence", "nested braces", "run of one letter",
+               "run of one emoji", "mixed scripts", "invalid utf-8", "repeated '\\x1b['"]
+
+
+@pytest.mark.parametrize("name", TOKEN_NAMES)
 def test_fence_token_is_bounded(tok, name):
     for where in ("end", "near the bound"):
         ids = _placed(tok, name, where)
@@ -312,7 +322,7 @@ def test_fence_token_is_bounded(tok, name):
     assert_linear(fence_token, tok, s.token_ids, corpus()[name], name=f"{name}, text not the ids' decoding")
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", TOKEN_NAMES)
 def test_a_shallow_merge_is_bounded(tok, name):
     near, end = _sample(tok, _placed(tok, name, "near the bound")), _sample(tok, _placed(tok, name, "end"))
     assert_linear(shallow_merge, tok, near, near, name=f"{name}, blocks near the bound")
