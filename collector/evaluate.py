@@ -168,4 +168,5 @@ def evaluate(cfg: Config, store: Store, checkpoint: str = "latest", *, split: st
         tracker.log_to_learner({f"eval/pass_at_1{suffix}": p1}, store.get_policy(run_id, version).step if version else 0)
     tracker.close()
     engine.close()
+    reward.close()
     return EvalResult(label, version, split, len(per_task), k, p1, pk, tracker.run_id)

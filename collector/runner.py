@@ -236,6 +236,9 @@ class Collector:
             work.mark_stopped(self.store, self.collector_id, status)
         except TRANSIENT as exc:  # the database is gone: claims expire by TTL anyway
             log.warning("could not record the shutdown in the database: %s", exc)
+        close = getattr(self.reward_fn, "close", None)  # a Deadline's process (a benchmark may wrap it)
+        if close is not None:
+            close()
         self.echo(f"collector {self.name} stopped: {self.stats.line(self.version)}")
 
     # ------------------------------------------------------------------ steps

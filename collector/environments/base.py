@@ -24,6 +24,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
+from ..deadline import RewardTimeout
+
 
 class EnvTask(NamedTuple):
     """A task as an environment sees it."""
@@ -94,8 +96,6 @@ def judge(reward_fn, text: str, ground_truth: str | None) -> tuple[float | None,
     reward and its error, never a crash (a user's reward function must not stop a collector); one
     stopped at its deadline (collector/deadline.py) scores 0, its error ``RewardTimeout: …``; one
     whose verifier could not check the answer says so in :attr:`RewardResult.error` and scores 0."""
-    from ..deadline import RewardTimeout
-
     try:
         r = reward_fn(text, ground_truth)
         return float(r.reward), r.correct, r.extracted, getattr(r, "error", None)
