@@ -25,10 +25,12 @@ also runs the whole reward function under a deadline (``collector.reward_timeout
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import re
+import signal
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,9 +42,12 @@ EXTRACTORS = ("auto", "answer_tag", "boxed", "last_number")
 #: The most characters of an answer (or a ground truth) handed to math-verify: its LaTeX parser and
 #: sympy are super-linear, and no answer of a math task is longer. A longer one scores 0, unverified.
 VERIFY_MAX_CHARS = 1000
-#: math-verify's own time limit per parse and per comparison (seconds; it uses ``signal.alarm``,
-#: so only in a main thread: the collector's reward process is one).
+#: The time limit on each math-verify parse and comparison (seconds; :func:`_time_limit` uses
+#: ``SIGALRM``, so only in a main thread: the collector's reward process is one).
 VERIFY_TIMEOUT_S = 3
+#: After the limit, the alarm repeats this often until the call has stopped (seconds): see
+#: :func:`_time_limit`.
+_REPEAT_S = 0.05
 
 _ANSWER_OPEN = re.compile(r"<answer>", re.I)
 _ANSWER_CLOSE = re.compile(r"</answer>", re.I)
@@ -138,18 +143,48 @@ class Unverified(Exception):
     within its time limit: the answer scores 0, and the reason is stored with the trajectory."""
 
 
-def _timeout() -> int | None:
-    # math-verify times out with signal.alarm, which only works in the main thread.
-    return VERIFY_TIMEOUT_S if threading.current_thread() is threading.main_thread() else None
+class _TimedOut(BaseException):
+    """Raised into math-verify by :func:`_time_limit`. A ``BaseException``, so that neither
+    math-verify's nor sympy's ``except Exception`` clauses take it for a parse error."""
+
+
+@contextlib.contextmanager
+def _time_limit(seconds: float) -> Iterator[None]:
+    """Raise :class:`_TimedOut` in the body after ``seconds`` (main thread only; elsewhere no limit).
+
+    math-verify's own limit (``parsing_timeout``) raises once from a ``SIGALRM`` handler. Python runs
+    a handler between bytecodes of whatever is running, and when that is a garbage-collector
+    callback or a ``__del__`` the exception is printed as unraisable and lost: the parse then runs
+    on to its end, unbounded (seen in CI under hypothesis, whose gc callback was running). This
+    alarm re-arms itself before raising, every :data:`_REPEAT_S`, until the body has stopped.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def expired(signum: int, frame: Any) -> None:
+        signal.setitimer(signal.ITIMER_REAL, _REPEAT_S)  # again, in case this one lands where it is lost
+        raise _TimedOut
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    try:
+        try:
+            signal.setitimer(signal.ITIMER_REAL, seconds)
+            yield
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+    finally:  # an alarm that landed in the inner finally re-armed before raising: disarm again
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 def _parse_once(expr: str) -> list | str:
     from math_verify import parse
-    from math_verify.errors import TimeoutException
 
     try:
-        return parse(expr, parsing_timeout=_timeout(), raise_on_error=True)
-    except TimeoutException:
+        with _time_limit(VERIFY_TIMEOUT_S):
+            return parse(expr, parsing_timeout=None, raise_on_error=True)
+    except _TimedOut:
         return f"math-verify timed out parsing {len(expr)} characters ({VERIFY_TIMEOUT_S} s)"
     except Exception:  # noqa: BLE001 - what math-verify cannot parse is not an answer it can check
         return []
@@ -169,7 +204,6 @@ def _parse(expr: str) -> tuple[Any, ...] | str:
 def _equal(ground_truth: str, answer: str) -> bool | str:
     """Whether math-verify finds the two equal, or why it could not tell in time (a str)."""
     from math_verify import verify
-    from math_verify.errors import TimeoutException
 
     gold, pred = _parse(ground_truth), _parse(answer)
     for parsed in (gold, pred):
@@ -178,8 +212,9 @@ def _equal(ground_truth: str, answer: str) -> bool | str:
     if not gold or not pred:
         return answer == ground_truth
     try:
-        return bool(verify(list(gold), list(pred), timeout_seconds=_timeout(), raise_on_error=True))
-    except TimeoutException:
+        with _time_limit(VERIFY_TIMEOUT_S):
+            return bool(verify(list(gold), list(pred), timeout_seconds=None, raise_on_error=True))
+    except _TimedOut:
         return f"math-verify timed out comparing the answer with the ground truth ({VERIFY_TIMEOUT_S} s)"
     except Exception:  # noqa: BLE001 - an answer math-verify cannot compare is not verified equal
         return False
