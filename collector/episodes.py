@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from reflexdb import TrajectoryIn, TurnIn
+from reflexdb.timing import PhaseTimer
 
 from .engines import Sample, SamplingParams
 from .environments import Environment, EnvTask, Step, make_environment
@@ -76,7 +77,9 @@ def environment_ids(tokenizer: Any, history: Sequence[dict], feedback: Sequence[
 
 @dataclass
 class RolloutStats:
-    """What one :meth:`Rollout.run` did (collector progress, benchmarks/episodes_bench.py)."""
+    """What one :meth:`Rollout.run` did (collector progress, benchmarks/episodes_bench.py). A
+    collector shares one among all its drivers and counts its other engine calls
+    (``Collector.sample``) in it too: ``sampled_tokens`` is then every token its engine sampled."""
 
     episodes: int = 0
     turns: int = 0  # assistant turns sampled
@@ -175,6 +178,7 @@ class Rollout:
                  version: int = 0):
         self.engine, self.make_env, self.params, self.version = engine, make_env, params, version
         self.stats = RolloutStats()
+        self.timer = PhaseTimer()  # phase "generate" (a collector gives its own: collector/runner.py)
 
     def run(self, tasks: Sequence[EnvTask], n: int) -> list[list[TrajectoryIn]]:
         """``n`` episodes of each task, as trajectories: ``result[i][j]`` is episode ``j`` of task ``i``."""
@@ -246,7 +250,8 @@ class Rollout:
             active = [(ep, batch[0]) for ep, batch in zip(going, self._generate(prompts, 1))]
 
     def _generate(self, prompts: list, n: int) -> list[list[Sample]]:
-        out = self.engine.generate(prompts, n=n, params=self.params())
+        with self.timer("generate"):
+            out = self.engine.generate(prompts, n=n, params=self.params())
         self.stats.engine_calls += 1
         for batch in out:
             for s in batch:

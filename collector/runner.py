@@ -38,6 +38,7 @@ from reflexdb.config import Config
 from reflexdb.errors import ClaimLost, InvalidGroup
 from reflexdb.retry import TRANSIENT, DbRetry
 from reflexdb.storable import storable_json, storable_text
+from reflexdb.timing import PhaseTimer
 
 from .engines import Engine, Sample, SamplingParams, make_engine
 from .engines.base import checkpoint_path
@@ -53,6 +54,11 @@ from .workflows import Workflow, make_workflow
 from .workflows.base import score_samples
 
 log = logging.getLogger("reflexdb.collect")
+
+#: The collector's phases (:class:`PhaseTimer`, metrics ``collector/seconds_<phase>``) and their
+#: labels in the progress line: the engine's generate calls, a workflow's separate scoring pass
+#: (log-probs recomputed: R3L, CLEANER), the reward function's calls, the groups' transactions.
+PHASES = {"generate": "gen", "score": "score", "reward": "rew", "write": "write"}
 
 #: What the store raises for a group's content (never for the database being away, which DbRetry
 #: rides out): its own validation, and what PostgreSQL refuses in a value (an invalid byte
@@ -103,8 +109,9 @@ class Stats:
         """Groups of kind ``replay`` written (the counter's name before ``kinds``)."""
         return self.kinds["replay"]
 
-    def line(self, version: int, since: Stats | None = None) -> str:
-        """A progress line; ``since``: the last report's counts, for the pass@1 of the groups since."""
+    def line(self, version: int, since: Stats | None = None, phases: str = "") -> str:
+        """A progress line; ``since``: the last report's counts, for the pass@1 of the groups since;
+        ``phases``: where the time went (:meth:`PhaseTimer.summary`)."""
         dt = max(time.monotonic() - self.started, 1e-9)
         pass1 = self.correct / self.fresh_samples if self.fresh_samples else float("nan")
         kinds = ", ".join(f"{n} {k}" for k, n in sorted(self.kinds.items()))
@@ -118,7 +125,7 @@ class Stats:
             rejected += f" | {self.unverified_rewards} rewards unverified (scored 0)"
         return (f"policy v{version} | groups {self.groups}{replays} | trajectories {self.trajectories} "
                 f"({self.trajectories / dt:.2f}/s) | tokens/s {self.tokens / dt:.1f} | pass@1 {recent}{pass1:.3f} "
-                f"overall{rejected}")
+                f"overall{rejected}" + (f" | {phases}" if phases else ""))
 
 
 class Collector:
@@ -135,13 +142,16 @@ class Collector:
         # the engine loads so the child is small.
         self.reward_fn = Deadline(get_reward(self.c.reward), self.c.reward_timeout_s)
         self.engine = engine or make_engine(self.c.engine, model=self.model_location, device=self.c.device)
+        # Where the time goes (PHASES): the engine returns its samples on the host, so no phase
+        # needs a device synchronize to end.
+        self.timer = PhaseTimer()
         get_template(cfg.tasks.template)  # an unknown name stops here, before any work
         self.params = SamplingParams(
             temperature=self.c.sampling.temperature, top_p=self.c.sampling.top_p,
             max_new_tokens=self.c.sampling.max_new_tokens, stop=tuple(self.c.sampling.stop),
         )
-        self.make_env = environment_factory(cfg.environment.name, cfg.environment.options, self.reward_fn,
-                                            cfg.tasks.template)
+        self.make_env = environment_factory(cfg.environment.name, cfg.environment.options,
+                                            self.timer.timed("reward", self.reward_fn), cfg.tasks.template)
         self.rollout_stats = RolloutStats()
         self._said_waiting = float("-inf")  # when the admission wait was last reported
         self.version = 0
@@ -239,7 +249,7 @@ class Collector:
         close = getattr(self.reward_fn, "close", None)  # a Deadline's process (a benchmark may wrap it)
         if close is not None:
             close()
-        self.echo(f"collector {self.name} stopped: {self.stats.line(self.version)}")
+        self.echo(f"collector {self.name} stopped: {self.stats.line(self.version, phases=self.timer.summary(PHASES))}")
 
     # ------------------------------------------------------------------ steps
 
@@ -299,7 +309,11 @@ class Collector:
         ``overrides``: sampling parameters other than the run's (``temperature=0.7``, ``json_schema=...``)."""
         params = SamplingParams(**{**self.params.__dict__, **overrides, "seed": int(self.rng.integers(2**31))})
         drill.phase("generate")
-        return self.engine.generate(prompts, n=n, params=params)
+        with self.timer("generate"):
+            out = self.engine.generate(prompts, n=n, params=params)
+        self.rollout_stats.engine_calls += 1  # the collector's engine calls, rollouts' and these
+        self.rollout_stats.sampled_tokens += sum(len(s.token_ids) for row in out for s in row)
+        return out
 
     def rollout(self, tasks: list[EnvTask], n: int) -> list[list[TrajectoryIn]]:
         """``n`` episodes of each task in the run's environment (collector/episodes.py), scored:
@@ -329,13 +343,14 @@ class Collector:
             return SamplingParams(**{**self.params.__dict__, "seed": int(self.rng.integers(2**31))})
 
         r = cls(self.engine, self.make_env, params, self.version, **options)
-        r.stats = self.rollout_stats
+        r.stats, r.timer = self.rollout_stats, self.timer
         return r
 
     def score(self, ground_truth: str | None, prompt: list[dict], samples: list[Sample]) -> list[TrajectoryIn]:
         """Samples as trajectories with their rewards (a reward function that raises gives a NULL
         reward and the error, never a crash)."""
-        trajectories = score_samples(self.reward_fn, ground_truth, prompt, samples)
+        with self.timer("reward"):
+            trajectories = score_samples(self.reward_fn, ground_truth, prompt, samples)
         self._count_errors([t.error for t in trajectories])
         return trajectories
 
@@ -351,7 +366,9 @@ class Collector:
         for unit in units:
             together = [storable_group(g) for g in (unit if isinstance(unit, list) else [unit])]
             try:
-                written = self.db(lambda together=together: self.store.write_groups(together, complete_claim=self.name))
+                with self.timer("write"):
+                    written = self.db(lambda together=together: self.store.write_groups(together,
+                                                                                        complete_claim=self.name))
             except ClaimLost as exc:  # another collector (or the learner) has its work item: drop ours
                 self.echo(str(exc))
                 continue
@@ -389,6 +406,19 @@ class Collector:
         self.stats.tokens += sum(_sampled_tokens(t) for t in g.trajectories if origins[t.origin].sampled)
         self.stats.correct += sum(bool(t.correct) for t in own)
 
+    def metrics(self) -> dict[str, float]:
+        """Where this collector's time went since it started (docs/metrics.md, "Where the time
+        goes"): seconds in each phase (:data:`PHASES`; nested phases counted once), the wall time,
+        and the tokens its engine sampled per second of generation."""
+        seconds = self.timer.seconds
+        m = {f"collector/seconds_{phase}": seconds.get(phase, 0.0) for phase in PHASES}
+        m["collector/wall_seconds"] = self.timer.elapsed()
+        m["collector/generated_tokens"] = float(self.rollout_stats.sampled_tokens)
+        generating = m["collector/seconds_generate"]
+        m["collector/generated_tokens_per_s"] = (self.rollout_stats.sampled_tokens / generating if generating > 0
+                                                 else float("nan"))
+        return m
+
     def _report(self, reported: Stats) -> None:
         s = self.stats
         self.db(lambda: work.report_progress(
@@ -397,7 +427,8 @@ class Collector:
             reward_errors=s.reward_errors - reported.reward_errors,
             unverified_rewards=s.unverified_rewards - reported.unverified_rewards,
         ))
-        line = s.line(self.version, since=reported) if s.groups > reported.groups else None
+        line = s.line(self.version, since=reported, phases=self.timer.summary(PHASES)) \
+            if s.groups > reported.groups else None
         reported.groups, reported.trajectories, reported.tokens, reported.reward_errors = (
             s.groups, s.trajectories, s.tokens, s.reward_errors)
         reported.unverified_rewards = s.unverified_rewards

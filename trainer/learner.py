@@ -47,6 +47,7 @@ from reflexdb.config import Config
 from reflexdb.errors import ReflexdbError
 from reflexdb.retry import DbRetry
 from reflexdb.settings import home
+from reflexdb.timing import PhaseTimer
 from reflexdb.tracking import Tracker
 
 from .advantages import advantage_stages
@@ -59,6 +60,12 @@ from .sources import BatchSource, ImportedGroups, MethodGroups, choose
 from .update import PolicyUpdate
 
 log = logging.getLogger("reflexdb.learn")
+
+#: The learner's phases (:class:`PhaseTimer`, metrics ``perf/seconds_<phase>``) and their labels in
+#: the progress line: waiting for eligible groups, choosing and reading them (the views, the
+#: payloads, packing), the forward and backward passes (π_old and reference log-probs included),
+#: the optimizer step, publishing a version.
+PHASES = {"wait": "wait", "read": "read", "forward_backward": "fwd+bwd", "optimizer": "opt", "publish": "pub"}
 
 
 class NullTracker:
@@ -137,6 +144,10 @@ class Learner:
         latest, stateful = find_resume(self.store, self.run_id, self.cfg.run, self.db)
         resume = stateful is not None
         self.engine = TrainingEngine(self.base_model, settings, say=lambda msg: self.echo(msg))
+        # Where the time goes (PHASES). On a GPU each phase boundary synchronises, so kernels are
+        # charged to the phase that queued them; the micro-batches within a phase run unsynchronised.
+        device = torch.device(self.engine.device)
+        self.timer = PhaseTimer(sync=(lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else None)
         # Data parallel: rank 0 chooses the groups and alone writes to the store and MLflow.
         self.rank, self.world = self.engine.rank, self.engine.world_size
         self.main = self.rank == 0
@@ -150,7 +161,7 @@ class Learner:
             echo=lambda msg: self.echo(msg))
         self.update = PolicyUpdate(self.engine, self.terms, self.specs, ref=self.ref, rank=self.rank, world=self.world,
                                    n_micro=self.n_micro, lr=self.L.lr, pi_old=self.L.pi_old, temperature=self.temperature,
-                                   max_tokens=self.L.micro_batch_tokens)
+                                   max_tokens=self.L.micro_batch_tokens, timer=self.timer)
         self.scorer = Scorer(self.engine, world=self.world, micro_batch_size=self.L.micro_batch_size,
                              temperature=self.temperature)
         if self.main:
@@ -249,7 +260,8 @@ class Learner:
         last_said = time.monotonic()
         drill.phase("wait")
         while not self.stopping:
-            chosen = choose(self.sources, n, self.version - self.cfg.max_staleness, self.db)
+            with self.timer("read"):
+                chosen = choose(self.sources, n, self.version - self.cfg.max_staleness, self.db)
             ids = chosen.group_ids
             if len(ids) >= n:
                 return chosen
@@ -264,8 +276,9 @@ class Learner:
             # Returns when enough groups with newer ids exist (NOTIFY), else after poll_interval_s;
             # either way the next choice looks at the whole staleness window again, so a group
             # committed late under an older id is taken at the next poll at the latest.
-            self.db(lambda: self.store.wait_for_groups(self.run_id, max(ids, default=0), min_count=n - len(ids),
-                                                       timeout=timeout, poll_interval=self.L.poll_interval_s))
+            with self.timer("wait"):
+                self.db(lambda: self.store.wait_for_groups(self.run_id, max(ids, default=0), min_count=n - len(ids),
+                                                           timeout=timeout, poll_interval=self.L.poll_interval_s))
         return None
 
     def step(self, group_ids: list[int], *, snapshot: str | None = None, extra: list[int] = ()) -> StepResult:
@@ -274,20 +287,23 @@ class Learner:
         rows (``Selection.extra``)."""
         t0 = time.monotonic()
         drill.phase("step")
-        groups = self.db(lambda: self.store.read_groups(group_ids, turns=False))     # sample
-        aux = self.db(lambda: self.store.read_trajectories(extra, turns=False)) if extra else []
-        batch = pack(groups, self.engine.pad_id, aux, origins=self.store.origins())
-        if self.n_micro > 1:  # micro-batches of similar lengths pad less; the ranks' shares stay even
-            batch = batch.by_length(self.world)
+        with self.timer("read"):
+            groups = self.db(lambda: self.store.read_groups(group_ids, turns=False))     # sample
+            aux = self.db(lambda: self.store.read_trajectories(extra, turns=False)) if extra else []
+            batch = pack(groups, self.engine.pad_id, aux, origins=self.store.origins())
+            if self.n_micro > 1:  # micro-batches of similar lengths pad less; the ranks' shares stay even
+                batch = batch.by_length(self.world)
         t_batch = time.monotonic() - t0
         stages = advantage_stages(batch.rewards, batch.group_index, self.transforms,  # advantages
                                   scale=self.cfg.advantage_scale, valid=batch.valid)
         adv = stages[-1][1]  # [B]  after the group normalisation and every transform
-        stats, grad_norm, entropy = self.update.run(batch, adv)                       # π_old, loss, step
+        with self.timer("forward_backward"):  # the optimizer step inside is phase "optimizer"
+            stats, grad_norm, entropy = self.update.run(batch, adv)                   # π_old, loss, step
         skipped = not math.isfinite(stats["loss"])
         self.bad_in_row = self.bad_in_row + 1 if skipped else 0
         self.step_no += 1
-        metrics = self.metrics(batch, groups, stats, grad_norm, entropy, t_batch, time.monotonic() - t0)
+        metrics = self.metrics(batch, groups, stats, grad_norm, entropy, t_batch, time.monotonic() - t0,
+                               self.timer.lap())
         # The loss of a group-normalised step averages to about 0 by construction (the advantages of a
         # group sum to 0): the size of the learning signal is the advantages' magnitude, not the loss.
         metrics.update(advantage_stats(adv, batch.valid, batch.auxiliary))
@@ -320,12 +336,15 @@ class Learner:
 
     def publish(self, *, state: bool | None = None) -> None:
         """Publish the current weights as the next version (:meth:`Checkpointer.publish`)."""
-        self.checkpoints.publish(self.step_no, state=state, tracker=self.tracker)
+        with self.timer("publish"):
+            self.checkpoints.publish(self.step_no, state=state, tracker=self.tracker)
 
     # ------------------------------------------------------------------ metrics
 
     def metrics(self, batch: Batch, groups, stats: dict, grad_norm, entropy: float, t_batch: float,
-                t_step: float) -> dict[str, float]:
+                t_step: float, phases: dict[str, float]) -> dict[str, float]:
+        """The step's metrics (docs/metrics.md); ``phases``: seconds per phase since the previous
+        step's metrics (:meth:`PhaseTimer.lap`)."""
         m: dict[str, float] = {f"loss/{k}": v for k, v in stats.items()}
         valid = batch.valid
         m["reward/mean"] = float(batch.rewards[valid].mean()) if valid.any() else float("nan")
@@ -354,6 +373,8 @@ class Learner:
         m["perf/trajectories_per_s"] = batch.size / max(t_step, 1e-9)
         m["perf/batch_seconds"] = t_batch
         m["perf/step_seconds"] = t_step
+        for phase in PHASES:  # since the previous step's metrics: its publish and this step's wait count here
+            m[f"perf/seconds_{phase}"] = phases.get(phase, 0.0)
         return {k: (v if math.isfinite(v) else float("nan")) for k, v in m.items()}
 
     def _progress(self, r: StepResult) -> str:
@@ -366,4 +387,5 @@ class Learner:
                 f"{int(m['groups/all_pass'])} | staleness {m['staleness/mean']:.2f} (max {int(m['staleness/max'])}) "
                 f"| v{self.version} | {m['perf/trajectories_per_s']:.2f} traj/s, {m['perf/tokens_per_s']:.0f} tok/s"
                 + (f" | replay {m['replay/share']:.2f}" if "replay/share" in m else "")
-                + (f" | imported {int(m['imported/groups'])}" if m.get("imported/groups") else ""))
+                + (f" | imported {int(m['imported/groups'])}" if m.get("imported/groups") else "")
+                + f" | {self.timer.summary(PHASES)}")

@@ -15,6 +15,7 @@ import math
 import torch
 
 from reflexdb.logprobs import hidden_response_logprobs
+from reflexdb.timing import PhaseTimer
 
 from .batch import Batch
 from .engine import TrainingEngine
@@ -47,10 +48,12 @@ class PolicyUpdate:
     """The step computation of one rank: ``run(batch, adv)`` → ``(stats, grad_norm, entropy)``."""
 
     def __init__(self, engine: TrainingEngine, terms: list, specs: list, *, ref, rank: int, world: int,
-                 n_micro: int, lr: float, pi_old: str, temperature: float, max_tokens: int | None = None):
+                 n_micro: int, lr: float, pi_old: str, temperature: float, max_tokens: int | None = None,
+                 timer: PhaseTimer | None = None):
         self.engine, self.terms, self.specs, self.ref = engine, terms, specs, ref
         self.rank, self.world, self.n_micro, self.max_tokens = rank, world, n_micro, max_tokens
         self.lr, self.pi_old, self.temperature = lr, pi_old, temperature
+        self.timer = timer or PhaseTimer()  # the optimizer step is phase "optimizer" (the learner's timer)
 
     def run(self, batch: Batch, adv: torch.Tensor):
         """The step on ``batch`` (all ranks' rows; ``adv`` ``[B]``): each term's rows and tokens,
@@ -156,6 +159,9 @@ class PolicyUpdate:
         DeepSpeed averages gradients over ranks, so the weight carries a factor ``world``. A
         non-finite loss on any rank skips every backward after it and turns the optimizer step into
         a no-op (zero gradients, learning rate 0): the weights do not move.
+
+        The optimizer step is timed as phase ``optimizer`` (:attr:`timer`), after the loop: the
+        micro-batches run without a synchronize between them.
         """
         masks = masks or [None] * len(self.terms)
         full_masks = [full.response_mask if m is None else full.response_mask & m for m in masks]  # [B_full, T]
@@ -166,7 +172,6 @@ class PolicyUpdate:
         total_tokens = float(full.response_mask.sum().clamp(min=1))
         sums: dict[str, float] = {}
         entropy_sum, bad = 0.0, False
-        grad_norm = None
         slices = self.slices(batch)
         for i, sl in enumerate(slices):
             last = i == len(slices) - 1
@@ -203,14 +208,16 @@ class PolicyUpdate:
                 elif not bad:
                     self.engine.backward(loss * self.world)
                 entropy_sum += float(entropy.sum())
-            if last:
-                bad = self.all_reduce([float(bad)])[0] > 0
-            if last and bad:
-                # Finite (zero) gradients for the boundary step, and a learning rate of 0: AdamW then
-                # leaves every weight exactly where it was.
-                self.engine.backward(sum(p.sum() for p in self.engine.ds.module.parameters()) * 0.0)
-                self.set_lr(0.0)
-            grad_norm = self.engine.step()
+            if not last:
+                self.engine.step()  # a micro-step: DeepSpeed's bookkeeping, no optimizer step
+        bad = self.all_reduce([float(bad)])[0] > 0
+        if bad:
+            # Finite (zero) gradients for the boundary step, and a learning rate of 0: AdamW then
+            # leaves every weight exactly where it was.
+            self.engine.backward(sum(p.sum() for p in self.engine.ds.module.parameters()) * 0.0)
+            self.set_lr(0.0)
+        with self.timer("optimizer"):
+            grad_norm = self.engine.step()  # the accumulation boundary (the last pass): the optimizer step
         names = sorted(sums)
         reduced = self.all_reduce([sums[k] for k in names] + [entropy_sum])
         sums, entropy_sum = dict(zip(names, reduced[:-1])), reduced[-1]

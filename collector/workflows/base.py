@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 
     from reflexdb import GroupIn, Store, Trajectory, TrajectoryIn
     from reflexdb.config import Config
+    from reflexdb.timing import PhaseTimer
 
     from ..engines import Engine, Sample
     from ..environments import EnvTask, Environment
@@ -68,6 +69,7 @@ class CollectContext(Protocol):
     version: int  # the policy version currently loaded
     embedding_model: str
     rng: np.random.Generator
+    timer: PhaseTimer  # where the time goes: ``with c.timer("score"):`` around a workflow's own scoring pass
 
     def make_env(self, task: EnvTask) -> Environment: ...  # a fresh episode of the run's environment
 

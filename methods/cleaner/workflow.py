@@ -63,7 +63,8 @@ class CleanerWorkflow(GroupWorkflow):
         built = [[self._trajectories(se) for se in row] for row in rows]
         drill.phase("rescore")
         purified = [p for row in built for _, p in row if p is not None]
-        rescore(c.engine, purified, c.cfg.collector.sampling.temperature or 1.0)
+        with c.timer("score"):
+            rescore(c.engine, purified, c.cfg.collector.sampling.temperature or 1.0)
         return [self._groups(t, row, ses) for t, row, ses in zip(claimed, built, rows)]
 
     @staticmethod

@@ -169,7 +169,8 @@ class R3LWorkflow(GroupWorkflow):
         if not retried:
             return out
         plain = [_stitch(b) for b in retried]
-        rescore(c.engine, plain, c.cfg.collector.sampling.temperature or 1.0)  # environment tokens: 0, as sampled
+        with c.timer("score"):
+            rescore(c.engine, plain, c.cfg.collector.sampling.temperature or 1.0)  # environment tokens: 0, as sampled
         for b, t in zip(retried, plain):
             out[id(b)] = t
         return out

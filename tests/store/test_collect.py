@@ -160,6 +160,9 @@ def test_admission_control_waits_for_the_learner(store, tiny_engine):
 
 
 def test_reload_picks_up_published_weights(store, tiny_engine, tmp_path, model_cache):
+    import re
+    import time
+
     import torch
     from reflexdb.models import resolve_model
     from transformers import AutoModelForCausalLM
@@ -171,6 +174,7 @@ def test_reload_picks_up_published_weights(store, tiny_engine, tmp_path, model_c
             p.add_(torch.randn_like(p) * 0.5)
     ckpt = tmp_path / "v1"
     model.save_pretrained(ckpt)
+    t0 = time.perf_counter()
     c = _collector({"collector": {"group_size": 2, "sampling": {"max_new_tokens": 4}}}, store, tiny_engine)
     c.run(max_groups=1)
     store.publish_policy(c.run_id, 1, f"file://{ckpt}", step=1)
@@ -180,4 +184,14 @@ def test_reload_picks_up_published_weights(store, tiny_engine, tmp_path, model_c
     assert any("loaded policy v1" in m for m in msgs)
     assert rows(store, "SELECT policy_version, count(*) FROM groups GROUP BY 1 ORDER BY 1") == [(0, 1), (1, 1)]
     assert rows(store, "SELECT DISTINCT policy_version FROM collectors") == [(1,)]
+    # Where the time went (issue 51): each phase's seconds, none negative, together within the wall
+    # time (the reload is in no phase); every token sampled was written (no refusals here)
+    m = c.metrics()
+    phases = [m[f"collector/seconds_{p}"] for p in ("generate", "score", "reward", "write")]
+    assert min(phases) >= 0 and m["collector/seconds_generate"] > 0 and m["collector/seconds_reward"] > 0 \
+        and m["collector/seconds_write"] > 0 and m["collector/seconds_score"] == 0  # no scoring pass in GRPO
+    assert sum(phases) <= m["collector/wall_seconds"] <= time.perf_counter() - t0
+    assert m["collector/generated_tokens"] == c.stats.tokens > 0
+    assert m["collector/generated_tokens_per_s"] == c.stats.tokens / m["collector/seconds_generate"]
+    assert re.search(r" \| gen \d+% rew \d+% write \d+%$", msgs[-1]), msgs[-1]  # the stopped line
     tiny_engine.load_weights(src)  # leave the shared engine as it was

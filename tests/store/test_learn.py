@@ -92,8 +92,12 @@ def test_max_seconds_starts_no_step_after_the_deadline_even_with_groups_ready(st
     # Groups for 2 steps are waiting; the deadline has passed before the first one could start.
     # (The deadline was once checked only while waiting, so a learner fed by a collector working
     # ahead never stopped on time.)
+    import re
+    import time
+
     seed_groups(store, "learn-test", 4)
     lr, msgs = _learner(store, tmp_path, monkeypatch)
+    t0 = time.perf_counter()
     lr.setup()
     # max_seconds=0: the deadline is the moment run() starts, so it has passed at the first check
     # (1e-6 was flaky: on a fast machine the check came within the microsecond, CI at d43e1cb)
@@ -101,6 +105,19 @@ def test_max_seconds_starts_no_step_after_the_deadline_even_with_groups_ready(st
     assert lr.step_no == 0
     lr.run(max_steps=2)
     assert lr.step_no == 2
+    # Where the time went (issue 51), as logged (MLflow gets the same dict as the step's row): each
+    # phase since the previous step's metrics, none negative, all together within the wall time
+    wall = time.perf_counter() - t0
+    phases = ["wait", "read", "forward_backward", "optimizer", "publish"]
+    logged = [m for (m,) in rows(store, "SELECT metrics FROM learner_steps ORDER BY step")]
+    for m in logged:
+        assert min(m[f"perf/seconds_{p}"] for p in phases) >= 0
+        assert m["perf/seconds_read"] > 0 and m["perf/seconds_forward_backward"] > 0 and m["perf/seconds_optimizer"] > 0
+        assert m["perf/seconds_publish"] > 0  # version 0 (setup) at step 1, step 1's version at step 2
+    assert sum(m[f"perf/seconds_{p}"] for m in logged for p in phases) <= wall
+    lines = [m for m in msgs if m.startswith("step ")]
+    assert len(lines) == 2 and all(re.search(r" \| (wait \d+% )?read \d+% fwd\+bwd \d+% opt \d+% pub \d+%$", line)
+                                   for line in lines), lines
 
 
 def test_nan_loss_skips_and_stops(store, tmp_path, monkeypatch, model_cache):

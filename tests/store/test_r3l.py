@@ -495,6 +495,7 @@ def test_the_workflow_end_to_end_on_the_tiny_model(store, tmp_path, monkeypatch,
     collector.setup()
     stats = collector.run(max_groups=4)  # one claim of 2 tasks: 2 exploration + 2 retry groups
     assert stats.groups == 4 and stats.kinds["retry"] == 2
+    assert collector.metrics()["collector/seconds_score"] > 0  # the distilled twins' scoring pass, timed (issue 51)
     # base turns (≤ 3 calls for up to 3 attempts), 1 reflection call, retries + fills (≤ 3), never per episode
     assert len(calls) <= 7 and calls[3 if len(calls) == 7 else 1] >= 2
     groups = rows(store, "SELECT id, task_id, kind, size, meta->>'n_distilled', meta->>'n_filled' FROM groups ORDER BY id")
