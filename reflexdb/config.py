@@ -65,8 +65,8 @@ class TasksConfig(_Section):
 
 class CollectorConfig(_Section):
     name: str | None = Field(None, description="Collector name, unique per run (default: host-pid).")
-    engine: Literal["hf", "sglang"] = Field("hf", description="Generation backend.")
-    device: str = Field("cpu", description="Device for the hf engine: cpu, cuda, cuda:1, ...")
+    engine: Literal["hf", "fast", "sglang"] = Field("hf", description="Generation backend: hf (transformers, a token-by-token loop; the CPU default), fast (continuous batching over a preallocated KV cache, one CUDA graph per decode step: for GPUs, with tasks_per_batch large enough to fill its 256 slots), sglang (a separate SGLang install). See docs/collector-engines.md.")
+    device: str = Field("cpu", description="Device for the hf and fast engines: cpu, cuda, cuda:1, ...")
     group_size: int = Field(8, ge=1, le=1024, description="G: samples per task (one group).")
     tasks_per_batch: int = Field(1, ge=1, le=256, description="Tasks generated together in one engine call (each still written as its own group).")
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)

@@ -4,7 +4,7 @@
 #
 #   bash benchmarks/gpu/device.sh CALL [suite args...]      # from the repository root
 #
-# CALL 1 runs the stage probe; 2 probe,correctness; 3 probe,faiss,sglang,e2e,async (the quick ones first). The call must
+# CALL 1 runs the stage probe; 2 probe,correctness,engine; 3 probe,faiss,sglang,e2e,async (the quick ones first). The call must
 # carry its part, made by benchmarks/gpu/bundle.py: run(carry=[".whl/gpuCALL"], ...). The machine
 # keeps ROOT only while warm, so the three calls go back to back.
 #
@@ -15,7 +15,7 @@ set -euo pipefail
 CALL=${1:-}
 case $CALL in
   1) STAGES=probe ;;
-  2) STAGES=probe,correctness ;;
+  2) STAGES=probe,correctness,engine ;;
   3) STAGES=probe,faiss,sglang,e2e,async ;;
   *) echo "usage: bash benchmarks/gpu/device.sh CALL [suite args...]   (CALL: 1, 2 or 3)" >&2; exit 64 ;;
 esac

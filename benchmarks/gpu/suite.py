@@ -18,6 +18,15 @@ Stages (``--stages``, comma-separated; default all):
   process: CPU float32 ZeRO-0 as the reference, and on CUDA (NCCL) float32 and bfloat16 with
   ZeRO 0 and 2. Compared with the reference: the loss, the gradient norm, and the weight update
   (cosine and relative error over a fixed sample of every parameter's elements).
+- ``engine``: the ``fast`` engine (continuous batching, slot KV cache, CUDA graphs) against the
+  ``hf`` loop: the same tokens, log-probs and embeddings in float32 under the same seeds (greedy,
+  sampled with top-p, stop strings), then generated tokens/s of each in bfloat16 over
+  ``--engine-rows`` rows at once (the prompts of the quickstart task, ``n`` = 8, a fixed number of
+  new tokens), with the decode steps' share of the card's measured memory bandwidth (weights read
+  once a step) and of its measured bfloat16 matrix FLOP/s, and peak GPU memory. ``--random-weights``
+  builds the model from its config with random weights (SmolLM2-135M's shapes need only its
+  tokenizer, ``--tokenizer``): the speed of a decode step does not depend on the weights' values,
+  and no response then ends early.
 - ``faiss``: whether FAISS sees a GPU; if it does, unrestricted (IVF) and restricted (exact,
   boundary-failure) search at ``--faiss-n`` vectors on the GPU against the CPU index; if not,
   what stops it.
@@ -57,7 +66,7 @@ import traceback
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-STAGES = ("probe", "correctness", "faiss", "e2e", "async", "sglang")
+STAGES = ("probe", "correctness", "engine", "faiss", "e2e", "async", "sglang")
 RESULTS = "gpu-results"
 #: The packages the product imports (pyproject's dependencies), as importlib.metadata names them.
 PACKAGES = ("torch", "transformers", "deepspeed", "sqlalchemy", "psycopg", "psycopg-binary", "alembic",
@@ -124,6 +133,14 @@ class Plan:
         self.async_seconds = args.async_seconds or (90 if self.dry else 75)
         self.staleness = (0, 2) if self.dry else (0, 1, 2)  # max_staleness of the async runs; 0 = synchronous
         self.faiss_n = args.faiss_n or (20_000 if self.dry else 1_000_000)
+        self.engine_rows = tuple(int(r) for r in (args.engine_rows or ("8,16" if self.dry else "32,128,256,512")).split(","))
+        self.engine_hf_rows = tuple(r for r in self.engine_rows if r <= (16 if self.dry else 128))  # hf: minutes above
+        self.engine_new_tokens = args.engine_new_tokens or (8 if self.dry else 128)
+        self.random_weights = args.random_weights
+        self.out = args.out
+        self.compile = not args.engine_no_compile and not self.dry  # compiling on a CPU takes minutes
+        self.engine_compiled_rows = tuple(int(r) for r in (args.engine_compiled_rows or "256,512").split(","))
+        self.tokenizer = args.tokenizer
 
     def run_config(self, name: str, *, staleness: int = 1, engine: str = "hf") -> dict:
         """The run's config: the quickstart's (examples/arithmetic-grpo.yaml) at this plan's sizes."""
@@ -271,7 +288,25 @@ def _md_sglang(r: dict) -> list[str]:
     return [f"**SGLang**: {json.dumps({k: v for k, v in r.items() if k not in ('status', 'finished_at')})}"]
 
 
-RENDER = {"correctness": _md_correctness, "faiss": _md_faiss, "e2e": _md_run, "async": _md_async,
+def _md_engine(r: dict) -> list[str]:
+    out = [f"**Engines** ({r['model']}; {r['new_tokens']} new tokens a row; card measured: "
+           f"{_f(r['card']['copy_tb_s'], 2)} TB/s copy, {_f(r['card']['matmul_tflop_s'], 0)} bf16 TFLOP/s).", "",
+           "Equivalence, `fast` against `hf`, float32, same seeds:", "",
+           "| sampling | rows | same tokens | max \\|Δ logprob\\| | max \\|Δ embedding\\| | pass |", "|---|---|---|---|---|---|"]
+    for e in r["equivalence"]:
+        out.append(f"| {e['case']} | {e['rows']} | {e['same_rows']}/{e['rows']} | {_f(e['max_logprob_diff'])} | "
+                   f"{_f(e['max_embedding_diff'])} | {'yes' if e['pass'] else 'no'} |")
+    out += ["", f"Speed, {r.get('dtype', 'bfloat16')}:", "",
+            "| engine | rows | tokens | seconds | tokens/s | decode steps | ms/step | bandwidth used | FLOP/s used | "
+            "peak GPU GiB | first call s |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for e in r["sweep"]:
+        out.append(f"| {e['engine']} | {e['rows']} | {e['tokens']} | {_f(e['seconds'], 2)} | {_f(e['tokens_per_s'], 0)} | "
+                   f"{e.get('steps', '–')} | {_f(e.get('ms_per_step'), 3)} | {_f(e.get('bandwidth_share'))} | "
+                   f"{_f(e.get('flops_share'))} | {_f(e.get('peak_gib'), 2)} | {_f(e.get('first_call_s'), 1)} |")
+    return out
+
+
+RENDER = {"correctness": _md_correctness, "engine": _md_engine, "faiss": _md_faiss, "e2e": _md_run, "async": _md_async,
           "sglang": _md_sglang}
 
 
@@ -543,6 +578,176 @@ def learner_step(device: str, dtype: str, zero: int, model: str, rows: int, micr
     return info, update
 
 
+# ---------------------------------------------------------------------------------- engine
+
+
+def _engine_model(plan: Plan, work: Path) -> tuple[str, str]:
+    """The model's location and how to name it in the results."""
+    if not plan.random_weights:
+        return plan.model, plan.model
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    out = work / "smollm2-135m-random"
+    if not (out / "config.json").exists():
+        tok = AutoTokenizer.from_pretrained(plan.tokenizer)
+        # SmolLM2-135M-Instruct's shapes (reflexdb/models.py converts the same from the GGUF)
+        shape = dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
+                     num_key_value_heads=3) if not plan.dry else dict(hidden_size=64, intermediate_size=128,
+                                                                      num_hidden_layers=2, num_attention_heads=4,
+                                                                      num_key_value_heads=2)
+        config = LlamaConfig(vocab_size=49152, max_position_embeddings=8192, rms_norm_eps=1e-5, rope_theta=100000.0,
+                             tie_word_embeddings=True, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                             pad_token_id=tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id, **shape)
+        torch.manual_seed(0)
+        model = LlamaForCausalLM(config).to(torch.float32)
+        with torch.no_grad():  # peaked next-token distributions, like a trained model's (largest ~0.5, not ~2e-5)
+            model.get_output_embeddings().weight.mul_(10.0)
+        model.save_pretrained(out)
+        tok.save_pretrained(out)
+    return str(out), "SmolLM2-135M shapes, random weights"
+
+
+def _card(plan: Plan) -> dict:
+    """What the card does here: a device-to-device copy (TB/s, bytes read and written) and a bf16
+    matrix product (TFLOP/s); the engine's shares are of these."""
+    import torch
+
+    if plan.device != "cuda":
+        return {"copy_tb_s": None, "matmul_tflop_s": None}
+    x = torch.empty(2**30, dtype=torch.uint8, device="cuda")
+    y = torch.empty_like(x)
+    for _ in range(3):
+        y.copy_(x)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(10):
+        y.copy_(x)
+    torch.cuda.synchronize()
+    copy = 2 * x.numel() * 10 / (time.perf_counter() - t0) / 1e12
+    del x, y
+    a = torch.randn(8192, 8192, dtype=torch.bfloat16, device="cuda")
+    for _ in range(3):
+        a @ a
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(10):
+        a @ a
+    torch.cuda.synchronize()
+    flops = 2 * 8192**3 * 10 / (time.perf_counter() - t0) / 1e12
+    del a
+    torch.cuda.empty_cache()
+    return {"copy_tb_s": copy, "matmul_tflop_s": flops}
+
+
+def stage_engine(plan: Plan, work: Path) -> dict:
+    import gc
+
+    import numpy as np
+    import torch
+
+    from reflexdb.collector.engines.base import SamplingParams
+    from reflexdb.collector.engines.fast import FastEngine
+    from reflexdb.collector.engines.hf import HFEngine
+
+    def make_engine(kind, **kw):  # the classes, not the registry: it loads every plug-in (pydantic...)
+        return (FastEngine if kind == "fast" else HFEngine)(**kw)
+
+    location, name = _engine_model(plan, work)
+    result: dict = {"model": name, "new_tokens": plan.engine_new_tokens, "card": _card(plan)}
+
+    # 1. the same samples, float32
+    hf = make_engine("hf", model=location, device=plan.device, dtype="float32", max_batch_size=64)
+    fast = make_engine("fast", model=location, device=plan.device, dtype="float32", max_batch_size=24, check_every=8,
+                       compile=False)
+    compiled = make_engine("fast", model=location, device=plan.device, dtype="float32", max_batch_size=24,
+                           check_every=8, compile=plan.compile)
+    cases = [("greedy", SamplingParams(temperature=0.0, max_new_tokens=24), fast),
+             ("t=1, top-p 0.9", SamplingParams(temperature=1.0, top_p=0.9, max_new_tokens=24, seed=1), fast),
+             ("t=1, stop strings", SamplingParams(temperature=1.0, max_new_tokens=24, seed=2, stop=("e", "\n")), fast)]
+    if plan.compile:
+        cases.append(("t=1, top-p 0.9, compiled step", cases[1][1], compiled))
+    result["equivalence"] = []
+    for case, params, fast in cases:
+        prompts = _prompts(8)
+        a = [s for g in hf.generate(prompts, n=4, params=params) for s in g]
+        b = [s for g in fast.generate(prompts, n=4, params=params) for s in g]  # 32 rows through 24 slots
+        same = [np.array_equal(x.token_ids, y.token_ids) and x.finish_reason == y.finish_reason and x.stop == y.stop
+                for x, y in zip(a, b)]
+        lp = max((float(np.abs(x.logprobs - y.logprobs).max()) for x, y, ok in zip(a, b, same) if ok and len(x.logprobs)),
+                 default=float("nan"))
+        emb = max((float(np.abs(x.embedding - y.embedding).max()) for x, y, ok in zip(a, b, same) if ok), default=float("nan"))
+        result["equivalence"].append({"case": case, "rows": len(a), "same_rows": int(sum(same)), "max_logprob_diff": lp,
+                                      "max_embedding_diff": emb,
+                                      # the logits agree to ~1e-6, not bit for bit: a draw that lands that
+                                      # close to a CDF boundary takes the neighbouring token (rare on peaked
+                                      # distributions; tests/unit/test_fast_engine.py's docstring)
+                                      "pass": bool((all(same) if case == "greedy" else sum(same) >= 0.9 * len(same))
+                                                   and lp <= 1e-4 and emb <= 1e-4)})
+    del hf, fast, compiled
+    gc.collect()
+    if plan.device == "cuda":
+        torch.cuda.empty_cache()
+
+    # 2. speed, bfloat16 (float32 on the dry run's CPU)
+    dtype = "bfloat16" if plan.device == "cuda" else "float32"
+    result["dtype"] = dtype
+    params = SamplingParams(temperature=1.0, max_new_tokens=plan.engine_new_tokens, seed=3)
+    card = result["card"]
+    result["sweep"] = []
+    configs = [("hf", r, {}) for r in plan.engine_hf_rows] + [("fast", r, {"compile": False}) for r in plan.engine_rows]
+    eager_rows = 256 if 256 in plan.engine_rows else plan.engine_rows[-1]
+    configs.append(("fast", eager_rows, {"cuda_graphs": False, "compile": False}))  # what the graph is worth
+    if plan.compile:
+        configs += [("fast", r, {"compile": True}) for r in plan.engine_compiled_rows]
+    for kind, rows, extra in configs:
+        label = kind + (" (no CUDA graph)" if extra.get("cuda_graphs") is False else "") + (
+            " compiled" if extra.get("compile") else "")
+        engine = None
+        try:
+            engine = make_engine(kind, model=location, device=plan.device, dtype=dtype, max_batch_size=rows, **extra)
+            weights = sum(p.numel() * p.element_size() for p in engine.model.parameters())
+            n_params = sum(p.numel() for p in engine.model.parameters())
+            prompts = _prompts(max(1, rows // 8))
+            t_warm = time.perf_counter()
+            engine.generate(prompts, n=8, params=params)  # warm-up: kernels, compiling, the CUDA graph's capture
+            _sync(plan)
+            warm_s = time.perf_counter() - t_warm
+            if plan.device == "cuda":
+                torch.cuda.reset_peak_memory_stats()
+            steps0 = getattr(engine, "steps", 0)
+            t0 = time.perf_counter()
+            groups = engine.generate(prompts, n=8, params=params)
+            _sync(plan)
+            seconds = time.perf_counter() - t0
+            tokens = sum(len(s.token_ids) for g in groups for s in g)
+            row = {"engine": label, "rows": len(prompts) * 8, "tokens": tokens, "seconds": seconds, "first_call_s": warm_s,
+                   "tokens_per_s": tokens / seconds,
+                   "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if plan.device == "cuda" else None}
+            steps = getattr(engine, "steps", 0) - steps0 if kind == "fast" else max(len(s.token_ids) for g in groups for s in g)
+            row["steps"] = steps
+            row["ms_per_step"] = 1000 * seconds / max(steps, 1)
+            if card["copy_tb_s"]:
+                row["bandwidth_share"] = weights * steps / seconds / 1e12 / card["copy_tb_s"]
+                row["flops_share"] = 2 * n_params * tokens / seconds / 1e12 / card["matmul_tflop_s"]
+            log(f"engine {label} rows {row['rows']}: {row['tokens_per_s']:.0f} tokens/s")
+        except Exception:
+            row = {"engine": label, "rows": rows, "tokens": 0, "seconds": float("nan"), "tokens_per_s": float("nan"),
+                   "error": traceback.format_exc()[-2000:]}
+            log(f"engine {label} rows {rows}: error {row['error'].strip().splitlines()[-1]}")
+        result["sweep"].append(row)
+        if plan.out is not None:  # what a call stopped by its time limit still brings back
+            (plan.out / "engine-partial.json").write_text(json.dumps(result, indent=1, default=str))
+        if engine is not None:
+            engine.close()
+        del engine
+        gc.collect()
+        if plan.device == "cuda":
+            torch.cuda.empty_cache()
+    result["pass"] = all(e["pass"] for e in result["equivalence"])
+    return result
+
+
 # ---------------------------------------------------------------------------------- faiss
 
 
@@ -808,7 +1013,7 @@ def run_stage(stage: str, plan: Plan, work: Path) -> dict:
         if not torch.cuda.is_available():
             return {"status": "skipped", "reason": "no CUDA device (use --dry-run on a CPU machine)"}
     fn = {"probe": lambda: stage_probe(plan), "correctness": lambda: stage_correctness(plan, work),
-          "faiss": lambda: stage_faiss(plan), "e2e": lambda: stage_e2e(plan, work),
+          "engine": lambda: stage_engine(plan, work), "faiss": lambda: stage_faiss(plan), "e2e": lambda: stage_e2e(plan, work),
           "async": lambda: stage_async(plan, work), "sglang": lambda: stage_sglang(plan, work)}[stage]
     t0 = time.monotonic()
     try:
@@ -834,6 +1039,13 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--async-steps", type=int, help="learner steps of each async-vs-sync run")
     p.add_argument("--async-seconds", type=float, help="learner time budget of each async-vs-sync run")
     p.add_argument("--faiss-n", type=int, help="vectors in the FAISS comparison")
+    p.add_argument("--engine-rows", help="engine stage: rows decoded at once, comma-separated (default 32,128,256,512)")
+    p.add_argument("--engine-new-tokens", type=int, help="engine stage: new tokens per row (default 128)")
+    p.add_argument("--engine-no-compile", action="store_true", help="engine stage: no torch.compile'd rows")
+    p.add_argument("--engine-compiled-rows", help="engine stage: rows of the torch.compile'd runs (default 256,512)")
+    p.add_argument("--random-weights", action="store_true",
+                   help="engine stage: SmolLM2-135M's shapes with random weights (needs --tokenizer, not the GGUF)")
+    p.add_argument("--tokenizer", help="a directory with SmolLM2's tokenizer files, for --random-weights")
     return p.parse_args(argv)
 
 

@@ -26,7 +26,7 @@ def register_engine(name: str, factory: EngineFactory, *, replace: bool = False)
 
 
 def make_engine(name: str, **kwargs: Any) -> Engine:
-    """Build the engine registered as ``name`` (``hf``, ``sglang``) with keyword arguments for
+    """Build the engine registered as ``name`` (``hf``, ``fast``, ``sglang``) with keyword arguments for
     its constructor."""
     return ENGINES.get(name)(**kwargs)  # UnknownName lists the known ones
 
@@ -41,6 +41,12 @@ def _hf(**kwargs: Any) -> Engine:
     return HFEngine(**kwargs)
 
 
+def _fast(**kwargs: Any) -> Engine:
+    from .fast import FastEngine
+
+    return FastEngine(**kwargs)
+
+
 def _sglang(**kwargs: Any) -> Engine:
     from .sglang import SGLangEngine
 
@@ -48,6 +54,7 @@ def _sglang(**kwargs: Any) -> Engine:
 
 
 register_engine("hf", _hf)
+register_engine("fast", _fast)
 register_engine("sglang", _sglang)
 
 __all__ = [

@@ -48,9 +48,11 @@ class SamplingParams:
         stop: strings that end generation (finish reason ``stop``) once the decoded response
             contains one of them; the token that completes the string is kept, nothing after it.
         stop_token_ids: extra token ids that end generation like EOS does (kept in the output).
-        seed: seed of the sampler's random generator for this call; ``None`` draws fresh
-            randomness. (HF: reproducible on the same device and batch composition. SGLang: passed
-            as ``sampling_seed``, honoured only with deterministic inference enabled.)
+        seed: the call's seed; ``None`` draws fresh randomness. (``hf`` and ``fast``: each row's
+            draw at each step is a pure function of the seed, the row's index in the call and the
+            step, so the samples do not depend on batch composition or on which of the two
+            engines runs the call; ``counter_uniforms``. SGLang: passed as ``sampling_seed``,
+            honoured only with deterministic inference enabled.)
         json_schema: a JSON schema, as a JSON string, that every response must satisfy
             (constrained decoding); ``None`` decodes freely. Passed as SGLang's ``json_schema``;
             the ``hf`` engine masks the logits with xgrammar, and ``logprobs`` are then those of

@@ -17,6 +17,7 @@ import importlib.util
 import inspect
 import logging
 import re
+import secrets
 from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
@@ -82,6 +83,55 @@ def sample_tokens(
         uniforms = torch.rand(cdf.shape[0], generator=generator, device=cdf.device, dtype=torch.float64)
     tokens = torch.searchsorted(cdf, uniforms[:, None] * cdf[:, -1:], right=True).squeeze(1)
     return tokens, logp.gather(-1, tokens[:, None]).squeeze(1)
+
+
+_M32 = 0xFFFFFFFF
+# Odd multipliers below 2**31: every product of a 32-bit value with one fits in int64, so the
+# hash below is exact on any device (int64 overflow is not defined behaviour in C++).
+_MUL = (0x7FEB352D, 0x446CA68B, 0x2C1B3C6D, 0x297A2D39)
+
+
+def _mix32(x: torch.Tensor) -> torch.Tensor:
+    """A 32-bit integer hash (xor-shift-multiply rounds) of int64 values in ``[0, 2**32)``."""
+    x = x ^ (x >> 16)
+    x = (x * _MUL[0]) & _M32
+    x = x ^ (x >> 15)
+    x = (x * _MUL[1]) & _M32
+    x = x ^ (x >> 16)
+    x = (x * _MUL[2]) & _M32
+    x = x ^ (x >> 15)
+    x = (x * _MUL[3]) & _M32
+    return x ^ (x >> 16)
+
+
+def counter_uniforms(seed: torch.Tensor | int, row: torch.Tensor, step: torch.Tensor | int) -> torch.Tensor:
+    """``[B]`` float64 uniforms in ``[0, 1)``, one per (``seed``, ``row``, ``step``), each a pure
+    function of its three integers: a row's draw at a step is the same whichever rows it is
+    batched with, in whichever order, on whichever engine (``hf`` and ``fast`` sample the same
+    tokens from the same logits). 53 random bits from two rounds of :func:`_mix32`; no generator
+    state, so one decode step captured in a CUDA graph draws fresh numbers at each replay.
+
+    Args:
+        seed: the call's seed, ``0 <= seed < 2**63``.
+        row: ``[B]`` int64 index of each sample in the call (``prompt * n + sample``).
+        step: the token's index in its response (int or ``[B]`` int64).
+    """
+    seed = torch.as_tensor(seed, dtype=torch.long, device=row.device)
+    step = torch.as_tensor(step, dtype=torch.long, device=row.device)
+    h = _mix32(step & _M32)
+    h = _mix32(h ^ (row & _M32))
+    h = _mix32(h ^ ((seed >> 32) & _M32))
+    h = _mix32(h ^ (seed & _M32))
+    hi = _mix32(h ^ 0x1B873593) >> 5  # 27 bits
+    lo = _mix32(h ^ 0x5BD1E995) >> 6  # 26 bits
+    return (hi * (1 << 26) + lo).double() * (1.0 / (1 << 53))
+
+
+def call_seed(params: SamplingParams) -> int:
+    """The seed of one ``generate`` call: ``params.seed``, or 63 fresh random bits."""
+    if params.seed is not None:
+        return int(params.seed) & ((1 << 63) - 1)
+    return secrets.randbits(63)
 
 
 def stop_window(stop: Sequence[str]) -> int:
@@ -237,15 +287,11 @@ class HFEngine:
         if n < 1:
             raise ValueError(f"n must be >= 1, got {n}")
         ids = [encode_prompt(self._tokenizer, p) for p in prompts]
-        generator = torch.Generator(device=self.device)
-        if params.seed is None:
-            generator.seed()
-        else:
-            generator.manual_seed(params.seed)
+        seed = call_seed(params)
         per_chunk = max(1, self.max_batch_size // n)
         out: list[list[Sample]] = []
         for start in range(0, len(ids), per_chunk):
-            out.extend(self._generate_chunk(ids[start : start + per_chunk], n, params, generator))
+            out.extend(self._generate_chunk(ids[start : start + per_chunk], n, params, seed, first_row=start * n))
         return out
 
     def _forward(self, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor, Any]:
@@ -261,7 +307,7 @@ class HFEngine:
 
     @torch.inference_mode()
     def _generate_chunk(
-        self, prompts: list[list[int]], n: int, params: SamplingParams, generator: torch.Generator
+        self, prompts: list[list[int]], n: int, params: SamplingParams, seed: int, first_row: int = 0
     ) -> list[list[Sample]]:
         dev = self.device
         lengths = [len(p) for p in prompts]
@@ -308,9 +354,9 @@ class HFEngine:
         bitmask = _xgrammar().allocate_token_bitmask(B, self._vocab_size) if grammars is not None else None
 
         for step in range(max_new):
-            # One uniform per original row and step, so a row's draws do not depend on which
-            # other rows are still decoding.
-            uniforms = torch.rand(B, generator=generator, device=dev, dtype=torch.float64)[rows]
+            # One uniform per (call seed, row of the call, step): a row's draws depend neither on
+            # which other rows are still decoding nor on how the call was cut into chunks.
+            uniforms = counter_uniforms(seed, rows + first_row, step)
             if grammars is not None:  # before sampling: `lp` is then the masked distribution's
                 self._mask_logits(logits, grammars, rows, bitmask)
             tok, lp = sample_tokens(logits, params, uniforms=uniforms)  # [b], [b]

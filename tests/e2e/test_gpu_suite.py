@@ -26,7 +26,7 @@ def test_dry_run_measures_every_stage_on_the_cpu(model_cache, tmp_path):
     r = json.loads((out / "gpu-results.json").read_text())
     assert r["dry_run"] is True
     s = r["stages"]
-    assert set(s) == {"probe", "correctness", "faiss", "e2e", "async", "sglang"}
+    assert set(s) == {"probe", "correctness", "engine", "faiss", "e2e", "async", "sglang"}
     assert s["probe"]["status"] == "ok" and s["probe"]["cuda_available"] is False
     assert all(not m for m in s["probe"]["modules_missing"].values())
 
@@ -43,6 +43,13 @@ def test_dry_run_measures_every_stage_on_the_cpu(model_cache, tmp_path):
     for x in c["learner"]:
         assert "error" not in x and math.isfinite(x["grad_norm"]) and x["micro_batch"] < x["rows"]
 
+    g = s["engine"]
+    assert g["status"] == "ok" and g["pass"] and g["dtype"] == "float32"  # the fast engine = the hf loop
+    assert [x["case"] for x in g["equivalence"]] == ["greedy", "t=1, top-p 0.9", "t=1, stop strings"]  # no compiling on a CPU
+    assert {(x["engine"], x["rows"]) for x in g["sweep"]} == {("hf", 8), ("hf", 16), ("fast", 8), ("fast", 16),
+                                                              ("fast (no CUDA graph)", 16)}
+    assert all("error" not in x and x["tokens"] > 0 and x["tokens_per_s"] > 0 for x in g["sweep"])
+
     assert s["faiss"]["status"] == "ok" and s["faiss"]["gpu"] is False and "no GPU support" in s["faiss"]["reason"]
     assert s["sglang"]["status"] == "not carried"
 
@@ -57,6 +64,6 @@ def test_dry_run_measures_every_stage_on_the_cpu(model_cache, tmp_path):
     assert a["runs"][0]["speedup"] == 1.0 and a["runs"][0]["staleness_mean"] == 0
 
     md = (out / "gpu-results.md").read_text()
-    for heading in ("Correctness on the device", "Learner step", "End to end", "Async against sync", "FAISS on GPU"):
+    for heading in ("Correctness on the device", "Engines", "Learner step", "End to end", "Async against sync", "FAISS on GPU"):
         assert heading in md
     assert (keep / "gpu-results.json").read_text() == (out / "gpu-results.json").read_text()

@@ -235,7 +235,7 @@ def test_load_weights_rejects_a_mismatched_checkpoint(tiny_dir, tmp_path):
 def test_engine_registry(tiny_dir):
     engine = make_engine("hf", model=str(tiny_dir), device="cpu")
     assert engine.kind == "hf" and engine.model_name == tiny_dir.name
-    with pytest.raises(UnknownName, match="known: hf, sglang"):
+    with pytest.raises(UnknownName, match="known: fast, hf, sglang"):
         make_engine("vllm")
 
 
