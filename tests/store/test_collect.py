@@ -55,6 +55,25 @@ def _collector(cfg_data, store, engine):
     return c
 
 
+def test_the_fast_engine_collects_through_the_config(store):
+    """`collector.engine: fast` (issue 51) builds the fast engine and every row it samples is stored
+    as the hf engine's are: token ids with one behaviour log-prob each, an embedding of the model's
+    hidden size, a finish reason; 3 tasks x 4 samples through one call, more rows than its slots."""
+    from reflexdb.collector.engines.fast import FastEngine
+
+    c = _collector({"collector": {"engine": "fast", "group_size": 4, "tasks_per_batch": 3,
+                                  "sampling": {"max_new_tokens": 6}}}, store, None)
+    c.engine.max_batch_size = 5  # continuous admission: 12 rows through 5 slots
+    assert isinstance(c.engine, FastEngine)
+    c.run(max_groups=3)
+    assert rows(store, "SELECT count(*) FROM groups") == [(3,)]
+    got = rows(store, "SELECT cardinality(response_ids), cardinality(logprobs) FROM token_payloads")
+    assert len(got) == 12 and all(n == m and 0 < n <= 6 for n, m in got)
+    assert rows(store, "SELECT count(*), min(dim), max(dim) FROM embeddings") == [(12, 64, 64)]
+    assert {r for (r,) in rows(store, "SELECT finish_reason FROM trajectories")} <= {"stop", "length"}
+    assert c.engine.steps > 0
+
+
 def test_reward_function_errors_are_stored_not_raised(store, tiny_engine):
     from reflexdb.collector.rewards import register_reward
 
