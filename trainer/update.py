@@ -170,8 +170,12 @@ class PolicyUpdate:
         mine_rows = [r[mine] for r in rows]
         mine_masks = [fm[mine] for fm in full_masks]
         total_tokens = float(full.response_mask.sum().clamp(min=1))
-        sums: dict[str, float] = {}
-        entropy_sum, bad = 0.0, False
+        # The step's metrics stay on the device until the loop ends: a float() of each per
+        # micro-batch would make the host wait for the GPU that many times (issue 51). The one wait
+        # left in the loop is the finiteness of each micro-batch's loss, which decides its backward.
+        sums: dict[str, torch.Tensor] = {}
+        entropy_sum: torch.Tensor | float = 0.0
+        bad = False
         slices = self.slices(batch)
         for i, sl in enumerate(slices):
             last = i == len(slices) - 1
@@ -201,13 +205,13 @@ class PolicyUpdate:
                     for name, value in out._asdict().items():
                         if value.numel() == 1 and (name != "loss" or k > 0):
                             key = name if k == 0 else f"{term.name}/{name}"
-                            sums[key] = sums.get(key, 0.0) + float(value.detach()) * share
-                sums["loss"] = sums.get("loss", 0.0) + float(loss.detach())
-                if not torch.isfinite(loss):
+                            sums[key] = sums.get(key, 0.0) + value.detach().double() * share
+                sums["loss"] = sums.get("loss", 0.0) + loss.detach().double()
+                if not bool(torch.isfinite(loss)):
                     bad = True
                 elif not bad:
                     self.engine.backward(loss * self.world)
-                entropy_sum += float(entropy.sum())
+                entropy_sum = entropy_sum + entropy.detach().double().sum()
             if not last:
                 self.engine.step()  # a micro-step: DeepSpeed's bookkeeping, no optimizer step
         bad = self.all_reduce([float(bad)])[0] > 0
@@ -219,7 +223,7 @@ class PolicyUpdate:
         with self.timer("optimizer"):
             grad_norm = self.engine.step()  # the accumulation boundary (the last pass): the optimizer step
         names = sorted(sums)
-        reduced = self.all_reduce([sums[k] for k in names] + [entropy_sum])
+        reduced = self.all_reduce([float(sums[k]) for k in names] + [float(entropy_sum)])  # the step's one read
         sums, entropy_sum = dict(zip(names, reduced[:-1])), reduced[-1]
         sums.setdefault("loss", 0.0)
         if bad:
