@@ -140,6 +140,8 @@ class Plan:
         self.async_seconds = args.async_seconds or (90 if self.dry else 75)
         self.staleness = (0, 2) if self.dry else (0, 1, 2)  # max_staleness of the async runs; 0 = synchronous
         self.faiss_n = args.faiss_n or (20_000 if self.dry else 1_000_000)
+        # the collectors' engine in e2e and async: the fast one on a GPU (issue 51), hf on the CPU
+        self.collector_engine = args.collector_engine or ("hf" if self.dry else "fast")
         self.learner_rows = args.learner_rows or (16 if self.dry else 512)
         self.learner_micro_tokens = tuple(int(t) for t in (args.learner_micro_tokens or ("512" if self.dry else "8192,16384,32768")).split(","))
         self.engine_rows = tuple(int(r) for r in (args.engine_rows or ("8,16" if self.dry else "32,128,256,512")).split(","))
@@ -273,11 +275,13 @@ def _md_faiss(r: dict) -> list[str]:
 
 
 def _md_run(r: dict) -> list[str]:
-    return ["**End to end** (`reflexdb run`, {} steps of {} groups x {}, collector {} / learner {} on {}):".format(
-                r["steps"], r["groups_per_step"], r["group_size"], r["collector_dtype"], r["learner_dtype"], r["device"]),
-            "", "| wall s | trajectories/s | learner tokens/s (median step) | step s (median) | peak GPU memory GiB "
-            "| pass@1 before | pass@1 after |", "|---|---|---|---|---|---|---|",
-            f"| {_f(r['wall_s'], 1)} | {_f(r['trajectories_per_s'], 2)} | {_f(r['learner_tokens_per_s'], 0)} | "
+    return ["**End to end** (`reflexdb run`, {} steps of {} groups x {}, collector `{}` {} / learner {} on {}):".format(
+                r["steps"], r["groups_per_step"], r["group_size"], r.get("engine", "hf"), r["collector_dtype"],
+                r["learner_dtype"], r["device"]),
+            "", "| wall s | trajectories/s | collector tokens/s | learner tokens/s (median step) | step s (median) | "
+            "peak GPU memory GiB | pass@1 before | pass@1 after |", "|---|---|---|---|---|---|---|---|",
+            f"| {_f(r['wall_s'], 1)} | {_f(r['trajectories_per_s'], 2)} | {_f(r.get('collector_tokens_per_s'), 0)} | "
+            f"{_f(r['learner_tokens_per_s'], 0)} | "
             f"{_f(r['step_seconds_p50'], 3)} | {_f(r.get('peak_gpu_gib'), 2)} | {_f(r.get('pass_at_1_before'))} | "
             f"{_f(r.get('pass_at_1_after'))} |"]
 
@@ -1059,6 +1063,10 @@ def run_facts(home: Path, name: str) -> dict:
             traj = c.execute(text("SELECT count(*), extract(epoch FROM min(t.created_at)), "
                                   "extract(epoch FROM max(t.created_at)) FROM trajectories t JOIN groups g "
                                   "ON g.id = t.group_id WHERE t.run_id = :r AND g.kind <> 'eval'"), {"r": rid}).one()
+            # generated tokens (int32 ids, 4 bytes each) of the training groups
+            gen = c.execute(text("SELECT coalesce(sum(length(b.response_ids)) / 4, 0) FROM token_bytes b JOIN "
+                                 "trajectories t ON t.id = b.trajectory_id AND t.run_id = b.run_id JOIN groups g "
+                                 "ON g.id = t.group_id WHERE b.run_id = :r AND g.kind <> 'eval'"), {"r": rid}).scalar()
         # held-out pass@1 by version, as `reflexdb runs` reports it
         evals = [(r[0], r[2]) for r in run_table.evals(store, rid) if r[1] == 1]
     finally:
@@ -1077,11 +1085,14 @@ def run_facts(home: Path, name: str) -> dict:
         "staleness_mean": sum(x.get("staleness/mean", 0.0) for x in m) / len(m) if m else float("nan"),
         "trajectories": int(traj[0]),
         "trajectories_per_s": traj[0] / (float(traj[2]) - float(traj[1])) if traj[0] and traj[2] > traj[1] else float("nan"),
+        "collector_tokens": int(gen),
+        "collector_tokens_per_s": int(gen) / (float(traj[2]) - float(traj[1])) if traj[0] and traj[2] > traj[1] else float("nan"),
         "evals": [(int(v), float(p)) for v, p in evals],
     }
 
 
-def stage_e2e(plan: Plan, work: Path, *, engine: str = "hf") -> dict:
+def stage_e2e(plan: Plan, work: Path, *, engine: str | None = None) -> dict:
+    engine = engine or plan.collector_engine
     name = f"gpu-e2e-{engine}"
     cfg = plan.run_config(name, engine=engine)
     home = work / name
@@ -1091,7 +1102,8 @@ def stage_e2e(plan: Plan, work: Path, *, engine: str = "hf") -> dict:
     evals = facts.pop("evals")
     out = {"engine": engine, "device": plan.device, "model": plan.model, "wall_s": wall,
            "groups_per_step": plan.groups_per_step, "group_size": plan.group_size,
-           "collector_dtype": "float32" if plan.device == "cpu" else "bfloat16", "learner_dtype": "float32",
+           "collector_dtype": "float32" if plan.device == "cpu" else "bfloat16",
+           "learner_dtype": "float32" if plan.device == "cpu" else "bfloat16",  # learner.dtype auto
            "pass_at_1_before": evals[0][1] if evals else None, "pass_at_1_after": evals[-1][1] if len(evals) > 1 else None,
            "eval_versions": [v for v, _ in evals], "summary": stdout.strip().splitlines()[:2]}
     out.update({k: v for k, v in facts.items() if k != "step_times"})
@@ -1103,7 +1115,7 @@ def stage_async(plan: Plan, work: Path) -> dict:
     runs = []
     for eta in plan.staleness:
         name = f"gpu-async-{eta}"
-        cfg = plan.run_config(name, staleness=eta)
+        cfg = plan.run_config(name, staleness=eta, engine=plan.collector_engine)
         cfg["learner"].update(max_steps=plan.async_steps, max_seconds=plan.async_seconds)
         home = work / name
         with GpuSampler() as gpu:
@@ -1175,6 +1187,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--faiss-n", type=int, help="vectors in the FAISS comparison")
     p.add_argument("--engine-rows", help="engine stage: rows decoded at once, comma-separated (default 32,128,256,512)")
     p.add_argument("--engine-new-tokens", type=int, help="engine stage: new tokens per row (default 128)")
+    p.add_argument("--collector-engine", choices=("hf", "fast"), help="e2e and async: the collectors' engine "
+                   "(default fast on a GPU, hf on the dry run's CPU)")
     p.add_argument("--learner-rows", type=int, help="learner stage: rows of the fixed batch (default 512)")
     p.add_argument("--learner-micro-tokens", help="learner stage: micro-batch token budgets, comma-separated")
     p.add_argument("--engine-no-compile", action="store_true", help="engine stage: no torch.compile'd rows")

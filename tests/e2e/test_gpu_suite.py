@@ -60,7 +60,8 @@ def test_dry_run_measures_every_stage_on_the_cpu(model_cache, tmp_path):
 
     e = s["e2e"]
     assert e["status"] == "ok" and e["steps"] == 2 and e["trajectories"] > 0 and e["trajectories_per_s"] > 0
-    assert e["learner_tokens_per_s"] > 0 and e["eval_versions"] == [0, 2]
+    assert e["learner_tokens_per_s"] > 0 and e["eval_versions"] == [0, 2] and e["engine"] == "hf"
+    assert e["collector_tokens"] > 0 and e["collector_tokens_per_s"] > 0
     assert 0 <= e["pass_at_1_before"] <= 1 and 0 <= e["pass_at_1_after"] <= 1
     a = s["async"]
     assert a["status"] == "ok" and [x["max_staleness"] for x in a["runs"]] == [0, 2]
