@@ -419,6 +419,15 @@ class Collector:
                                                  else float("nan"))
         return m
 
+    def phase_seconds(self) -> dict[str, float]:
+        """The heartbeat's ``collectors.phase_seconds`` (0026): cumulative seconds per phase and
+        ``wall``, with ``tokens`` sampled so far, the learner's sum over a run's collectors."""
+        m = self.metrics()
+        out = {phase: round(m[f"collector/seconds_{phase}"], 3) for phase in PHASES}
+        out["wall"] = round(m["collector/wall_seconds"], 3)
+        out["tokens"] = int(m["collector/generated_tokens"])
+        return out
+
     def _report(self, reported: Stats) -> None:
         s = self.stats
         self.db(lambda: work.report_progress(
@@ -426,6 +435,7 @@ class Collector:
             trajectories=s.trajectories - reported.trajectories, tokens=s.tokens - reported.tokens,
             reward_errors=s.reward_errors - reported.reward_errors,
             unverified_rewards=s.unverified_rewards - reported.unverified_rewards,
+            phase_seconds=self.phase_seconds(),
         ))
         line = s.line(self.version, since=reported, phases=self.timer.summary(PHASES)) \
             if s.groups > reported.groups else None

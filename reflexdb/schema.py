@@ -393,6 +393,9 @@ collectors = Table(
     # Rewards scored 0 for want of a verdict (0025): past collector.reward_timeout_s, or an answer
     # the verifier could not check (over its size cap, or past its own time limit).
     Column("unverified_rewards", Integer, nullable=False, server_default=text("0")),
+    # Where its time went (0026): cumulative seconds per phase (generate, score, reward, write)
+    # and `wall`, set by each heartbeat; the learner logs the run's sums to MLflow.
+    Column("phase_seconds", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
     CheckConstraint("status IN ('running', 'stopped', 'failed')", name="status"),
     UniqueConstraint("run_id", "name"),
 )

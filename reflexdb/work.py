@@ -24,6 +24,8 @@
 
 from __future__ import annotations
 
+import json
+
 import os
 import socket
 from dataclasses import dataclass
@@ -150,13 +152,16 @@ def register_collector(store: Store, run_id: int, name: str, *, engine: str, mod
 
 def report_progress(store: Store, collector_id: int, *, policy_version: int | None, groups: int = 0,
                     trajectories: int = 0, tokens: int = 0, reward_errors: int = 0, skipped_rows: int = 0,
-                    unverified_rewards: int = 0) -> None:
+                    unverified_rewards: int = 0, phase_seconds: dict[str, float] | None = None) -> None:
+    """Add this interval's counts to the collector's row; ``phase_seconds`` (cumulative seconds per
+    phase and ``wall``) replaces the stored totals when given."""
     with store.transaction() as conn:
         conn.execute(
             W["collector_progress"],
             {"id": collector_id, "policy_version": policy_version, "groups": groups, "trajectories": trajectories,
              "tokens": tokens, "reward_errors": reward_errors, "skipped_rows": skipped_rows,
-             "unverified_rewards": unverified_rewards},
+             "unverified_rewards": unverified_rewards,
+             "phase_seconds": json.dumps(phase_seconds) if phase_seconds is not None else None},
         )
 
 

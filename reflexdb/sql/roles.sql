@@ -48,7 +48,7 @@ GRANT INSERT ON tasks, groups, trajectories, turns, token_bytes, embeddings, col
 GRANT UPDATE (claimed_by, claimed_at, times_collected, times_passed) ON tasks TO reflexdb_collector;
 GRANT UPDATE (host, pid, engine, model, policy_version, status, started_at, last_seen, stopped_at, groups_written,
               trajectories_written, tokens_generated, reward_errors, skipped_rows, rejected_groups, last_rejection,
-              unverified_rewards)
+              unverified_rewards, phase_seconds)
     ON collectors TO reflexdb_collector;
 GRANT USAGE ON ALL SEQUENCES IN SCHEMA public TO reflexdb_collector;
 

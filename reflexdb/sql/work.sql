@@ -52,7 +52,8 @@ SET last_seen = now(), policy_version = %(policy_version)s,
     tokens_generated = tokens_generated + %(tokens)s,
     reward_errors = reward_errors + %(reward_errors)s,
     unverified_rewards = unverified_rewards + %(unverified_rewards)s,
-    skipped_rows = skipped_rows + %(skipped_rows)s
+    skipped_rows = skipped_rows + %(skipped_rows)s,
+    phase_seconds = coalesce(%(phase_seconds)s::jsonb, phase_seconds)
 WHERE id = %(id)s;
 
 -- name: collector_rejected

@@ -72,6 +72,11 @@ def test_the_fast_engine_collects_through_the_config(store):
     assert rows(store, "SELECT count(*), min(dim), max(dim) FROM embeddings") == [(12, 64, 64)]
     assert {r for (r,) in rows(store, "SELECT finish_reason FROM trajectories")} <= {"stop", "length"}
     assert c.engine.steps > 0
+    # where its time went, stored by the heartbeat (0026) for the learner to log
+    (phases,) = rows(store, "SELECT phase_seconds FROM collectors")[0]
+    assert set(phases) == {"generate", "score", "reward", "write", "wall", "tokens"}
+    assert phases["generate"] > 0 and phases["tokens"] == c.stats.tokens and \
+        sum(phases[p] for p in ("generate", "score", "reward", "write")) <= phases["wall"] + 0.01
 
 
 def test_reward_function_errors_are_stored_not_raised(store, tiny_engine):
