@@ -126,10 +126,11 @@ class LearnerConfig(_Section):
     weight_decay: float = Field(0.0, ge=0.0, le=1.0, description="AdamW weight decay.")
     grad_clip: float = Field(1.0, gt=0.0, description="Gradient norm clipping.")
     micro_batch_size: int = Field(8, ge=1, le=4096, description="Trajectories per forward/backward pass (gradient accumulation covers the rest).")
-    micro_batch_tokens: int | None = Field(1024, ge=16, description="Token budget of a forward/backward pass: a micro-batch whose rows × longest row (prompt and response, padded) passes it is cut into smaller passes, so long multi-turn rows do not multiply the learner's activation memory. The gradient is the same (each pass is weighted by its share). None: micro_batch_size alone decides.")
+    micro_batch_tokens: int | None = Field(1024, ge=16, description="Token budget of a forward/backward pass: a micro-batch whose tokens fed to the model pass it (rows × longest row, prompt and response, when padded; the sum of its rows' lengths when packed) is cut into smaller passes, so long multi-turn rows do not multiply the learner's activation memory. The gradient is the same (each pass is weighted by its share). None: micro_batch_size alone decides.")
+    packing: Literal["auto", "on", "off"] = Field("auto", description="Feed each pass's rows to the model concatenated, without padding (position ids restart at each row, attention stays inside it), instead of right-padded to the longest: the same log-probs and gradient, no compute spent on padding. auto: on with a CUDA device, off on CPU (and under ZeRO-3, which takes padded rows; 'on' with zero_stage 3 is refused).")
     activation_checkpointing: bool = Field(False, description="Recompute each decoder layer's activations in the backward pass instead of keeping them (HF gradient checkpointing): less memory for long rows, about a third more compute per step.")
     zero_stage: int = Field(0, ge=0, le=3, description="DeepSpeed ZeRO stage.")
-    dtype: Literal["float32", "bfloat16"] = Field("float32", description="Training precision.")
+    dtype: Literal["auto", "float32", "bfloat16"] = Field("auto", description="Training precision. bfloat16: DeepSpeed's bf16 (bfloat16 weights and activations, float32 master weights in the optimizer); auto: bfloat16 with a CUDA device that supports it, float32 otherwise (CPU).")
     device: str = Field("cpu", description="cpu or cuda (DeepSpeed uses gloo on CPU, nccl on GPU).")
     max_reuse: int = Field(1, ge=1, le=1000, description="A group is consumed by at most this many steps (samples-per-insert limit per group).")
     imported_per_step: int = Field(0, ge=0, le=100_000, description="Groups of origin imported (`reflexdb import`: offline data, another framework's rollouts) mixed into each step, oldest first, while any are eligible: at most this many of the step's groups_per_step, each at most max_reuse times, with no staleness rule; their pi_old is the learner's own weights (no behaviour log-probs). 0: never trained.")
@@ -152,6 +153,9 @@ class LearnerConfig(_Section):
         if self.imported_per_step > self.groups_per_step:
             raise ValueError(f"learner.imported_per_step ({self.imported_per_step}) is more than learner.groups_per_step "
                              f"({self.groups_per_step}): a step takes at most groups_per_step groups in all")
+        if self.packing == "on" and self.zero_stage == 3:
+            raise ValueError("learner.packing 'on' needs learner.zero_stage 0-2: ZeRO-3 takes padded rows "
+                             "(use packing: auto or off)")
         return self
 
 

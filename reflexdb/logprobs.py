@@ -91,8 +91,8 @@ def _head_chunk(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
 
 def hidden_response_logprobs(hidden: torch.Tensor, head: torch.nn.Module, input_ids: torch.Tensor,
                              prompt_lengths: torch.Tensor, response_lengths: torch.Tensor, *,
-                             temperature: float = 1.0, with_entropy: bool = False,
-                             chunk_tokens: int = 1024) -> tuple[torch.Tensor, torch.Tensor | None]:
+                             temperature: float = 1.0, with_entropy: bool = False, chunk_tokens: int = 1024,
+                             starts: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """:func:`response_logprobs` from the final hidden states, never holding the whole ``[B, T, V]``.
 
     The logits of a long batch are its largest tensors: 16 rows of 700 tokens against SmolLM2's
@@ -103,12 +103,18 @@ def hidden_response_logprobs(hidden: torch.Tensor, head: torch.nn.Module, input_
     them: what stays alive between forward and backward is the hidden states, ``[B, L, D]``.
     The values (and gradients) are those of :func:`response_logprobs` on the full logits.
 
+    Packed rows (``starts`` given): the rows are concatenated without padding, row ``i`` from
+    position ``starts[i]`` of one packed sequence (trainer/batch.py, :func:`concat_rows`); the
+    result has the same `[B, T]` layout as for padded rows.
+
     Args:
-        hidden: `[B, L, D]` the model's final (normed) hidden states on ``input_ids``.
+        hidden: `[B, L, D]` the model's final (normed) hidden states on ``input_ids``; packed:
+            `[1, N, D]`.
         head: the output embedding (``model.get_output_embeddings()``), a linear layer.
-        input_ids, prompt_lengths, response_lengths, temperature, with_entropy: as
-            :func:`response_logprobs`.
+        input_ids: `[B, L]` prompt ⊕ response, right-padded; packed: `[1, N]`, the rows concatenated.
+        prompt_lengths, response_lengths, temperature, with_entropy: as :func:`response_logprobs`.
         chunk_tokens: positions projected at once (memory ``chunk_tokens × V`` floats a copy).
+        starts: `[B]` where each row begins in the packed ``input_ids``; None: right-padded rows.
 
     Returns:
         logprobs `[B, T]` float32, 0 past each response's end, and entropies `[B, T]` or None.
@@ -116,14 +122,15 @@ def hidden_response_logprobs(hidden: torch.Tensor, head: torch.nn.Module, input_
     from torch.utils.checkpoint import checkpoint
 
     device = hidden.device
-    B, T = input_ids.shape[0], int(response_lengths.max())
+    B, T = prompt_lengths.shape[0], int(response_lengths.max())
+    if starts is None:  # right-padded: row i begins at i·L of the flattened batch
+        starts = torch.arange(B, device=device) * input_ids.shape[1]
     offs = torch.arange(T, device=device)
     valid = offs[None, :] < response_lengths.to(device)[:, None]  # [B, T]
-    rows, cols = valid.nonzero(as_tuple=True)  # [N] each: the real response tokens
-    pos = prompt_lengths.to(device)[rows] - 1 + cols  # [N] the position that predicts each
-    input_ids = input_ids.to(device)
-    targets = input_ids[rows, pos + 1]  # [N]
-    h = hidden[rows, pos]  # [N, D]
+    rows, cols = valid.nonzero(as_tuple=True)  # [n] each: the real response tokens
+    at = starts.to(device)[rows] + prompt_lengths.to(device)[rows] - 1 + cols  # [n] the position that predicts each
+    targets = input_ids.to(device).reshape(-1)[at + 1]  # [n]
+    h = hidden.reshape(-1, hidden.shape[-1])[at]  # [n, D]
     weight, bias = head.weight, getattr(head, "bias", None)
     lps, ents = [], []
     grad = torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad)

@@ -6,7 +6,9 @@ payloads through :meth:`Store.read_groups`, and packs them into right-padded ten
     input_ids [B, L]  = prompt ⊕ response, padded;  attention_mask [B, L]
     response_mask [B, T] (loss mask over response positions), old/behaviour logprobs [B, T]
 
-with ``B`` trajectories (groups × G), ``L = max(P_i + T_i)`` and ``T = max(T_i)``.
+with ``B`` trajectories (groups × G), ``L = max(P_i + T_i)`` and ``T = max(T_i)``. With
+``learner.packing`` the engine feeds each micro-batch's rows to the model concatenated instead
+(:func:`concat_rows`); everything else keeps this layout.
 """
 
 from __future__ import annotations
@@ -226,6 +228,28 @@ def pack_sequences(pairs: list[tuple], pad_id: int) -> tuple[torch.Tensor, torch
         attn[i, :len(p) + len(r)] = 1
     return (torch.from_numpy(input_ids), torch.from_numpy(attn), torch.from_numpy(P.astype(np.int64)),
             torch.from_numpy(T.astype(np.int64)))
+
+
+def concat_rows(input_ids: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Right-padded rows as one packed sequence: the rows concatenated, no padding.
+
+    The model tells the rows apart by their positions, which restart at 0 for each row: with no
+    attention mask, transformers builds a causal mask that also stays inside each row
+    (``masking_utils.find_packed_sequence_indices``; docs/design.md).
+
+    Args:
+        input_ids: `[B, L]` right-padded rows.
+        lengths: `[B]` each row's real tokens (prompt ⊕ response).
+
+    Returns:
+        ids `[1, N]` and position_ids `[1, N]` (N = Σ lengths), and starts `[B]`: where each row
+        begins in them.
+    """
+    lengths = lengths.to(input_ids.device)
+    real = torch.arange(input_ids.shape[1], device=input_ids.device)[None, :] < lengths[:, None]  # [B, L]
+    positions = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)  # [B, L]
+    starts = torch.cumsum(lengths, 0) - lengths  # [B]
+    return input_ids[real][None], positions[real][None], starts
 
 
 #: ``Batch.group_kinds`` of a method's auxiliary rows (``Selection.extra``): each is a group of its own.

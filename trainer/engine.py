@@ -7,7 +7,7 @@ process runs set those variables themselves.
 What the learner needs from it:
 - :meth:`TrainingEngine.token_logprobs`: ``log π(o_t | prompt, o_<t)`` of every response token
   (logits divided by the sampling temperature, as the collector sampled), and the entropy of
-  each position's distribution;
+  each position's distribution; the micro-batch's rows padded or packed (:func:`hidden_logprobs`);
 - ``backward`` / ``step`` with gradient accumulation over micro-batches;
 - :meth:`export_hf`: an HF-loadable safetensors directory and its sha256 (the published policy);
 - :meth:`save_state` / :meth:`load_state`: DeepSpeed checkpoints (weights + optimizer) for
@@ -28,13 +28,15 @@ import os
 import shutil
 import socket
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Literal
 
 import torch
 
 from reflexdb.logprobs import hidden_response_logprobs, response_logprobs
+
+from .batch import concat_rows
 
 log = logging.getLogger(__name__)
 
@@ -98,10 +100,72 @@ class EngineSettings:
     weight_decay: float = 0.0
     betas: tuple[float, float] = (0.9, 0.999)
     grad_clip: float = 1.0
-    dtype: str = "float32"  # float32 | bfloat16
+    dtype: Literal["auto", "float32", "bfloat16"] = "float32"  # auto: resolve_settings
     fsync: bool = True  # flush checkpoint files to disk before renaming them into place
     head_chunk_tokens: int = 1024  # response positions projected onto the vocabulary at once
     activation_checkpointing: bool = False  # recompute each layer's activations in the backward pass
+    packing: Literal["auto", "on", "off"] = "off"  # a micro-batch's rows concatenated, no padding (hidden_logprobs)
+
+
+def resolve_settings(settings: EngineSettings) -> EngineSettings:
+    """The settings with ``auto`` made concrete for the device (``learner.dtype``, ``learner.packing``).
+
+    The one place that decides: on CUDA, bfloat16 where the card supports it (DeepSpeed's bf16, its
+    optimizer keeping float32 master weights; as the collector's ``hf`` engine) and packed rows
+    unless ZeRO-3 (whose path keeps the model's logits and padded rows); on CPU, float32 and padded
+    rows, as before ``auto`` existed.
+
+    Raises:
+        ValueError: ``packing: on`` with ZeRO-3.
+    """
+    cuda = torch.device(settings.device).type == "cuda"
+    dtype, packing = settings.dtype, settings.packing
+    if dtype == "auto":
+        dtype = "bfloat16" if cuda and torch.cuda.is_bf16_supported() else "float32"
+    if packing == "auto":
+        packing = "on" if cuda and settings.zero_stage < 3 else "off"
+    if packing == "on" and settings.zero_stage == 3:
+        raise ValueError("packing 'on' needs ZeRO stage 0-2: ZeRO-3 takes padded rows")
+    return replace(settings, dtype=dtype, packing=packing)
+
+
+def hidden_logprobs(model, head: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                    prompt_lengths: torch.Tensor, response_lengths: torch.Tensor, *, packed: bool,
+                    device: torch.device | str, temperature: float = 1.0, with_entropy: bool = False,
+                    chunk_tokens: int = 1024) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The model's final hidden states on a micro-batch, then the log-probs (and entropies) of its
+    response tokens through the vocabulary head in chunks (:func:`reflexdb.logprobs.hidden_response_logprobs`).
+
+    Padded: the `[B, L]` rows with their attention mask, as built. Packed: the rows concatenated
+    into one sequence of ``N = Σ (P_i + T_i)`` tokens (:func:`reflexdb.trainer.batch.concat_rows`),
+    position ids restarting at 0 for each row and no attention mask: transformers then builds a
+    causal mask that stays inside each row (``masking_utils.find_packed_sequence_indices``), so a
+    row sees exactly what it sees padded, and no padding token is computed. The caller bounds
+    ``N`` (``learner.micro_batch_tokens``, trainer/update.py).
+
+    Args:
+        model: a Hugging Face causal LM (or DeepSpeed's engine around one).
+        head: its output embedding (``get_output_embeddings()``).
+        input_ids, attention_mask: `[B, L]` prompt ⊕ response, right-padded.
+        prompt_lengths, response_lengths: `[B]`.
+
+    Returns:
+        logprobs `[B, T]` and entropies `[B, T]` or None, the same layout either way.
+    """
+    # No KV cache: transformers looks for packed rows only without one (a model loaded for
+    # generation, as the reference model, would make one, and packed rows would see each other).
+    starts = None
+    if packed:
+        ids, positions, starts = concat_rows(input_ids, prompt_lengths + response_lengths)  # [1, N] each
+        out = model(input_ids=ids.to(device), position_ids=positions.to(device), output_hidden_states=True,
+                    logits_to_keep=1, use_cache=False)
+    else:
+        ids = input_ids
+        out = model(input_ids=ids.to(device), attention_mask=attention_mask.to(device), output_hidden_states=True,
+                    logits_to_keep=1, use_cache=False)
+    return hidden_response_logprobs(out.hidden_states[-1], head, ids, prompt_lengths, response_lengths,
+                                    temperature=temperature, with_entropy=with_entropy, chunk_tokens=chunk_tokens,
+                                    starts=starts)
 
 
 class StateUnreadable(Exception):
@@ -155,6 +219,7 @@ class TrainingEngine:
         import deepspeed
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
+        settings = resolve_settings(settings)
         init_distributed(settings.device, say)
         self.settings = settings
         self.model_path = str(model_path)
@@ -185,6 +250,11 @@ class TrainingEngine:
         self.world_size = torch.distributed.get_world_size()
 
     @property
+    def packed(self) -> bool:
+        """Whether micro-batches reach the model packed (:func:`hidden_logprobs`)."""
+        return self.settings.packing == "on"
+
+    @property
     def pad_id(self) -> int:
         tok = self.tokenizer
         return tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
@@ -196,7 +266,9 @@ class TrainingEngine:
                        grad: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Log-probs (and entropies) of the response tokens of a right-padded micro-batch.
 
-        The model's forward pass, then :func:`reflexdb.logprobs.response_logprobs`.
+        The model's forward pass on the rows, padded or packed (``settings.packing``,
+        :func:`hidden_logprobs`), then the vocabulary head in chunks; under ZeRO-3 padded rows and
+        the model's logits (:func:`reflexdb.logprobs.response_logprobs`).
 
         Args:
             input_ids: `[B, L]` prompt ⊕ response, right-padded.
@@ -208,7 +280,6 @@ class TrainingEngine:
         """
         ctx = torch.enable_grad() if grad else torch.no_grad()
         module = self.ds if grad else self.ds.module
-        ids, attn = input_ids.to(self.device), attention_mask.to(self.device)
         with ctx:
             if self.settings.zero_stage < 3:
                 # The final hidden states, then the vocabulary projection a chunk of response
@@ -216,14 +287,14 @@ class TrainingEngine:
                 # logits of long rows were the learner's largest tensors (docs/benchmarks.md,
                 # "Memory"). ZeRO-3 partitions the head's weight outside the model's own forward,
                 # so it keeps the model's logits.
-                out = module(input_ids=ids, attention_mask=attn, output_hidden_states=True, logits_to_keep=1)
-                head = self.ds.module.get_output_embeddings()
-                return hidden_response_logprobs(out.hidden_states[-1], head, input_ids, prompt_lengths,
-                                                response_lengths, temperature=temperature,
-                                                with_entropy=with_entropy, chunk_tokens=self.settings.head_chunk_tokens)
+                return hidden_logprobs(module, self.ds.module.get_output_embeddings(), input_ids, attention_mask,
+                                       prompt_lengths, response_lengths, packed=self.packed, device=self.device,
+                                       temperature=temperature, with_entropy=with_entropy,
+                                       chunk_tokens=self.settings.head_chunk_tokens)
             # Logits only from the first position that predicts a response token: the vocabulary
             # projection (49,152-way for SmolLM2) of the prompt positions before it is never used.
             start = max(int(prompt_lengths.min()) - 1, 0)
+            ids, attn = input_ids.to(self.device), attention_mask.to(self.device)
             logits = module(input_ids=ids, attention_mask=attn, logits_to_keep=input_ids.shape[1] - start).logits
             logprobs, entropy = response_logprobs(logits, input_ids, prompt_lengths, response_lengths,
                                                   temperature=temperature, with_entropy=with_entropy, offset=start)

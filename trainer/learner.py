@@ -139,7 +139,7 @@ class Learner:
             device=self.L.device, zero_stage=self.L.zero_stage, micro_batch_size=micro,
             accumulation_steps=self.n_micro, lr=self.L.lr, weight_decay=self.L.weight_decay,
             grad_clip=self.L.grad_clip, dtype=self.L.dtype, fsync=self.L.fsync_publish,
-            activation_checkpointing=self.L.activation_checkpointing,
+            activation_checkpointing=self.L.activation_checkpointing, packing=self.L.packing,
         )
         latest, stateful = find_resume(self.store, self.run_id, self.cfg.run, self.db)
         resume = stateful is not None
@@ -161,7 +161,8 @@ class Learner:
             echo=lambda msg: self.echo(msg))
         self.update = PolicyUpdate(self.engine, self.terms, self.specs, ref=self.ref, rank=self.rank, world=self.world,
                                    n_micro=self.n_micro, lr=self.L.lr, pi_old=self.L.pi_old, temperature=self.temperature,
-                                   max_tokens=self.L.micro_batch_tokens, timer=self.timer)
+                                   max_tokens=self.L.micro_batch_tokens, packed=self.engine.packed,
+                                   timer=self.timer)
         self.scorer = Scorer(self.engine, world=self.world, micro_batch_size=self.L.micro_batch_size,
                              temperature=self.temperature)
         if self.main:
@@ -198,7 +199,8 @@ class Learner:
             else:  # versions without any learner state (recorded by another writer): start from the base
                 self.checkpoints.adopt(latest)
             self.echo(f"learner for run {self.cfg.run!r}: method {self.method.name} (loss {self.cfg.loss_family}), "
-                      f"{self.L.groups_per_step} groups/step, publish every {self.L.publish_every}")
+                      f"{self.L.groups_per_step} groups/step, publish every {self.L.publish_every}, "
+                      f"{self.engine.settings.dtype}, {'packed' if self.engine.packed else 'padded'} rows")
         if self.method.hooks is not None:
             self.hooks = self.method.hooks(self.cfg, self)
             if hasattr(self.hooks, "setup"):

@@ -14,17 +14,18 @@ import math
 
 import torch
 
-from reflexdb.logprobs import hidden_response_logprobs
 from reflexdb.timing import PhaseTimer
 
 from .batch import Batch
-from .engine import TrainingEngine
+from .engine import TrainingEngine, hidden_logprobs
 
 
-def token_slices(lengths: torch.Tensor, n_micro: int, max_tokens: int | None) -> list[slice]:
+def token_slices(lengths: torch.Tensor, n_micro: int, max_tokens: int | None, *, packed: bool = False) -> list[slice]:
     """``n_micro`` contiguous slices of ``len(lengths)`` rows, of equal row count (the last may be
-    shorter or empty), each cut greedily so that rows × the longest row's length stays within
-    ``max_tokens`` (None: no cut; a single row longer than the budget is a slice of its own)."""
+    shorter or empty), each cut greedily so that the tokens its pass feeds the model stay within
+    ``max_tokens``: rows × the longest row's length for padded rows, the sum of the rows' lengths
+    for packed ones (``packed``). None: no cut; a single row longer than the budget is a slice of
+    its own."""
     n = int(lengths.shape[0])
     size = math.ceil(n / n_micro) if n else 0
     out: list[slice] = []
@@ -33,13 +34,14 @@ def token_slices(lengths: torch.Tensor, n_micro: int, max_tokens: int | None) ->
         if max_tokens is None or hi - lo <= 1:
             out.append(slice(lo, hi))
             continue
-        start, longest = lo, 0
+        start, longest, total = lo, 0, 0
         for j in range(lo, hi):
             length = int(lengths[j])
-            if j > start and (j + 1 - start) * max(longest, length) > max_tokens:
+            fed = total + length if packed else (j + 1 - start) * max(longest, length)
+            if j > start and fed > max_tokens:
                 out.append(slice(start, j))
-                start, longest = j, 0
-            longest = max(longest, length)
+                start, longest, total = j, 0, 0
+            longest, total = max(longest, length), total + length
         out.append(slice(start, hi))
     return out
 
@@ -49,9 +51,10 @@ class PolicyUpdate:
 
     def __init__(self, engine: TrainingEngine, terms: list, specs: list, *, ref, rank: int, world: int,
                  n_micro: int, lr: float, pi_old: str, temperature: float, max_tokens: int | None = None,
-                 timer: PhaseTimer | None = None):
+                 packed: bool = False, timer: PhaseTimer | None = None):
         self.engine, self.terms, self.specs, self.ref = engine, terms, specs, ref
         self.rank, self.world, self.n_micro, self.max_tokens = rank, world, n_micro, max_tokens
+        self.packed = packed  # the engine feeds rows packed (TrainingEngine.packed): budget by their sum
         self.lr, self.pi_old, self.temperature = lr, pi_old, temperature
         self.timer = timer or PhaseTimer()  # the optimizer step is phase "optimizer" (the learner's timer)
 
@@ -97,11 +100,13 @@ class PolicyUpdate:
     def slices(self, batch: Batch) -> list[slice]:
         """Contiguous row slices, one forward/backward pass each: ``n_micro`` slices of equal row
         count (groups may differ in size: replay, a collector with another G), each cut further
-        where its padded size, rows × its longest row, passes ``max_tokens``
-        (``learner.micro_batch_tokens``). A long multi-turn batch then takes more, smaller passes;
+        where the tokens it feeds the model pass ``max_tokens`` (``learner.micro_batch_tokens``):
+        rows × its longest row padded, the sum of its rows' lengths packed (``learner.packing``).
+        A long multi-turn batch then takes more, smaller passes;
         the loss weights (each slice's share of the step's normaliser) keep the accumulated
         gradient the full batch's, and the optimizer steps once, after the last slice."""
-        return token_slices(batch.prompt_lengths + batch.response_lengths, self.n_micro, self.max_tokens)
+        return token_slices(batch.prompt_lengths + batch.response_lengths, self.n_micro, self.max_tokens,
+                            packed=self.packed)
 
     def old_logprobs(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         """The ratio denominator per token: ``(old [B, T], fresh [B])``.
@@ -133,11 +138,9 @@ class PolicyUpdate:
             if sl.start >= sl.stop:
                 continue
             mb = batch.rows(sl)
-            hidden = self.ref(input_ids=mb.input_ids.to(self.engine.device),
-                              attention_mask=mb.attention_mask.to(self.engine.device),
-                              output_hidden_states=True, logits_to_keep=1).hidden_states[-1]
-            lp, _ = hidden_response_logprobs(hidden, self.ref.get_output_embeddings(), mb.input_ids, mb.prompt_lengths,
-                                             mb.response_lengths, temperature=self.temperature)
+            lp, _ = hidden_logprobs(self.ref, self.ref.get_output_embeddings(), mb.input_ids, mb.attention_mask,
+                                    mb.prompt_lengths, mb.response_lengths, packed=self.packed,
+                                    device=self.engine.device, temperature=self.temperature)
             out[sl, :lp.shape[1]] = lp.cpu()
         return out
 

@@ -235,6 +235,28 @@ def test_micro_batches_by_length_change_no_result(store, tmp_path, monkeypatch, 
     assert all(torch.allclose(a, b, atol=1e-5, rtol=1e-4) for a, b in zip(w_ordered, w_plain))
 
 
+def test_learner_packing_on_makes_the_padded_step(store, tmp_path, monkeypatch, model_cache):
+    """``learner.packing: on`` (auto is off on CPU) through the whole learner: the step's loss and
+    gradient norm are the padded step's; ``auto`` precision is float32 on CPU, and the learner says
+    what it chose (tests/unit/test_packing.py checks the gradients themselves)."""
+    from reflexdb.trainer.learner import Learner
+
+    steps, said = {}, {}
+    for packing in ("auto", "on"):
+        ids = seed_groups(store, f"pack-{packing}", 2, seed=1)
+        monkeypatch.setenv("REFLEXDB_HOME", str(tmp_path / packing))
+        msgs: list[str] = []
+        lr = Learner(parse_config({**config_data(micro_batch_size=3, packing=packing), "run": f"pack-{packing}",
+                                   "max_staleness": 100}), store, echo=msgs.append)
+        lr.setup()
+        assert lr.engine.settings.dtype == "float32" and lr.engine.packed == (packing == "on")
+        steps[packing] = lr.step(ids)
+        said[packing] = next(m for m in msgs if m.startswith("learner for run"))
+    assert said["auto"].endswith("float32, padded rows") and said["on"].endswith("float32, packed rows")
+    assert steps["on"].loss == pytest.approx(steps["auto"].loss, abs=1e-6)
+    assert steps["on"].metrics["policy/grad_norm"] == pytest.approx(steps["auto"].metrics["policy/grad_norm"], rel=1e-5)
+
+
 def test_state_every_publishes_weights_and_resumes_from_the_newest_state(store, tmp_path, monkeypatch,
                                                                           model_cache):
     """``learner.state_every: 3``: versions 0 and 3 carry the learner state, 1, 2 and 4 only weights.
