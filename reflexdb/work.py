@@ -165,6 +165,13 @@ def report_progress(store: Store, collector_id: int, *, policy_version: int | No
         )
 
 
+def collector_phases(store: Store, run_id: int) -> dict[str, float]:
+    """The run's collectors' ``phase_seconds`` summed key by key (seconds per phase, ``wall``,
+    ``tokens``); ``{}`` before any heartbeat."""
+    with store.transaction() as conn:
+        return {k: float(v) for k, v in conn.execute(W["collector_phases"], {"run_id": run_id}).fetchall()}
+
+
 def record_rejection(store: Store, collector_id: int, reason: str) -> None:
     """Count a group the store refused for its content (``collectors.rejected_groups``) and keep
     the reason (``collectors.last_rejection``)."""

@@ -312,6 +312,7 @@ class Learner:
         if skipped:
             self.echo(f"step {self.step_no}: non-finite loss, step skipped ({self.bad_in_row} in a row)")
         if self.main:
+            metrics.update(self.collector_metrics())
             drill.phase("record")
             by_stage = batch.per_trajectory(torch.stack([a.reshape(-1) for _, a in stages], dim=1))  # [B, S]
             self.db(lambda: self.store.record_step(                                   # record
@@ -378,6 +379,22 @@ class Learner:
         for phase in PHASES:  # since the previous step's metrics: its publish and this step's wait count here
             m[f"perf/seconds_{phase}"] = phases.get(phase, 0.0)
         return {k: (v if math.isfinite(v) else float("nan")) for k, v in m.items()}
+
+    def collector_metrics(self) -> dict[str, float]:
+        """Where the run's collectors spent their time (docs/metrics.md): their heartbeats' totals
+        (``collectors.phase_seconds``, 0026) summed over collectors, as ``collector/seconds_<phase>``,
+        ``collector/wall_seconds`` and ``collector/generated_tokens_per_s``; collectors log nothing
+        to MLflow themselves, so the learner does it for them."""
+        from reflexdb import work
+
+        totals = self.db(lambda: work.collector_phases(self.store, self.run_id))
+        if not totals:
+            return {}
+        m = {f"collector/seconds_{k}": v for k, v in totals.items() if k not in ("wall", "tokens")}
+        m["collector/wall_seconds"] = totals.get("wall", 0.0)
+        generating = totals.get("generate", 0.0)
+        m["collector/generated_tokens_per_s"] = totals.get("tokens", 0.0) / generating if generating > 0 else float("nan")
+        return m
 
     def _progress(self, r: StepResult) -> str:
         m = r.metrics

@@ -100,3 +100,11 @@ SELECT id, prompt, ground_truth FROM tasks WHERE run_id = %(run_id)s AND split =
 UPDATE tasks
 SET claimed_by = NULL, claimed_at = NULL, times_collected = times_collected + 1
 WHERE id = ANY(%(ids)s) AND claimed_by = %(collector)s;
+
+-- name: collector_phases
+-- Where a run's collectors spent their time (0026): each key of collectors.phase_seconds summed
+-- over the run's collectors (each holds its cumulative totals), for the learner's MLflow metrics.
+SELECT p.key, sum(p.value::double precision)
+FROM collectors c, jsonb_each_text(c.phase_seconds) p
+WHERE c.run_id = %(run_id)s
+GROUP BY p.key;

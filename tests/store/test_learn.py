@@ -120,6 +120,26 @@ def test_max_seconds_starts_no_step_after_the_deadline_even_with_groups_ready(st
                                    for line in lines), lines
 
 
+def test_the_learner_logs_where_the_collectors_time_went(store, tmp_path, monkeypatch, model_cache):
+    """Collectors log nothing to MLflow; their heartbeats store their phase totals (0026) and the
+    learner logs the run's sums with each step (issue 51)."""
+    from reflexdb import work
+
+    seed_groups(store, "learn-test", 2)
+    run = store.run_id("learn-test")
+    for name, gen in (("a", 3.0), ("b", 1.0)):
+        cid = work.register_collector(store, run, name, engine="fast", model="tiny", policy_version=0)
+        work.report_progress(store, cid, policy_version=0, phase_seconds={
+            "generate": gen, "score": 0.0, "reward": 0.5, "write": 0.25, "wall": 5.0, "tokens": 800})
+    lr, _ = _learner(store, tmp_path, monkeypatch)
+    lr.setup()
+    lr.run(max_steps=1)
+    (m,) = rows(store, "SELECT metrics FROM learner_steps")[0]
+    assert (m["collector/seconds_generate"], m["collector/seconds_reward"], m["collector/seconds_write"],
+            m["collector/wall_seconds"]) == (4.0, 1.0, 0.5, 10.0)
+    assert m["collector/generated_tokens_per_s"] == 1600 / 4.0
+
+
 def test_nan_loss_skips_and_stops(store, tmp_path, monkeypatch, model_cache):
     import torch
     from reflexdb.trainer.learner import LearnerStopped
