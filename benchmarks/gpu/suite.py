@@ -29,7 +29,8 @@ Stages (``--stages``, comma-separated; default all):
   and no response then ends early.
 - ``learner``: the learner's speed alone: GRPO steps of the product's DeepSpeed engine on a fixed
   batch of quickstart-shaped rows (``--learner-rows``; prompts ~40 tokens, responses of 8 to 200),
-  cut into micro-batches by a token budget (``--learner-micro-tokens``, swept), in float32 padded
+  cut into micro-batches by a token budget (``--learner-micro-tokens``, swept; counted as the learner
+  counts it: rows × longest row padded, the tokens fed packed), in float32 padded
   (the CPU's path), bfloat16 padded and bfloat16 packed: tokens/s (prompt and response tokens fed),
   seconds a step, peak GPU memory, and the share of the card's measured bf16 FLOP/s
   (6 × parameters × tokens a second). Each configuration in its own process.
@@ -816,15 +817,17 @@ def learner_speed_child(args: argparse.Namespace) -> int:
         adv = group_advantages(rewards.view(-1, 8)).flatten()
         spec = get_loss_spec("grpo")
         params = spec.parse({})
-        # micro-batches: consecutive rows while rows x longest row stays within the budget
+        # micro-batches: consecutive rows within the budget, counted as the learner does
+        # (learner.micro_batch_tokens): rows x longest row padded, the tokens fed packed
         cuts, start = [], 0
         while start < len(pairs):
-            end, longest = start, 0
+            end, longest, fed = start, 0, 0
             while end < len(pairs):
-                longest2 = max(longest, len(pairs[end][0]) + len(pairs[end][1]))
-                if end > start and (end + 1 - start) * longest2 > args.micro_tokens:
+                n = len(pairs[end][0]) + len(pairs[end][1])
+                size = fed + n if packing == "on" else (end + 1 - start) * max(longest, n)
+                if end > start and size > args.micro_tokens:
                     break
-                longest, end = longest2, end + 1
+                longest, fed, end = max(longest, n), fed + n, end + 1
             cuts.append(slice(start, end))
             start = end
         batches = [pack_sequences(pairs[sl], engine.pad_id) for sl in cuts]

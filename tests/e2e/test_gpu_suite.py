@@ -54,6 +54,7 @@ def test_dry_run_measures_every_stage_on_the_cpu(model_cache, tmp_path):
     assert L["status"] == "ok" and L["pass"] and L["tokens_per_step"] > 0
     assert [(c["label"], c["micro_tokens"]) for c in L["configs"]] == [("float32, padded", 512), ("float32, packed", 512)]
     assert all(c["tokens_per_s"] > 0 and c["micro_batches"] > 1 for c in L["configs"])
+    assert L["configs"][1]["micro_batches"] <= L["configs"][0]["micro_batches"]  # no padding counted
 
     assert s["faiss"]["status"] == "ok" and s["faiss"]["gpu"] is False and "no GPU support" in s["faiss"]["reason"]
     assert s["sglang"]["status"] == "not carried"
