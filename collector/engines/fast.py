@@ -43,6 +43,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from reflexdb.errors import ModelUnavailable
+
 from .base import Prompt, Sample, SamplingParams, encode_prompt
 from .hf import HFEngine, call_seed, counter_uniforms, find_stop, sample_tokens, stop_window
 
@@ -52,8 +54,9 @@ log = logging.getLogger(__name__)
 SUPPORTED = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM")
 
 
-class UnsupportedModel(ValueError):
-    """The model's architecture is not one the ``fast`` engine's decode step reproduces."""
+class UnsupportedModel(ModelUnavailable, ValueError):
+    """The model's architecture is not one the ``fast`` engine's decode step reproduces (exit 7,
+    as a model that cannot be loaded)."""
 
 
 class SlotDecoder:

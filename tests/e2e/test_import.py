@@ -88,7 +88,7 @@ def test_offline_training_on_an_imported_file_with_the_commands(store, db_url, t
                              timeout=600)
     assert learned.returncode == 0, learned.stderr[-3000:]
     # no row the policy sampled, so no pass@1; the progress line says how many imported groups
-    assert re.search(r"step 1 \| .* pass@1 - \| .* \| imported 2$", learned.stderr, re.M), learned.stderr
+    assert re.search(r"step 1 \| .* pass@1 - \| .* \| imported 2 \| (wait \d+% )?read \d+% ", learned.stderr, re.M), learned.stderr
     (run,) = rows(store, "SELECT id FROM runs WHERE name = 'offline'")[0]
     assert [s for s, _ in _consumed(store, run)] == [1]
     (metrics,) = rows(store, "SELECT metrics FROM learner_steps WHERE run_id = :r", r=run)[0]
