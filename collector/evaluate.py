@@ -114,7 +114,8 @@ def evaluate(cfg: Config, store: Store, checkpoint: str = "latest", *, split: st
         raise ReflexdbError(f"run {cfg.run!r} has no tasks in split {split!r} (tasks.eval_size is 0?)")
     label, path, version = resolve_checkpoint(store, run_id, checkpoint, resolve_model(cfg.model))
     reward = Deadline(get_reward(cfg.collector.reward), cfg.collector.reward_timeout_s)  # forked before the engine
-    engine = make_engine(cfg.collector.engine, model=path, device=cfg.collector.device)
+    engine = make_engine(cfg.collector.engine, model=path, device=cfg.collector.device,
+                         **cfg.collector.engine_options)
     s = cfg.collector.sampling
     params = SamplingParams(temperature=s.temperature, top_p=s.top_p, max_new_tokens=s.max_new_tokens,
                             stop=tuple(s.stop), seed=cfg.seed)

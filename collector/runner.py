@@ -141,7 +141,8 @@ class Collector:
         # The reward runs in a child process under a deadline (collector/deadline.py), forked before
         # the engine loads so the child is small.
         self.reward_fn = Deadline(get_reward(self.c.reward), self.c.reward_timeout_s)
-        self.engine = engine or make_engine(self.c.engine, model=self.model_location, device=self.c.device)
+        self.engine = engine or make_engine(self.c.engine, model=self.model_location, device=self.c.device,
+                                           **self.c.engine_options)
         # Where the time goes (PHASES): the engine returns its samples on the host, so no phase
         # needs a device synchronize to end.
         self.timer = PhaseTimer()

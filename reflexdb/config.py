@@ -63,10 +63,20 @@ class TasksConfig(_Section):
         return v
 
 
+#: The options ``collector.engine_options`` may set, per engine (the constructors' keyword arguments
+#: but model, device and cache_dir; tests/unit/test_fast_engine.py keeps these in step with them).
+#: SGLang's are its own (``sglang.Engine``'s), checked there.
+ENGINE_OPTIONS = {
+    "hf": ("max_batch_size", "score_token_budget", "dtype", "share_prefixes", "min_shared_prefix", "keep_kv_tokens"),
+}
+ENGINE_OPTIONS["fast"] = ENGINE_OPTIONS["hf"] + ("check_every", "cuda_graphs", "compile", "context_multiple")
+
+
 class CollectorConfig(_Section):
     name: str | None = Field(None, description="Collector name, unique per run (default: host-pid).")
     engine: Literal["hf", "fast", "sglang"] = Field("hf", description="Generation backend: hf (transformers, a token-by-token loop; the CPU default), fast (continuous batching over a preallocated KV cache, one CUDA graph per decode step: for GPUs, with tasks_per_batch large enough to fill its 256 slots), sglang (a separate SGLang install). See docs/collector-engines.md.")
     device: str = Field("cpu", description="Device for the hf and fast engines: cpu, cuda, cuda:1, ...")
+    engine_options: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments of the engine's constructor. hf: max_batch_size, score_token_budget, dtype, share_prefixes, min_shared_prefix, keep_kv_tokens; fast: those and check_every, cuda_graphs, compile, context_multiple (max_batch_size: its slots); sglang: any argument of sglang.Engine (tp_size, mem_fraction_static, ...). See docs/collector-engines.md.")
     group_size: int = Field(8, ge=1, le=1024, description="G: samples per task (one group).")
     tasks_per_batch: int = Field(1, ge=1, le=256, description="Tasks generated together in one engine call (each still written as its own group).")
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
@@ -77,6 +87,15 @@ class CollectorConfig(_Section):
     progress_every_s: float = Field(10.0, gt=0, description="Seconds between progress lines and heartbeats.")
     db_retry_s: float = Field(120.0, ge=0, description="How long a write is retried (with backoff) while the database is unreachable.")
     poll_interval_s: float = Field(2.0, gt=0, description="Polling period of waits (NOTIFY wakes them earlier).")
+
+    @model_validator(mode="after")
+    def _engine_options(self) -> CollectorConfig:
+        known = ENGINE_OPTIONS.get(self.engine)
+        unknown = sorted(set(self.engine_options) - set(known)) if known is not None else []
+        if unknown:
+            raise ValueError(f"engine_options: {', '.join(map(repr, unknown))} is not an option of the {self.engine} "
+                             f"engine; its options: {', '.join(known)}")
+        return self
 
 
 class EnvironmentConfig(BaseModel):

@@ -309,3 +309,28 @@ def test_registry_and_config_know_the_engine():
     assert CollectorConfig(engine="fast").engine == "fast"
     with pytest.raises(ValueError, match="check_every"):
         FastEngine(tiny_model_dir(MODEL_CACHE), device="cpu", check_every=0)
+
+
+def test_engine_options_match_the_constructors_and_reach_the_engine(tmp_path):
+    """`collector.engine_options` (config): each engine's keyword arguments but model, device and
+    cache_dir; an unknown one is refused when the config is parsed, naming it and the known ones."""
+    import inspect
+
+    from reflexdb.config import ENGINE_OPTIONS, CollectorConfig, ConfigError, parse_config
+
+    def options(cls) -> set[str]:
+        names = set()
+        for c in cls.__mro__:
+            if "__init__" in vars(c):
+                names |= {p.name for p in inspect.signature(c.__init__).parameters.values()
+                          if p.kind is p.KEYWORD_ONLY}
+        return names - {"device", "cache_dir"}
+
+    assert set(ENGINE_OPTIONS["hf"]) == options(HFEngine)
+    assert set(ENGINE_OPTIONS["fast"]) == options(FastEngine)
+    c = CollectorConfig(engine="fast", engine_options={"max_batch_size": 7, "check_every": 2})
+    engine = make_engine(c.engine, model=tiny_model_dir(MODEL_CACHE), device="cpu", **c.engine_options)
+    assert (engine.max_batch_size, engine.check_every) == (7, 2)
+    with pytest.raises(ConfigError, match="'check_every' is not an option of the hf engine; its options: max_batch_size"):
+        parse_config({"run": "r", "collector": {"engine": "hf", "engine_options": {"check_every": 2}}})
+    assert CollectorConfig(engine="sglang", engine_options={"tp_size": 2}).engine_options == {"tp_size": 2}
