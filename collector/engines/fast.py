@@ -159,11 +159,11 @@ class StepGraph:
         self.graph = graph
 
 
-def _decode_step(forward: Callable[..., tuple[torch.Tensor, torch.Tensor]], params: SamplingParams, logits: torch.Tensor, hidden: torch.Tensor,
-                 pos: torch.Tensor, n: torch.Tensor, limit: torch.Tensor, row: torch.Tensor, live: torch.Tensor,
-                 stopped: torch.Tensor, tokens: torch.Tensor, logprobs: torch.Tensor, emb: torch.Tensor,
-                 ring: torch.Tensor, seed: torch.Tensor, stop_ids: torch.Tensor,
-                 cache: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+def _decode_step(forward: Callable[..., tuple[torch.Tensor, torch.Tensor]], params: SamplingParams,
+                 logits: torch.Tensor, hidden: torch.Tensor, pos: torch.Tensor, n: torch.Tensor,
+                 limit: torch.Tensor, row: torch.Tensor, live: torch.Tensor, stopped: torch.Tensor,
+                 tokens: torch.Tensor, logprobs: torch.Tensor, emb: torch.Tensor, ring: torch.Tensor,
+                 seed: torch.Tensor, stop_ids: torch.Tensor, cache: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
     """The body of one decode step over the :class:`_Buffers` (named there), every tensor passed
     explicitly and changed in place: what ``torch.compile`` traces and a CUDA graph captures."""
     S, T = tokens.shape
