@@ -356,9 +356,8 @@ class FastEngine(HFEngine):
                 graph()
             self.steps += k
             # The look: one synchronisation every k steps.
-            live = b.live.cpu().numpy()
-            stopped = b.stopped.cpu().numpy()
-            counts = b.n.cpu().numpy()
+            live, stopped, counts = torch.stack([b.live.long(), b.stopped.long(), b.n]).cpu().numpy()  # one copy
+            live, stopped = live.astype(bool), stopped.astype(bool)
             self.live_slot_steps += int((counts - n_host)[[h is not None for h in holder]].sum())
             ended: dict[int, tuple[int, str, str | None]] = {}  # slot -> (tokens, reason, stop string)
             if params.stop:
