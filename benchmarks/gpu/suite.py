@@ -139,10 +139,14 @@ class Plan:
         self.eval_samples = 2 if self.dry else 16
         self.async_steps = args.async_steps or (2 if self.dry else 10)
         self.async_seconds = args.async_seconds or (90 if self.dry else 75)
-        self.staleness = (0, 2) if self.dry else (0, 1, 2)  # max_staleness of the async runs; 0 = synchronous
+        # max_staleness of the async runs; 0 = synchronous
+        self.staleness = tuple(int(x) for x in (args.async_staleness or ("0,2" if self.dry else "0,1,2")).split(","))
         self.faiss_n = args.faiss_n or (20_000 if self.dry else 1_000_000)
         # the collectors' engine in e2e and async: the fast one on a GPU (issue 51), hf on the CPU
         self.collector_engine = args.collector_engine or ("hf" if self.dry else "fast")
+        # e2e: tasks a collector generates at once (the engine's 256 slots on a GPU; the learner still
+        # takes groups_per_step a step)
+        self.collector_tasks = args.collector_tasks or self.groups_per_step
         self.learner_rows = args.learner_rows or (16 if self.dry else 512)
         self.learner_micro_tokens = tuple(int(t) for t in (args.learner_micro_tokens or ("512" if self.dry else "8192,16384,32768")).split(","))
         self.engine_rows = tuple(int(r) for r in (args.engine_rows or ("8,16" if self.dry else "32,128,256,512")).split(","))
@@ -280,11 +284,18 @@ def _md_run(r: dict) -> list[str]:
                 r["steps"], r["groups_per_step"], r["group_size"], r.get("engine", "hf"), r["collector_dtype"],
                 r["learner_dtype"], r["device"]),
             "", "| wall s | trajectories/s | collector tokens/s | learner tokens/s (median step) | step s (median) | "
-            "peak GPU memory GiB | pass@1 before | pass@1 after |", "|---|---|---|---|---|---|---|---|",
+            "peak GPU memory GiB (collector / learner / eval) | s to first group / first step | pass@1 before | "
+            "pass@1 after |", "|---|---|---|---|---|---|---|---|---|",
             f"| {_f(r['wall_s'], 1)} | {_f(r['trajectories_per_s'], 2)} | {_f(r.get('collector_tokens_per_s'), 0)} | "
             f"{_f(r['learner_tokens_per_s'], 0)} | "
-            f"{_f(r['step_seconds_p50'], 3)} | {_f(r.get('peak_gpu_gib'), 2)} | {_f(r.get('pass_at_1_before'))} | "
+            f"{_f(r['step_seconds_p50'], 3)} | {_f(r.get('peak_gpu_gib'), 2)} ({_roles(r)}) | "
+            f"{_f(r.get('first_group_s'), 1)} / {_f(r.get('first_step_s'), 1)} | {_f(r.get('pass_at_1_before'))} | "
             f"{_f(r.get('pass_at_1_after'))} |"]
+
+
+def _roles(r: dict) -> str:
+    by = r.get("peak_gib_by_role") or {}
+    return " / ".join(_f(by.get(role), 2) for role in ("collector", "learner", "eval"))
 
 
 def _md_async(r: dict) -> list[str]:
@@ -1044,13 +1055,18 @@ def reflexdb_run(plan: Plan, home: Path, cfg: dict, *, evaluate: bool, timeout: 
     p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
     wall = time.monotonic() - t0
     (home / "run.log").write_text(p.stdout + "\n--- stderr ---\n" + p.stderr)
+    if plan.out is not None:  # the run's log comes back with the results
+        plan.out.mkdir(parents=True, exist_ok=True)
+        shutil.copy(home / "run.log", plan.out / f"{cfg['run']}.log")
     if p.returncode != 0:
         raise RuntimeError(f"reflexdb run {cfg['run']} exited {p.returncode}:\n{p.stderr[-3000:]}")
     return wall, p.stdout
 
 
-def run_facts(home: Path, name: str) -> dict:
-    """What the database says about a finished run: steps, their times, trajectories, evaluations."""
+def run_facts(home: Path, name: str, started: float | None = None) -> dict:
+    """What the database says about a finished run: steps, their times, trajectories, evaluations;
+    with ``started`` (the epoch second ``reflexdb run`` was started), the seconds to its first
+    written trajectory and to its first learner step (the start-up)."""
     from sqlalchemy import text
 
     os.environ["REFLEXDB_HOME"] = str(home)
@@ -1091,6 +1107,8 @@ def run_facts(home: Path, name: str) -> dict:
         "collector_tokens": int(gen),
         "collector_tokens_per_s": int(gen) / (float(traj[2]) - float(traj[1])) if traj[0] and traj[2] > traj[1] else float("nan"),
         "evals": [(int(v), float(p)) for v, p in evals],
+        "first_group_s": float(traj[1]) - started if started is not None and traj[0] else None,
+        "first_step_s": times[0] - (step_s[0] if step_s else 0.0) - started if started is not None and times else None,
     }
 
 
@@ -1098,10 +1116,12 @@ def stage_e2e(plan: Plan, work: Path, *, engine: str | None = None) -> dict:
     engine = engine or plan.collector_engine
     name = f"gpu-e2e-{engine}"
     cfg = plan.run_config(name, engine=engine)
+    cfg["collector"]["tasks_per_batch"] = plan.collector_tasks
     home = work / name
+    started = time.time()
     with GpuSampler() as gpu:
         wall, stdout = reflexdb_run(plan, home, cfg, evaluate=True, timeout=plan.e2e_seconds + 600)
-    facts = run_facts(home, name)
+    facts = run_facts(home, name, started)
     evals = facts.pop("evals")
     out = {"engine": engine, "device": plan.device, "model": plan.model, "wall_s": wall,
            "groups_per_step": plan.groups_per_step, "group_size": plan.group_size,
@@ -1121,9 +1141,10 @@ def stage_async(plan: Plan, work: Path) -> dict:
         cfg = plan.run_config(name, staleness=eta, engine=plan.collector_engine)
         cfg["learner"].update(max_steps=plan.async_steps, max_seconds=plan.async_seconds)
         home = work / name
+        started = time.time()
         with GpuSampler() as gpu:
             wall, _ = reflexdb_run(plan, home, cfg, evaluate=False, timeout=plan.async_seconds + 600)
-        facts = run_facts(home, name)
+        facts = run_facts(home, name, started)
         times = facts.pop("step_times")
         row = {"max_staleness": eta, "wall_s": wall, **{k: v for k, v in facts.items() if k != "evals"}}
         if len(times) > 1:
@@ -1192,6 +1213,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--engine-new-tokens", type=int, help="engine stage: new tokens per row (default 128)")
     p.add_argument("--collector-engine", choices=("hf", "fast"), help="e2e and async: the collectors' engine "
                    "(default fast on a GPU, hf on the dry run's CPU)")
+    p.add_argument("--collector-tasks", type=int, help="e2e: the collector's tasks_per_batch (default: groups a step)")
+    p.add_argument("--async-staleness", help="async: max_staleness of each run, comma-separated (default 0,1,2)")
     p.add_argument("--learner-rows", type=int, help="learner stage: rows of the fixed batch (default 512)")
     p.add_argument("--learner-micro-tokens", help="learner stage: micro-batch token budgets, comma-separated")
     p.add_argument("--engine-no-compile", action="store_true", help="engine stage: no torch.compile'd rows")
