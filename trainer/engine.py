@@ -111,9 +111,8 @@ def resolve_settings(settings: EngineSettings) -> EngineSettings:
     """The settings with ``auto`` made concrete for the device (``learner.dtype``, ``learner.packing``).
 
     The one place that decides: on CUDA, bfloat16 where the card supports it (DeepSpeed's bf16, its
-    optimizer keeping float32 master weights; as the collector's ``hf`` engine) and packed rows
-    unless ZeRO-3 (whose path keeps the model's logits and padded rows); on CPU, float32 and padded
-    rows, as before ``auto`` existed.
+    optimizer keeping float32 master weights; as the collector's ``hf`` engine); on CPU, float32.
+    Packing ``auto`` is off on every device (measured; see the comment below).
 
     Raises:
         ValueError: ``packing: on`` with ZeRO-3.
@@ -123,7 +122,10 @@ def resolve_settings(settings: EngineSettings) -> EngineSettings:
     if dtype == "auto":
         dtype = "bfloat16" if cuda and torch.cuda.is_bf16_supported() else "float32"
     if packing == "auto":
-        packing = "on" if cuda and settings.zero_stage < 3 else "off"
+        # Padded on every device. Packed passes go through SDPA with transformers' dense [N, N]
+        # block-diagonal mask: on an H200 they took 2-4x the time and 2-3x the memory of padded,
+        # length-sorted ones (docs/benchmarks.md, "GPU: the learner"); a varlen kernel would pay off.
+        packing = "off"
     if packing == "on" and settings.zero_stage == 3:
         raise ValueError("packing 'on' needs ZeRO stage 0-2: ZeRO-3 takes padded rows")
     return replace(settings, dtype=dtype, packing=packing)
