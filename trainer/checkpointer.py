@@ -11,6 +11,13 @@ recorded after it are rolled back (:meth:`reflexdb.Store.roll_back_steps`), so n
 twice or skipped.
 
 Only rank 0 writes rows and removes files (``main``); every rank writes its share of the state.
+
+A publish of weights alone (no learner state) can go on in the background (``background``,
+``learner.publish_in_background``): the learner copies the weights to host memory, and a writer
+thread writes the files, records the row and prunes, in the same order, while the next step
+trains. One write is in flight at a time: the next publish, a publish with the state, a clean
+stop and :meth:`Checkpointer.wait` wait for it first, and raise its error there
+(:class:`PublishFailed`, or the database's).
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ import contextlib
 import shutil
 import time
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -81,10 +89,14 @@ class Checkpointer:
 
     def __init__(self, store: Store, run_id: int, run: str, directory: Path, engine: TrainingEngine, *,
                  state_every: int, keep_states: int, keep_policies: int | None, main: bool,
-                 db: Callable[[Callable[[], Any]], Any], echo: Callable[[str], None]):
+                 db: Callable[[Callable[[], Any]], Any], echo: Callable[[str], None], background: bool = False):
         self.store, self.run_id, self.run, self.dir, self.engine = store, run_id, run, directory, engine
         self.state_every, self.keep_states, self.keep_policies = state_every, keep_states, keep_policies
         self.main, self.db, self.echo = main, db, echo
+        # weights-only publishes written by a thread (ZeRO-3 gathers the weights collectively: never)
+        self.background = background and engine.settings.zero_stage < 3
+        self._writer: ThreadPoolExecutor | None = None
+        self._pending: tuple[Future, int, Any] | None = None  # (the write, its step, the tracker)
         self.version = 0
         self.published_step = 0
         self.published_any = False  # whether any version exists (the first publish is version 0)
@@ -132,21 +144,60 @@ class Checkpointer:
             PublishFailed: the files could not be written (disk full, I/O error); no row was written.
             DatabaseUnavailable: the row could not be written within ``learner.db_retry_s``.
         """
+        self.wait()
         version = self.version + 1 if self.published_any else 0
         if state is None:
             state = version == 0 or self.since_state + 1 >= self.state_every
+        t0 = time.monotonic()
+        drill.phase("publish")
+        previous = (self.version, self.published_step)
+        if state or not self.background:
+            self._write(step, version, state, previous, tracker, None, t0)
+        elif self.main:
+            snapshot = self.engine.snapshot_weights()
+            if self._writer is None:
+                self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="publish")
+            future = self._writer.submit(self._write, step, version, False, previous, tracker, snapshot, t0)
+            self._pending = (future, step, tracker)
+        # the learner's own count moves on at once: the version is what it trains from now
+        self.version, self.published_step, self.published_any = version, step, True
+        self.since_state = 0 if state else self.since_state + 1
+        self.last_has_state = state
+        if tracker is not None and self._pending is not None:
+            tracker.log_metrics({"perf/publish_blocked_seconds": time.monotonic() - t0}, step)
+        return version
+
+    def wait(self) -> None:
+        """Wait for the background write in flight, if any; raise its error (:class:`PublishFailed`,
+        or the database's) here."""
+        if self._pending is None:
+            return
+        future, step, tracker = self._pending
+        self._pending = None
+        future.result()
+
+    def close(self) -> None:
+        """Wait for the write in flight (its error raised) and stop the writer thread."""
+        try:
+            self.wait()
+        finally:
+            if self._writer is not None:
+                self._writer.shutdown(wait=True)
+                self._writer = None
+
+    def _write(self, step: int, version: int, state: bool, previous: tuple[int, int], tracker,
+               snapshot: dict | None, t0: float) -> None:
+        """Files, then the row, then pruning: one version's publish (the caller's thread or the writer's)."""
         tag = f"v{version}"
         states = self.dir / "states"
         weights = self.dir / f"v{version}"
-        t0 = time.monotonic()
-        drill.phase("publish")
         with self._writing(f"publishing policy v{version} at step {step}",
                            f"Nothing was recorded for v{version}. Free space, then run the same command: the "
-                           f"learner resumes from policy v{self.version} (step {self.published_step}).",
+                           f"learner resumes from policy v{previous[0]} (step {previous[1]}).",
                            states / tag, weights):
             if state:
                 self.engine.save_state(states, tag, {"step": step, "version": version})
-            sha = self.engine.export_hf(weights)
+            sha = self.engine.export_hf(weights, state_dict=snapshot)
         if self.main:
             meta = {"mlflow_run_id": getattr(tracker, "run_id", None)}
             if state:
@@ -156,26 +207,26 @@ class Checkpointer:
             if state:
                 self._prune_states(states)
             self._prune_policies(version)
-        self.version, self.published_step, self.published_any = version, step, True
-        self.since_state = 0 if state else self.since_state + 1
-        self.last_has_state = state
         drill.phase("published")
         if tracker is not None:
             tracker.log_metrics({"perf/publish_seconds": time.monotonic() - t0, "policy/version": version}, step)
-        self.echo(f"published policy v{version} at step {step} ({weights})")
-        return version
+        self.echo(f"published policy v{version} at step {step} ({weights})"
+                  + (" in the background" if snapshot is not None else ""))
 
     def finish(self, step: int, *, tracker=None) -> None:
         """On a clean stop: publish the steps trained since the last publish, with the learner
         state; if none, and the last publish wrote no state (``state_every``), write it for that
         version, so that a resume loses no step."""
+        self.wait()
         if step > self.published_step:
             self.publish(step, state=True, tracker=tracker)
         elif not self.last_has_state:
             self.attach_state(step)
+        self.close()
 
     def attach_state(self, step: int) -> None:
         """Write the learner state of the newest version (published without one) and record it."""
+        self.wait()  # the version's row first
         states, tag = self.dir / "states", f"v{self.version}"
         with self._writing(f"writing the learner state of policy v{self.version}",
                            "A resume starts from the newest version with a state.", states / tag):

@@ -330,10 +330,28 @@ class TrainingEngine:
 
     # ------------------------------------------------------------------ checkpoints
 
-    def export_hf(self, out_dir: str | Path) -> str:
+    def snapshot_weights(self) -> dict[str, torch.Tensor]:
+        """The module's weights copied to host memory (tied weights stay one tensor), for
+        :meth:`export_hf` to write while training goes on. ZeRO stage 0-2 only (every rank holds
+        the whole model)."""
+        if self.settings.zero_stage == 3:
+            raise ValueError("a weight snapshot needs ZeRO stage 0-2: ZeRO-3 gathers the weights collectively")
+        copies: dict[int, torch.Tensor] = {}
+        out: dict[str, torch.Tensor] = {}
+        with torch.no_grad():
+            for name, t in self.ds.module.state_dict().items():
+                key = t.data_ptr()
+                if key not in copies:
+                    copies[key] = t.detach().to("cpu", copy=True)
+                out[name] = copies[key]
+        return out
+
+    def export_hf(self, out_dir: str | Path, state_dict: dict[str, torch.Tensor] | None = None) -> str:
         """Write an HF-loadable safetensors directory atomically; return the sha256 of its weights.
 
-        Runs on every rank (ZeRO-3 gathers parameters collectively); rank 0 writes.
+        Runs on every rank (ZeRO-3 gathers parameters collectively); rank 0 writes. With
+        ``state_dict`` (a :meth:`snapshot_weights`), those weights are written instead of the
+        module's live ones: rank 0 alone, from any thread.
         """
         import deepspeed
 
@@ -347,7 +365,7 @@ class TrainingEngine:
             if self.rank == 0:
                 if tmp.exists():
                     shutil.rmtree(tmp)
-                module.save_pretrained(tmp, safe_serialization=True)
+                module.save_pretrained(tmp, safe_serialization=True, state_dict=state_dict)
                 self.tokenizer.save_pretrained(tmp)
         digest = ""
         if self.rank == 0:

@@ -158,7 +158,7 @@ class Learner:
         self.checkpoints = Checkpointer(
             self.store, self.run_id, self.cfg.run, self.ckpt_dir, self.engine, state_every=self.L.state_every,
             keep_states=self.L.keep_states, keep_policies=self.L.keep_policies, main=self.main, db=self.db,
-            echo=lambda msg: self.echo(msg))
+            echo=lambda msg: self.echo(msg), background=self.L.publish_in_background)
         self.update = PolicyUpdate(self.engine, self.terms, self.specs, ref=self.ref, rank=self.rank, world=self.world,
                                    n_micro=self.n_micro, lr=self.L.lr, pi_old=self.L.pi_old, temperature=self.temperature,
                                    max_tokens=self.L.micro_batch_tokens, packed=self.engine.packed,
@@ -188,6 +188,7 @@ class Learner:
                           f"(learner.state_every {self.L.state_every}): their steps were rolled back; the "
                           f"weights of step {self.step_no} are published again")
                 self.publish(state=False)
+                self.checkpoints.wait()  # recorded before the first step
         else:
             self.checkpoints.roll_back_after(0)
             self.tracker = Tracker(self.cfg) if self.main else NullTracker()
@@ -248,7 +249,10 @@ class Learner:
                 if hasattr(self.hooks, "after_step"):
                     self.hooks.after_step(result.metrics)
         finally:
-            self.tracker.close()
+            try:
+                self.checkpoints.wait()  # every version published is recorded when run returns
+            finally:
+                self.tracker.close()
 
     def finish(self) -> None:
         """On a clean stop: publish what was trained since the last publish, with the learner state

@@ -449,3 +449,56 @@ def test_each_loss_only_baseline_takes_a_step_on_the_store(algorithm, store, tmp
     assert math.isfinite(result.metrics["policy/grad_norm"])
     if algorithm == "raft":
         assert result.metrics["loss/nll"] > 0
+
+
+def test_a_background_publish_writes_its_steps_weights_and_records_them_after_the_files(store, tmp_path, monkeypatch,
+                                                                                       model_cache):
+    """``learner.publish_in_background`` (the default): a weights-only publish copies the weights
+    and returns while the writer thread writes them; the row comes after the files, the file holds
+    the weights of the publish even if training changes them meanwhile, tied weights are written
+    once (as a foreground publish writes them), and one write is in flight at a time."""
+    import threading
+
+    import torch
+    from safetensors import safe_open
+
+    lr, msgs = _learner(store, tmp_path, monkeypatch, state_every=100)
+    lr.setup()  # v0, with the learner state: in the foreground
+    ck = lr.checkpoints
+    assert ck.background and ck._pending is None
+    release, seen = threading.Event(), {}
+    real = lr.engine.export_hf
+
+    def held_export(out, state_dict=None):
+        seen.update(thread=threading.current_thread().name, snapshot=state_dict is not None)
+        assert release.wait(60)
+        return real(out, state_dict=state_dict)
+
+    monkeypatch.setattr(lr.engine, "export_hf", held_export)
+    module = lr.engine.ds.module
+    at_publish = {k: v.detach().clone() for k, v in module.state_dict().items()}
+    assert ck.publish(1, state=False) == 1 and ck.version == 1  # returned with the write held
+    assert rows(store, "SELECT version FROM policy_versions ORDER BY 1") == [(0,)]  # no row before the files
+    with torch.no_grad():  # training goes on: the weights change under the write
+        for p in module.parameters():
+            p.add_(1.0)
+    release.set()
+    ck.wait()
+    assert seen == {"thread": seen["thread"], "snapshot": True} and seen["thread"].startswith("publish")
+    assert rows(store, "SELECT version, step FROM policy_versions ORDER BY 1") == [(0, 0), (1, 1)]
+    assert any(m.startswith("published policy v1 at step 1") and m.endswith("in the background") for m in msgs)
+    [v1] = (lr.ckpt_dir / "v1").glob("*.safetensors")
+    [v0] = (lr.ckpt_dir / "v0").glob("*.safetensors")
+    with safe_open(str(v1), "pt") as f1, safe_open(str(v0), "pt") as f0:
+        assert sorted(f1.keys()) == sorted(f0.keys())  # tied weights once, as in the foreground
+        for k in f1.keys():
+            assert torch.equal(f1.get_tensor(k), at_publish[k].cpu())
+    # the next publish waits for the one in flight before it starts
+    release.clear()
+    ck.publish(2, state=False)
+    first = ck._pending[0]
+    threading.Timer(0.5, release.set).start()
+    ck.publish(3, state=False)
+    assert first.done()
+    ck.close()
+    assert rows(store, "SELECT version FROM policy_versions ORDER BY 1") == [(0,), (1,), (2,), (3,)]

@@ -227,11 +227,19 @@ def _leftovers(ckpt: Path) -> list[str]:
                   if p.is_dir() and (".tmp-" in p.name or p.name.startswith(".partial-")))
 
 
+def _disk_full(*args, **kwargs):
+    """A checkpoint write that leaves half a file, then finds no space left."""
+    import errno
+
+    target = Path(str(args[0] if args else kwargs.get("save_dir")))
+    target.mkdir(parents=True, exist_ok=True)
+    (target / "half-written.bin").write_bytes(b"\0" * 1000)
+    raise OSError(errno.ENOSPC, "No space left on device", str(target / "half-written.bin"))
+
+
 @pytest.mark.parametrize("fails_in", ["state", "weights"])
 def test_a_publish_that_cannot_write_leaves_no_version_and_resume_starts_from_the_last_one(
         store, tmp_path, monkeypatch, model_cache, fails_in):
-    import errno
-
     from reflexdb.trainer.checkpointer import PublishFailed
 
     seed_groups(store, "learn-test", 6)
@@ -240,16 +248,10 @@ def test_a_publish_that_cannot_write_leaves_no_version_and_resume_starts_from_th
     lr.run(max_steps=1)  # v1
     ckpt = lr.ckpt_dir
 
-    def disk_full(*args, **kwargs):  # half a file written, then no space left
-        target = Path(str(args[0] if args else kwargs.get("save_dir")))
-        target.mkdir(parents=True, exist_ok=True)
-        (target / "half-written.bin").write_bytes(b"\0" * 1000)
-        raise OSError(errno.ENOSPC, "No space left on device", str(target / "half-written.bin"))
-
     if fails_in == "state":
-        monkeypatch.setattr(lr.engine.ds, "save_checkpoint", disk_full)
+        monkeypatch.setattr(lr.engine.ds, "save_checkpoint", _disk_full)
     else:
-        monkeypatch.setattr(lr.engine.ds.module, "save_pretrained", disk_full)
+        monkeypatch.setattr(lr.engine.ds.module, "save_pretrained", _disk_full)
     with pytest.raises(PublishFailed, match=r"publishing policy v2 at step 2 failed: No space left on device .*"
                                             r"MiB free in .* resumes from policy v1 \(step 1\)"):
         lr.run(max_steps=2)
@@ -264,13 +266,31 @@ def test_a_publish_that_cannot_write_leaves_no_version_and_resume_starts_from_th
     assert rows(store, "SELECT version, step FROM policy_versions ORDER BY 1") == [(0, 0), (1, 1), (2, 2)]
 
 
+def test_a_background_publish_that_cannot_write_fails_the_run_and_leaves_no_version(store, tmp_path, monkeypatch,
+                                                                                   model_cache):
+    """``learner.publish_in_background`` (the default): v1, weights only, is written by the writer
+    thread and finds the disk full. The run raises :class:`PublishFailed` when it waits for the
+    write (here at its end; else at the next publish), no row names v1, nothing half-written is
+    left, and a resume starts from v0."""
+    from reflexdb.trainer.checkpointer import PublishFailed
+
+    seed_groups(store, "learn-test", 4)
+    lr, _ = _learner(store, tmp_path, monkeypatch, state_every=100)
+    lr.setup()  # v0, with the learner state: in the foreground
+    assert lr.checkpoints.background
+    monkeypatch.setattr(lr.engine.ds.module, "save_pretrained", _disk_full)
+    with pytest.raises(PublishFailed, match=r"publishing policy v1 at step 1 failed: No space left on device .*"
+                                            r"resumes from policy v0 \(step 0\)"):
+        lr.run(max_steps=1)
+    assert rows(store, "SELECT version FROM policy_versions ORDER BY 1") == [(0,)]
+    assert _leftovers(lr.ckpt_dir) == [] and not (lr.ckpt_dir / "v1").exists()
+
+
 def test_a_state_write_that_fails_at_a_clean_stop_leaves_the_version_as_it_was(store, tmp_path, monkeypatch,
                                                                                  model_cache):
     """``learner.state_every: 3``: v1 is published without a state; at the clean stop its state
     cannot be written (disk full). The stop says so, removes the half-written state, and v1 stays
     a weights-only version: a resume starts from v0's state."""
-    import errno
-
     from reflexdb.trainer.checkpointer import PublishFailed
 
     seed_groups(store, "learn-test", 4)
@@ -279,13 +299,7 @@ def test_a_state_write_that_fails_at_a_clean_stop_leaves_the_version_as_it_was(s
     lr.run(max_steps=1)  # v0 (with a state), v1 (weights only)
     ckpt = lr.ckpt_dir
 
-    def disk_full(*args, **kwargs):
-        target = Path(str(args[0] if args else kwargs.get("save_dir")))
-        target.mkdir(parents=True, exist_ok=True)
-        (target / "half-written.bin").write_bytes(b"\0" * 1000)
-        raise OSError(errno.ENOSPC, "No space left on device", str(target / "half-written.bin"))
-
-    monkeypatch.setattr(lr.engine.ds, "save_checkpoint", disk_full)
+    monkeypatch.setattr(lr.engine.ds, "save_checkpoint", _disk_full)
     with pytest.raises(PublishFailed, match=r"writing the learner state of policy v1 failed: No space left on device "
                                             r".*MiB free in .*A resume starts from the newest version with a state"):
         lr.finish()
