@@ -283,10 +283,11 @@ def _md_run(r: dict) -> list[str]:
     return ["**End to end** (`reflexdb run`, {} steps of {} groups x {}, collector `{}` {} / learner {} on {}):".format(
                 r["steps"], r["groups_per_step"], r["group_size"], r.get("engine", "hf"), r["collector_dtype"],
                 r["learner_dtype"], r["device"]),
-            "", "| wall s | trajectories/s | collector tokens/s | learner tokens/s (median step) | step s (median) | "
+            "", "| wall s | trajectories/s | collector tokens/s (per s generating) | learner tokens/s (median step) | step s (median) | "
             "peak GPU memory GiB (collector / learner / eval) | s to first group / first step | pass@1 before | "
             "pass@1 after |", "|---|---|---|---|---|---|---|---|---|",
-            f"| {_f(r['wall_s'], 1)} | {_f(r['trajectories_per_s'], 2)} | {_f(r.get('collector_tokens_per_s'), 0)} | "
+            f"| {_f(r['wall_s'], 1)} | {_f(r['trajectories_per_s'], 2)} | {_f(r.get('collector_tokens_per_s'), 0)} "
+            f"({_f(r.get('collector_tokens_per_gen_s'), 0)}) | "
             f"{_f(r['learner_tokens_per_s'], 0)} | "
             f"{_f(r['step_seconds_p50'], 3)} | {_f(r.get('peak_gpu_gib'), 2)} ({_roles(r)}) | "
             f"{_f(r.get('first_group_s'), 1)} / {_f(r.get('first_step_s'), 1)} | {_f(r.get('pass_at_1_before'))} | "
@@ -1086,6 +1087,11 @@ def run_facts(home: Path, name: str, started: float | None = None) -> dict:
             gen = c.execute(text("SELECT coalesce(sum(length(b.response_ids)) / 4, 0) FROM token_bytes b JOIN "
                                  "trajectories t ON t.id = b.trajectory_id AND t.run_id = b.run_id JOIN groups g "
                                  "ON g.id = t.group_id WHERE b.run_id = :r AND g.kind <> 'eval'"), {"r": rid}).scalar()
+            # the collectors' own clocks (collectors.phase_seconds, summed): what they can generate
+            # when not held back by max_staleness
+            phases = dict(c.execute(text("SELECT p.key, sum(p.value::double precision) FROM collectors c, "
+                                         "jsonb_each_text(c.phase_seconds) p WHERE c.run_id = :r GROUP BY 1"),
+                                    {"r": rid}).all())
         # held-out pass@1 by version, as `reflexdb runs` reports it
         evals = [(r[0], r[2]) for r in run_table.evals(store, rid) if r[1] == 1]
     finally:
@@ -1107,9 +1113,18 @@ def run_facts(home: Path, name: str, started: float | None = None) -> dict:
         "collector_tokens": int(gen),
         "collector_tokens_per_s": int(gen) / (float(traj[2]) - float(traj[1])) if traj[0] and traj[2] > traj[1] else float("nan"),
         "evals": [(int(v), float(p)) for v, p in evals],
+        "collector_phase_seconds": phases,
+        "collector_tokens_per_busy_s": _per(phases, "tokens", ("generate", "score", "reward", "write")),
+        "collector_tokens_per_gen_s": _per(phases, "tokens", ("generate",)),
         "first_group_s": float(traj[1]) - started if started is not None and traj[0] else None,
         "first_step_s": times[0] - (step_s[0] if step_s else 0.0) - started if started is not None and times else None,
     }
+
+
+def _per(phases: dict, what: str, over: tuple[str, ...]) -> float:
+    """``phases[what]`` per second of the phases ``over`` (nan when they hold no time)."""
+    busy = sum(float(phases.get(k) or 0.0) for k in over)
+    return float(phases.get(what) or 0.0) / busy if busy > 0 else float("nan")
 
 
 def stage_e2e(plan: Plan, work: Path, *, engine: str | None = None) -> dict:
