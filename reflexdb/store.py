@@ -687,6 +687,11 @@ class Store:
 
     # ------------------------------------------------------------------ waiting
 
+    def newest_group_id(self, run_id: int) -> int:
+        """The id of the run's newest group (0 when it has none)."""
+        with self.transaction() as conn:
+            return int(conn.execute(Q["newest_group"], {"run_id": run_id}).fetchone()[0])
+
     def wait_for_groups(
         self, run_id: int, after_group_id: int, *, min_count: int = 1, timeout: float | None = None,
         poll_interval: float = 2.0, limit: int = 10_000,

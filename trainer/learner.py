@@ -267,6 +267,10 @@ class Learner:
         drill.phase("wait")
         while not self.stopping:
             with self.timer("read"):
+                # The newest group before choosing: the wait below is for groups newer than every
+                # group this choice could see (eligible or not), so groups that exist but are not
+                # eligible (consumed, too stale) do not wake it at once, again and again.
+                newest = self.db(lambda: self.store.newest_group_id(self.run_id))
                 chosen = choose(self.sources, n, self.version - self.cfg.max_staleness, self.db)
             ids = chosen.group_ids
             if len(ids) >= n:
@@ -283,7 +287,7 @@ class Learner:
             # either way the next choice looks at the whole staleness window again, so a group
             # committed late under an older id is taken at the next poll at the latest.
             with self.timer("wait"):
-                self.db(lambda: self.store.wait_for_groups(self.run_id, max(ids, default=0), min_count=n - len(ids),
+                self.db(lambda: self.store.wait_for_groups(self.run_id, newest, min_count=n - len(ids),
                                                            timeout=timeout, poll_interval=self.L.poll_interval_s))
         return None
 

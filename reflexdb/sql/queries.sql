@@ -119,6 +119,10 @@ WHERE rank <= CASE WHEN kind = 'replay' THEN %(max_replay)s ELSE %(n)s END;
 -- Ids of a run's groups newer than a given id (the learner's wake-up check).
 SELECT id FROM groups WHERE run_id = %(run_id)s AND id > %(after)s ORDER BY id LIMIT %(limit)s;
 
+-- name: newest_group
+-- The id of a run's newest group (0: none): what the learner's wait for newer groups starts from.
+SELECT coalesce(max(id), 0) FROM groups WHERE run_id = %(run_id)s;
+
 -- name: latest_policy
 -- The newest policy version of a run.
 SELECT run_id, version, checkpoint_uri, sha256, step, meta, created_at

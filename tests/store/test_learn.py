@@ -502,3 +502,24 @@ def test_a_background_publish_writes_its_steps_weights_and_records_them_after_th
     assert first.done()
     ck.close()
     assert rows(store, "SELECT version FROM policy_versions ORDER BY 1") == [(0,), (1,), (2,), (3,)]
+
+
+def test_waiting_with_groups_that_are_not_eligible_blocks_instead_of_spinning(store, tmp_path, monkeypatch,
+                                                                             model_cache):
+    """Every group consumed (``max_reuse: 1``): the groups exist but none is eligible. The wait is
+    for groups newer than the newest the choice saw, so it blocks until the poll interval; it once
+    waited for groups newer than the newest *eligible* one (none: id 0), which every existing group
+    is, and spun: 234 waits a second, each on a new connection, all the while the learner waited
+    (a profile of `reflexdb learn`, 2026-11-28)."""
+    seed_groups(store, "learn-test", 4)
+    lr, msgs = _learner(store, tmp_path, monkeypatch, max_reuse=1, poll_interval_s=0.5)
+    lr.setup()
+    lr.run(max_steps=2)  # 2 groups a step: all 4 consumed
+    waits = []
+    real = lr.store.wait_for_groups
+    monkeypatch.setattr(lr.store, "wait_for_groups", lambda *a, **k: waits.append(a) or real(*a, **k))
+    lr.run(max_seconds=2.0)
+    assert lr.step_no == 2
+    assert 2 <= len(waits) <= 6, len(waits)  # about one per 0.5 s poll
+    [(_, after)] = set(waits)
+    assert after == store.newest_group_id(lr.run_id) > 0
