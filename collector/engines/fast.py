@@ -32,7 +32,6 @@ without sliding windows): a model of another architecture is refused when the en
 from __future__ import annotations
 
 import functools
-import importlib.util
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -218,8 +217,12 @@ class FastEngine(HFEngine):
         check_every: decode steps between the host's looks (harvest, stop strings, admission): a row
             that ends decodes up to ``check_every - 1`` discarded tokens.
         cuda_graphs: capture the decode step as a CUDA graph on CUDA (off: run it eagerly).
-        compile: ``torch.compile`` the decode step (fused kernels); default on CUDA when Triton is
-            installed, off on a CPU (minutes of compiling for no gain at CPU batch sizes).
+        compile: ``torch.compile`` the decode step (fused kernels; on a CPU minutes of compiling
+            for no gain at CPU batch sizes). Off by default: on an H100 it made a step 1.75x faster (48,323 -> 84,676 tokens/s at 256
+            rows) but each process's first call of a shape 10 s longer with a warm Inductor cache
+            and 44 s longer with a cold one, and in a run end to end the collector generated 16 %
+            of its time, waiting for the learner the rest (docs/benchmarks.md). Turn it on
+            (``collector.engine_options: {compile: true}``) where the collector bounds the run.
         context_multiple: the cache's context is the call's longest prompt plus
             ``max_new_tokens``, rounded up to this, so calls of similar sizes reuse one cache and graph.
     """
@@ -233,7 +236,7 @@ class FastEngine(HFEngine):
         max_batch_size: int | None = None,
         check_every: int = 8,
         cuda_graphs: bool = True,
-        compile: bool | None = None,
+        compile: bool = False,
         context_multiple: int = 64,
         **kwargs: Any,
     ):
@@ -246,8 +249,6 @@ class FastEngine(HFEngine):
         self.decoder = SlotDecoder(self._model)
         self.check_every = check_every
         self.cuda_graphs = cuda_graphs
-        if compile is None:
-            compile = self.device.type == "cuda" and importlib.util.find_spec("triton") is not None
         self.compiled = compile
         self._step_fn: Callable[..., None] | None = None
         self.context_multiple = context_multiple

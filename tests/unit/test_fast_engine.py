@@ -127,7 +127,11 @@ def test_sampled_rows_agree_with_top_p_and_temperature(pair):
                    SamplingParams(temperature=0.7, max_new_tokens=24, seed=2),
                    SamplingParams(temperature=1.0, max_new_tokens=24, seed=3)):
         a, b = hf.generate(_prompts(8), n=4, params=params), fast.generate(_prompts(8), n=4, params=params)
-        assert _compare(a, b, exact=False) >= 30, params  # of 32
+        # atol 2e-5: the two engines' matrix products differ in shape (one step over the slot cache
+        # against the hf loop's), so their float32 rounding differs, and the x10 output embedding
+        # multiplies it; the worst log-prob here is 1.25e-5 apart on an AMD EPYC with AVX-512
+        # (2026-11-28) and was within 1e-5 on the CPU of earlier runs
+        assert _compare(a, b, exact=False, atol=2e-5) >= 30, params  # of 32
 
 
 def test_the_same_seed_gives_the_same_samples_and_another_seed_others(pair):
@@ -302,6 +306,9 @@ def test_registry_and_config_know_the_engine():
 
     engine = make_engine("fast", model=tiny_model_dir(MODEL_CACHE), device="cpu")
     assert isinstance(engine, FastEngine) and engine.kind == "fast" and engine.max_batch_size == 32
+    # no torch.compile unless asked for, on any device: its 10-44 s first call per process was
+    # most of a GPU collector's start-up (docs/benchmarks.md)
+    assert engine.compiled is False and engine.cuda_graphs is True
     assert CollectorConfig(engine="fast").engine == "fast"
     with pytest.raises(ValueError, match="check_every"):
         FastEngine(tiny_model_dir(MODEL_CACHE), device="cpu", check_every=0)
