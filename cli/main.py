@@ -13,7 +13,7 @@ import typer
 
 from reflexdb.errors import ReflexdbError
 
-from . import check, collect, compare, db, evaluate, export, importing, learn, query, run, runs, similar, ui
+from . import check, collect, compare, db, evaluate, export, importing, learn, plugins, query, run, runs, similar, ui
 
 app = typer.Typer(
     name="reflexdb",
@@ -36,6 +36,7 @@ app.command("ui")(ui.ui)
 app.command("run")(run.run)
 app.command("check")(check.check)
 app.command("compare")(compare.compare)
+app.command("plugins")(plugins.plugins)
 
 
 def _version(value: bool) -> None:
@@ -50,9 +51,17 @@ def _version(value: bool) -> None:
 def _root(
     debug: bool = typer.Option(False, "--debug", envvar="REFLEXDB_DEBUG", help="Show tracebacks on errors."),
     version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version and exit."),
+    plugin: list[str] = typer.Option([], "-p", metavar="no:NAME", help="Leave the installed plug-in NAME out (repeatable; as pytest's -p no:NAME); the processes this command starts leave it out too (REFLEXDB_DISABLE_PLUGINS)."),
 ) -> None:
     if debug:
         os.environ["REFLEXDB_DEBUG"] = "1"
+    if plugin:
+        from reflexdb.plugins import DISABLE_ENV, disabled_plugins
+
+        bad = [p for p in plugin if not p.startswith("no:") or not p[3:].strip()]
+        if bad:
+            raise typer.BadParameter(f"{', '.join(bad)}: -p takes no:NAME (leave plug-in NAME out)", param_hint="-p")
+        os.environ[DISABLE_ENV] = ",".join(sorted(disabled_plugins() | {p[3:].strip() for p in plugin}))
 
 
 #: Library chatter a person running reflexdb does not need (set them to see it again).

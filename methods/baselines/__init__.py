@@ -6,11 +6,15 @@ their differences are the loss (trainer/losses/) and, for Dr.GRPO, advantages wi
 
 from __future__ import annotations
 
-from reflexdb.trainer.methods import Method, register_method
+from reflexdb.plugins import Plugin
+from reflexdb.trainer.methods import Method
 
-register_method(Method("grpo", "GRPO: clipped token surrogate, group-normalised advantages (DeepSeekMath)", "grpo"))
-register_method(Method("dr_grpo", "Dr.GRPO: GRPO without length and std normalisation (Liu et al., 2025)",
-                       "dr_grpo", advantage_scale="none"))
-register_method(Method("dapo", "DAPO: clip-higher, token-mean loss, overlong filter (Yu et al., 2025)", "dapo"))
-register_method(Method("gspo", "GSPO: one length-normalised ratio per sequence (Zheng et al., 2025)", "gspo"))
-register_method(Method("opmd", "OPMD: ratio-free policy gradient −A·log π (REINFORCE-style)", "opmd"))
+#: The package as reflexdb loads it (its entry point names this object; reflexdb/plugins.py).
+plugin = Plugin(name="baselines", methods=(
+    Method("grpo", "GRPO: clipped token surrogate, group-normalised advantages (DeepSeekMath)", "grpo"),
+    Method("dr_grpo", "Dr.GRPO: GRPO without length and std normalisation (Liu et al., 2025)", "dr_grpo",
+           advantage_scale="none"),
+    Method("dapo", "DAPO: clip-higher, token-mean loss, overlong filter (Yu et al., 2025)", "dapo"),
+    Method("gspo", "GSPO: one length-normalised ratio per sequence (Zheng et al., 2025)", "gspo"),
+    Method("opmd", "OPMD: ratio-free policy gradient −A·log π (REINFORCE-style)", "opmd"),
+))

@@ -19,15 +19,11 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from reflexdb.plugins import ARCHIVED, SQL, TABLES
-from reflexdb.trainer.methods import Method, WorkflowUse, register_method
+from reflexdb.plugins import Plugin
+from reflexdb.trainer.methods import Method, WorkflowUse
 
-from . import workflow  # noqa: F401  (importing registers the collectors' workflow cleaner)
+from .workflow import CleanerWorkflow
 
-SQL.register("cleaner", Path(__file__).parent / "sql")  # its views and queries (reflexdb/sqlfile.py)
-TABLES.register("cleaner", f"{__name__}.tables")  # its tables, declared for the schema test (reflexdb/schema.py)
-# its rows of a run, archived and restored with it (reflexdb/archive.py)
-ARCHIVED.register("cleaner", (("purifications", "run_id = %(run)s", "trajectory_id, turn_index"),))
 
 
 class CleanerConfig(BaseModel):
@@ -98,7 +94,18 @@ class CleanerHooks:
         return cleaner_metrics([t.meta for g in groups if g.kind != "retry" for t in g.trajectories])
 
 
-register_method(Method(
+#: ``algorithm: cleaner``.
+METHOD = Method(
     "cleaner", "CLEANER: DAPO on tool-use trajectories purified by similarity-aware rollback (CLEANER.md)", "dapo",
     config=CleanerConfig, workflows=_workflows, settings=_settings, check=_check, hooks=CleanerHooks,
-))
+)
+
+#: The package as reflexdb loads it (its entry point names this object; reflexdb/plugins.py).
+plugin = Plugin(
+    name="cleaner",
+    methods=(METHOD,),
+    workflows={"cleaner": CleanerWorkflow},
+    sql=Path(__file__).parent / "sql",
+    tables=f"{__name__}.tables",
+    archived=(("purifications", "run_id = %(run)s", "trajectory_id, turn_index"),),
+)

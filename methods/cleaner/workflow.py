@@ -25,7 +25,6 @@ from __future__ import annotations
 from reflexdb import GroupIn, Sibling, TrajectoryIn, drill
 from reflexdb.collector.environments import EnvTask
 from reflexdb.collector.episodes import rescore
-from reflexdb.collector.workflows import register_workflow
 from reflexdb.collector.workflows.group import GroupWorkflow
 from reflexdb.lazy import lazy
 
@@ -41,7 +40,6 @@ def tool_counts(t: TrajectoryIn) -> tuple[int, int]:
     return len(tools), sum(u.tool_error for u in tools)
 
 
-@register_workflow("cleaner")
 class CleanerWorkflow(GroupWorkflow):
     """Args:
         share: ``p``, the share of episodes that get SAAR (curriculum mixing; 1.0 default).

@@ -45,7 +45,7 @@ from reflexdb.trainer.losses.common import (
     masked_log_ratio,
     masked_mean,
 )
-from reflexdb.trainer.losses.registry import LossSpec, register_loss_spec
+from reflexdb.trainer.losses.registry import LossSpec
 
 if TYPE_CHECKING:  # annotations only: torch itself may be imported lazily (reflexdb check)
     from torch import Tensor
@@ -385,4 +385,4 @@ class GRPOLambdaParams(P.LossParams):
     max_len: int | None = P.max_len()
 
 
-register_loss_spec(LossSpec("grpo_lambda", grpo_lambda_loss, GRPOLambdaParams))
+SPEC = LossSpec("grpo_lambda", grpo_lambda_loss, GRPOLambdaParams)

@@ -23,19 +23,12 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from reflexdb.plugins import ARCHIVED, MIGRATIONS, SQL, TABLES
-from reflexdb.trainer.methods import LossTerm, Method, WorkflowUse, register_method
+from reflexdb.plugins import Plugin
+from reflexdb.trainer.methods import LossTerm, Method, WorkflowUse
 
-from . import loss, workflow  # noqa: F401  (importing registers the loss family lte_shaped and the workflow lte_hint)
+from . import loss
+from .workflow import LTEHintWorkflow
 
-MIGRATIONS.register("lte", Path(__file__).parent / "migrations")  # its migration branch (docs/store.md)
-SQL.register("lte", Path(__file__).parent / "sql")  # its views and queries (reflexdb/sqlfile.py)
-TABLES.register("lte", f"{__name__}.tables")  # its tables, declared for the schema test (reflexdb/schema.py)
-ARCHIVED.register("lte", (  # its rows of a run, archived and restored with it (reflexdb/archive.py)
-    ("hints", "task_id IN (SELECT id FROM tasks WHERE run_id = %(run)s)", "id"),
-    ("lte_stages", "run_id = %(run)s", "group_id"),
-    ("trajectory_hints", "run_id = %(run)s", "trajectory_id"),
-))
 
 
 class LTEConfig(BaseModel):
@@ -150,7 +143,24 @@ class LTEHooks:
         return m
 
 
-register_method(Method(
+#: ``algorithm: lte``.
+METHOD = Method(
     "lte", "LTE: hints from the model's own wrong answers, mixed-policy loss (LTE.md)", "grpo",
     config=LTEConfig, workflows=_workflows, terms=_terms, settings=_settings, check=_check, hooks=LTEHooks,
-))
+)
+
+#: The package as reflexdb loads it (its entry point names this object; reflexdb/plugins.py).
+plugin = Plugin(
+    name="lte",
+    methods=(METHOD,),
+    workflows={"lte_hint": LTEHintWorkflow},
+    losses={"lte_shaped": loss.SPEC},
+    sql=Path(__file__).parent / "sql",
+    tables=f"{__name__}.tables",
+    archived=(
+        ("hints", "task_id IN (SELECT id FROM tasks WHERE run_id = %(run)s)", "id"),
+        ("lte_stages", "run_id = %(run)s", "group_id"),
+        ("trajectory_hints", "run_id = %(run)s", "trajectory_id"),
+    ),
+    migrations=Path(__file__).parent / "migrations",
+)

@@ -29,7 +29,7 @@ from pydantic import Field
 from reflexdb.trainer.losses import params as P
 from reflexdb.trainer.losses.common import aggregate, as_bool_mask, broadcast_advantages, masked_log_ratio
 from reflexdb.trainer.losses.grpo import grpo_loss
-from reflexdb.trainer.losses.registry import LossSpec, register_loss_spec
+from reflexdb.trainer.losses.registry import LossSpec
 
 if TYPE_CHECKING:  # annotations only: torch itself may be imported lazily (reflexdb check)
     from torch import Tensor
@@ -138,4 +138,4 @@ def lte_mixed_loss(
                           on_policy_tokens=(mask & ~replaced).sum(), off_policy_tokens=(mask & replaced).sum())
 
 
-register_loss_spec(LossSpec("lte_shaped", lte_shaped_loss, LTEShapedParams, agg="token-mean"))  # LTE Eq. 7-8: 1/Z' Σ f(r') A'
+SPEC = LossSpec("lte_shaped", lte_shaped_loss, LTEShapedParams, agg="token-mean")  # LTE Eq. 7-8: 1/Z' Σ f(r') A'

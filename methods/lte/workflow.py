@@ -25,7 +25,6 @@ import numpy as np
 
 from reflexdb import GroupIn, Trajectory, TrajectoryIn, TurnIn, drill
 from reflexdb.collector.environments import EnvTask
-from reflexdb.collector.workflows import register_workflow
 from reflexdb.collector.workflows.base import replayed_copy
 from reflexdb.errors import ClaimLost
 
@@ -36,7 +35,6 @@ from .stages import ClaimedStage, HintIn, LteStageIn
 MODES = ("hint", "extra")
 
 
-@register_workflow("lte_hint")
 class LTEHintWorkflow:
     """Args:
         mode: ``hint`` (LTE) or ``extra`` (GRPO_Extra: plain prompt).

@@ -19,15 +19,11 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from reflexdb.plugins import ARCHIVED, SQL, TABLES
-from reflexdb.trainer.methods import Method, WorkflowUse, register_method
+from reflexdb.plugins import Plugin
+from reflexdb.trainer.methods import Method, WorkflowUse
 
-from . import workflow  # noqa: F401  (importing registers the collectors' workflow nexgrpo_replay)
+from .workflow import ReplayWorkflow
 
-SQL.register("nexgrpo", Path(__file__).parent / "sql")  # its views and queries (reflexdb/sqlfile.py)
-TABLES.register("nexgrpo", f"{__name__}.tables")  # its tables, declared for the schema test (reflexdb/schema.py)
-# its rows of a run, archived and restored with it (reflexdb/archive.py)
-ARCHIVED.register("nexgrpo", (("replay_requests", "run_id = %(run)s", "id"),))
 
 if TYPE_CHECKING:
     from reflexdb.trainer.methods import LearnerContext
@@ -159,7 +155,18 @@ class ReplayHooks:
             L.log_step_metrics({k: v for k, v in out.items() if math.isfinite(v)})
 
 
-register_method(Method(
+#: ``algorithm: nexgrpo``.
+METHOD = Method(
     "nexgrpo", "NexGRPO: GRPO with gated replay of boundary failures (NexGRPO.md)", "grpo",
     config=NexGRPOConfig, workflows=_workflows, settings=_settings, check=_check, hooks=ReplayHooks,
-))
+)
+
+#: The package as reflexdb loads it (its entry point names this object; reflexdb/plugins.py).
+plugin = Plugin(
+    name="nexgrpo",
+    methods=(METHOD,),
+    workflows={"nexgrpo_replay": ReplayWorkflow},
+    sql=Path(__file__).parent / "sql",
+    tables=f"{__name__}.tables",
+    archived=(("replay_requests", "run_id = %(run)s", "id"),),
+)

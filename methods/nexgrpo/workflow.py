@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from reflexdb import GroupIn, Trajectory, TrajectoryIn
 from reflexdb.collector.environments import EnvTask
-from reflexdb.collector.workflows import register_workflow
 from reflexdb.collector.workflows.base import replayed_copy
 from reflexdb.errors import NotFound
 
@@ -20,7 +19,6 @@ from . import requests as replay
 from .requests import ReplayRequest
 
 
-@register_workflow("nexgrpo_replay")
 class ReplayWorkflow:
     def __init__(self, ctx):
         self.ctx = ctx

@@ -26,18 +26,11 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from reflexdb.plugins import ARCHIVED, MIGRATIONS, SQL, TABLES
-from reflexdb.trainer.methods import LossTerm, Method, WorkflowUse, register_method
+from reflexdb.plugins import Plugin
+from reflexdb.trainer.methods import LossTerm, Method, WorkflowUse
 
-from . import workflow  # noqa: F401  (importing registers the collectors' workflow r3l)
+from .workflow import R3LWorkflow
 
-MIGRATIONS.register("r3l", Path(__file__).parent / "migrations")  # its migration branch (docs/store.md)
-SQL.register("r3l", Path(__file__).parent / "sql")  # its views and queries (reflexdb/sqlfile.py)
-TABLES.register("r3l", f"{__name__}.tables")  # its tables, declared for the schema test (reflexdb/schema.py)
-ARCHIVED.register("r3l", (  # its rows of a run, archived and restored with it (reflexdb/archive.py)
-    ("reflections", "run_id = %(run)s", "id"),
-    ("trajectory_reflections", "run_id = %(run)s", "trajectory_id"),
-))
 
 #: Origins of the SFT rows (reflexdb/origins.py): never rows of the policy-gradient term.
 SFT_ORIGINS = ("reflection", "guided_retry")
@@ -221,8 +214,23 @@ def reward_gain(stats) -> dict[str, float]:
     }
 
 
-register_method(Method(
+#: ``algorithm: r3l``.
+METHOD = Method(
     "r3l", "R3L: reflect-then-retry, pivotal credit, positive amplification (R3L.md)", "opmd",
     config=R3LConfig, workflows=_workflows, terms=_terms, transforms=_transforms, settings=_settings,
     check=_check, hooks=R3LHooks,
-))
+)
+
+#: The package as reflexdb loads it (its entry point names this object; reflexdb/plugins.py).
+plugin = Plugin(
+    name="r3l",
+    methods=(METHOD,),
+    workflows={"r3l": R3LWorkflow},
+    sql=Path(__file__).parent / "sql",
+    tables=f"{__name__}.tables",
+    archived=(
+        ("reflections", "run_id = %(run)s", "id"),
+        ("trajectory_reflections", "run_id = %(run)s", "trajectory_id"),
+    ),
+    migrations=Path(__file__).parent / "migrations",
+)

@@ -36,7 +36,6 @@ import numpy as np
 from reflexdb import GroupIn, Sibling, TrajectoryIn, TurnIn, drill
 from reflexdb.collector.environments import EnvTask
 from reflexdb.collector.episodes import Episode, Start, rescore
-from reflexdb.collector.workflows import register_workflow
 from reflexdb.collector.workflows.group import GroupWorkflow
 from reflexdb.lazy import lazy
 
@@ -75,7 +74,6 @@ class _Base:
         return self.oracle is not None or self.parsed.retry
 
 
-@register_workflow("r3l")
 class R3LWorkflow(GroupWorkflow):
     """Args:
         temperature: the reflections' sampling temperature (0.7 in the paper).

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from reflexdb.trainer.methods import LossTerm, Method, best_of_group, register_method
+from reflexdb.plugins import Plugin
+from reflexdb.trainer.methods import LossTerm, Method, best_of_group
 
 
 class RAFTConfig(BaseModel):
@@ -32,5 +33,6 @@ def _terms(cfg, params) -> list[LossTerm]:
     return [LossTerm("sft", cfg.learner.loss or "sft", params, rows=rows)]
 
 
-register_method(Method("raft", "RAFT: SFT on the best-rewarded trajectory of each group (Dong et al., 2023)",
-                       "sft", config=RAFTConfig, terms=_terms))
+#: The package as reflexdb loads it (its entry point names this object; reflexdb/plugins.py).
+plugin = Plugin(name="raft", methods=(Method("raft", "RAFT: SFT on the best-rewarded trajectory of each group "
+                                                     "(Dong et al., 2023)", "sft", config=RAFTConfig, terms=_terms),))

@@ -80,3 +80,116 @@ def test_an_install_without_the_builtin_entry_points_says_so(monkeypatch):
     monkeypatch.setattr(REGISTRIES["loss"], "_items", {})
     with pytest.raises(PluginError, match=r"not registered: .* run `pip install -e \.`"):
         plugins.load_plugins()
+
+
+# ------------------------------------------------------------------ one Plugin object per package
+
+
+class _EntryPoint:
+    """An entry point whose ``load`` returns a given object (or raises), for load_plugins."""
+
+    def __init__(self, name, obj, value=None):
+        self.name, self.value, self._obj = name, value or f"tests:{name}", obj
+
+    def load(self):
+        if isinstance(self._obj, Exception):
+            raise self._obj
+        return self._obj
+
+
+def _load(monkeypatch, *eps, disable: str | None = None):
+    monkeypatch.setattr(plugins, "_loaded", False)
+    monkeypatch.setattr(plugins, "LOADED", {})
+    monkeypatch.setattr(plugins, "entry_points", lambda group: list(eps))
+    if disable is None:
+        monkeypatch.delenv(plugins.DISABLE_ENV, raising=False)
+    else:
+        monkeypatch.setenv(plugins.DISABLE_ENV, disable)
+    plugins.load_plugins()
+
+
+def test_the_builtin_methods_are_plugin_objects_named_as_their_entry_points():
+    eps = {ep.name: ep for ep in distribution("reflexdb").entry_points if ep.group == GROUP}
+    for name in ("baselines", "grpo_lambda", "raft", "nexgrpo", "lte", "r3l", "cleaner"):
+        obj = eps[name].load()
+        assert isinstance(obj, plugins.Plugin) and obj.name == name and obj.problems() == [], name
+    # the tables a method archives are the tables it declares: restore can find their columns
+    assert plugins.ARCHIVED.get("lte") == eps["lte"].load().archived and "lte" in plugins.TABLES
+
+
+def test_a_plugin_registers_every_part_it_declares(monkeypatch, tmp_path):
+    from reflexdb.trainer.methods import Method
+
+    (tmp_path / "sql").mkdir()
+    (tmp_path / "migrations").mkdir()
+    (tmp_path / "migrations" / "demo_0001.py").write_text("revision = 'demo_0001'\n")
+
+    class DemoWorkflow:
+        pass
+
+    demo = plugins.Plugin(name="demo", methods=(Method("demo_method", "a demo", "grpo"),),
+                          workflows={"demo_flow": DemoWorkflow}, sql=tmp_path / "sql", migrations=tmp_path / "migrations")
+    for registry in REGISTRIES.values():  # registering into copies: the real registries stay as they are
+        monkeypatch.setattr(registry, "_items", dict(registry._items))
+    _load(monkeypatch, _EntryPoint("demo", demo))
+    assert METHODS.get("demo_method").summary == "a demo"
+    assert REGISTRIES["workflow"].get("demo_flow") is DemoWorkflow and DemoWorkflow.name == "demo_flow"
+    assert plugins.SQL.get("demo") == tmp_path / "sql" and plugins.MIGRATIONS.get("demo") == tmp_path / "migrations"
+    assert plugins.LOADED["demo"] == ("tests:demo", demo, False)
+
+
+def test_a_plugin_that_archives_a_table_it_does_not_declare_is_refused_when_loaded(monkeypatch):
+    """The restore of a run failed with ``KeyError: 'mymethod_picks'`` when a plug-in archived a
+    table without declaring it (issue 52): now loading says so, naming the table."""
+    bad = plugins.Plugin(name="mymethod", archived=(("mymethod_picks", "run_id = %(run)s", "id"),))
+    with pytest.raises(PluginError, match=r"plug-in 'mymethod' is declared wrong: archived: table 'mymethod_picks' "
+                                          r"is not declared by the plug-in's tables module \(none given\)"):
+        _load(monkeypatch, _EntryPoint("mymethod", bad))
+    worse = plugins.Plugin(name="mymethod", sql="/no/such/folder", tables="no_such_module_for_reflexdb",
+                           archived=(("t", "run_id = 1", "id"),))
+    problems = worse.problems()
+    assert any("sql: /no/such/folder is not a folder" in p for p in problems)
+    assert any("tables: module 'no_such_module_for_reflexdb' failed to import: ModuleNotFoundError" in p for p in problems)
+    assert any("does not name the run (%(run)s)" in p for p in problems)
+    with pytest.raises(PluginError, match=r"its Plugin object is named 'other'; name the entry point as the plugin"):
+        _load(monkeypatch, _EntryPoint("mymethod", plugins.Plugin(name="other")))
+
+
+def test_a_disabled_plugin_is_not_even_imported_and_core_parts_cannot_be_disabled(monkeypatch):
+    broken = _EntryPoint("broken", ImportError("would fail if imported"))
+    _load(monkeypatch, broken, disable="broken, other")  # as `reflexdb -p no:broken -p no:other`
+    assert plugins.LOADED["broken"] == ("tests:broken", None, True)
+    with pytest.raises(PluginError, match=r"REFLEXDB_DISABLE_PLUGINS names core.losses: reflexdb's own core parts "
+                                          r"cannot be left out"):
+        _load(monkeypatch, broken, disable="core.losses")
+
+
+def test_a_module_entry_point_of_an_older_install_finds_the_packages_plugin(monkeypatch):
+    import types
+
+    module = types.ModuleType("old_style")
+    module.plugin = plugins.Plugin(name="old_style")
+    _load(monkeypatch, _EntryPoint("old_style", module, value="old_style"))
+    assert plugins.LOADED["old_style"][1] is module.plugin
+
+
+def test_reflexdb_plugins_lists_them_and_p_no_name_leaves_one_out_in_its_children_too():
+    """`reflexdb plugins` and `reflexdb -p no:NAME ...` (processes: the registries are per process)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {k: v for k, v in os.environ.items() if k != plugins.DISABLE_ENV}
+    cmd = [sys.executable, "-m", "reflexdb.cli.main"]
+    out = subprocess.run(cmd + ["plugins"], env=env, capture_output=True, text=True, check=True).stdout
+    assert "nexgrpo" in out and "reflexdb.methods.nexgrpo:plugin" in out and "left out" not in out
+    assert "methods: grpo, dr_grpo, dapo, gspo, opmd" in out
+    out = subprocess.run(cmd + ["-p", "no:nexgrpo", "plugins"], env=env, capture_output=True, text=True,
+                         check=True).stdout
+    assert [line.split("|")[1].strip() for line in out.splitlines() if line.startswith("nexgrpo ")] == ["left out"]
+    example = Path(__file__).resolve().parents[2] / "examples" / "arithmetic-nexgrpo.yaml"
+    p = subprocess.run(cmd + ["-p", "no:nexgrpo", "check", str(example), "-q"], env=env, capture_output=True, text=True)
+    assert p.returncode != 0 and "algorithm 'nexgrpo' is not a registered method" in p.stderr + p.stdout
+    p = subprocess.run(cmd + ["-p", "nexgrpo", "plugins"], env=env, capture_output=True, text=True)
+    assert p.returncode == 2 and "-p takes no:NAME" in p.stderr

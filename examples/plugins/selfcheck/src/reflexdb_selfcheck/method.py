@@ -8,7 +8,7 @@ import math
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from reflexdb.trainer.methods import LossTerm, Method, WorkflowUse, register_method
+from reflexdb.trainer.methods import LossTerm, Method, WorkflowUse
 
 ORIGIN = "verification"
 
@@ -52,8 +52,8 @@ class SelfCheckHooks:
         return {"selfcheck/verifications": float(n), "selfcheck/agreement": agreement}
 
 
-register_method(Method(
+METHOD = Method(
     "selfcheck", "Self-verification: the model checks its own answers and learns from whether it was right",
     "grpo", config=SelfCheckConfig, workflows=_workflows, terms=_terms,
     settings=lambda cfg: {"selfcheck.verify_weight": cfg.section("selfcheck").verify_weight},
-    hooks=SelfCheckHooks))
+    hooks=SelfCheckHooks)

@@ -16,7 +16,6 @@ import re
 
 from reflexdb import GroupIn, Sibling
 from reflexdb.collector.environments import EnvTask
-from reflexdb.collector.workflows import register_workflow
 from reflexdb.collector.workflows.group import GroupWorkflow
 
 from .store import Verdict, Verifications
@@ -40,7 +39,6 @@ def answer_text(trajectory) -> str:
     return (said[-1] if said else "")[:ANSWER_CHARS]
 
 
-@register_workflow("selfcheck")
 class SelfCheckWorkflow(GroupWorkflow):
     """Args:
         max_tokens: the verifier's reply, at most (``selfcheck.max_tokens``).
