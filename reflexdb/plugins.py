@@ -240,8 +240,11 @@ class Plugin:
     archived: Sequence[tuple[str, str, str]] = ()
     migrations: Path | str | None = None
 
-    def problems(self) -> list[str]:
-        """What is wrong with this declaration (empty: nothing); imports its ``tables`` module."""
+    def problems(self, *, tables: bool = False) -> list[str]:
+        """What is wrong with this declaration (empty: nothing). Loading checks it without
+        importing anything (``reflexdb check`` imports no database stack); ``tables``: also import
+        the ``tables`` module and check that it declares every archived table (what
+        :func:`reflexdb.schema.full_metadata` does before archive, restore and the schema test)."""
         out: list[str] = []
         if not self.name or not self.name.replace("_", "a").replace(".", "a").isalnum():
             out.append(f"name {self.name!r} is not a plain name (letters, digits, '_')")
@@ -260,8 +263,8 @@ class Plugin:
         if self.migrations is not None and Path(self.migrations).is_dir() and \
                 not any(p.suffix == ".py" for p in Path(self.migrations).rglob("*.py")):
             out.append(f"migrations: {self.migrations} holds no revision (.py)")
-        declared: set[str] = set()
-        if self.tables is not None:
+        declared: set[str] | None = None
+        if self.tables is not None and tables:
             try:
                 importlib.import_module(self.tables)
             except Exception as exc:  # noqa: BLE001 - any import error is the plug-in's to fix
@@ -269,6 +272,9 @@ class Plugin:
             from .schema import metadata
 
             declared = set(metadata.tables)
+        if self.archived and self.tables is None:
+            out.append(f"archived: {', '.join(repr(e[0]) for e in self.archived if isinstance(e, tuple) and e)} "
+                       "but no tables module (Plugin.tables): archive and restore need their columns")
         for entry in self.archived:
             if not (isinstance(entry, tuple) and len(entry) == 3 and all(isinstance(x, str) for x in entry)):
                 out.append(f"archived: {entry!r} is not (table, where, order by)")
@@ -276,14 +282,15 @@ class Plugin:
             table, where, _ = entry
             if "%(run)s" not in where:
                 out.append(f"archived: {table}'s condition {where!r} does not name the run (%(run)s)")
-            if table not in declared:
+            if declared is not None and table not in declared:
                 out.append(f"archived: table {table!r} is not declared by the plug-in's tables module "
-                           f"({self.tables or 'none given'}): archive and restore need its columns")
+                           f"({self.tables}): archive and restore need its columns")
         return out
 
-    def check(self) -> None:
-        """Raise :class:`PluginError` listing every problem of the declaration."""
-        problems = self.problems()
+    def check(self, *, tables: bool = False) -> None:
+        """Raise :class:`PluginError` listing every problem of the declaration (``tables``: as
+        :meth:`problems`)."""
+        problems = self.problems(tables=tables)
         if problems:
             raise PluginError(f"plug-in {self.name!r} is declared wrong: " + "; ".join(problems))
 

@@ -420,10 +420,13 @@ def full_metadata() -> MetaData:
     registered in ``reflexdb.plugins.TABLES``, imported here): what a migrated database holds."""
     import importlib
 
-    from .plugins import TABLES
+    from .plugins import LOADED, TABLES
 
     for _, module in TABLES.items():
         importlib.import_module(module)
+    for _, plugin, _ in LOADED.values():  # a plug-in's archived tables: declared, or say which is not
+        if plugin is not None and plugin.archived:
+            plugin.check(tables=True)
     return metadata
 
 

@@ -142,12 +142,18 @@ def test_a_plugin_that_archives_a_table_it_does_not_declare_is_refused_when_load
     """The restore of a run failed with ``KeyError: 'mymethod_picks'`` when a plug-in archived a
     table without declaring it (issue 52): now loading says so, naming the table."""
     bad = plugins.Plugin(name="mymethod", archived=(("mymethod_picks", "run_id = %(run)s", "id"),))
-    with pytest.raises(PluginError, match=r"plug-in 'mymethod' is declared wrong: archived: table 'mymethod_picks' "
-                                          r"is not declared by the plug-in's tables module \(none given\)"):
+    with pytest.raises(PluginError, match=r"plug-in 'mymethod' is declared wrong: archived: 'mymethod_picks' but no "
+                                          r"tables module \(Plugin.tables\): archive and restore need their columns"):
         _load(monkeypatch, _EntryPoint("mymethod", bad))
+    # a tables module that does not declare it: found where the tables are loaded (schema.full_metadata)
+    lte_tables = "reflexdb.methods.lte.tables"
+    wrong = plugins.Plugin(name="mymethod", tables=lte_tables, archived=(("mymethod_picks", "run_id = %(run)s", "id"),))
+    assert wrong.problems() == []  # loading imports nothing
+    assert wrong.problems(tables=True) == [f"archived: table 'mymethod_picks' is not declared by the plug-in's tables "
+                                           f"module ({lte_tables}): archive and restore need its columns"]
     worse = plugins.Plugin(name="mymethod", sql="/no/such/folder", tables="no_such_module_for_reflexdb",
                            archived=(("t", "run_id = 1", "id"),))
-    problems = worse.problems()
+    problems = worse.problems(tables=True)
     assert any("sql: /no/such/folder is not a folder" in p for p in problems)
     assert any("tables: module 'no_such_module_for_reflexdb' failed to import: ModuleNotFoundError" in p for p in problems)
     assert any("does not name the run (%(run)s)" in p for p in problems)
