@@ -104,18 +104,13 @@ class Stats:
     fresh_samples: int = 0  # trajectories of the policy on the plain prompt (origins counted in pass@1)
     started: float = field(default_factory=time.monotonic)
 
-    @property
-    def replay_groups(self) -> int:
-        """Groups of kind ``replay`` written (the counter's name before ``kinds``)."""
-        return self.kinds["replay"]
-
     def line(self, version: int, since: Stats | None = None, phases: str = "") -> str:
         """A progress line; ``since``: the last report's counts, for the pass@1 of the groups since;
         ``phases``: where the time went (:meth:`PhaseTimer.summary`)."""
         dt = max(time.monotonic() - self.started, 1e-9)
         pass1 = self.correct / self.fresh_samples if self.fresh_samples else float("nan")
         kinds = ", ".join(f"{n} {k}" for k, n in sorted(self.kinds.items()))
-        replays = f" ({kinds})" if kinds else ""
+        by_kind = f" ({kinds})" if kinds else ""
         recent = ""
         if since is not None and self.fresh_samples > since.fresh_samples:
             recent = (f"{(self.correct - since.correct) / (self.fresh_samples - since.fresh_samples):.3f} "
@@ -123,7 +118,7 @@ class Stats:
         rejected = f" | {self.rejected} refused by the store" if self.rejected else ""
         if self.unverified_rewards:
             rejected += f" | {self.unverified_rewards} rewards unverified (scored 0)"
-        return (f"policy v{version} | groups {self.groups}{replays} | trajectories {self.trajectories} "
+        return (f"policy v{version} | groups {self.groups}{by_kind} | trajectories {self.trajectories} "
                 f"({self.trajectories / dt:.2f}/s) | tokens/s {self.tokens / dt:.1f} | pass@1 {recent}{pass1:.3f} "
                 f"overall{rejected}" + (f" | {phases}" if phases else ""))
 

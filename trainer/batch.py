@@ -53,6 +53,7 @@ class Batch:
 
     @property
     def size(self) -> int:
+        """``B``, the number of rows."""
         return len(self.trajectory_ids)
 
     def _origin_in(self, names: set[str] | tuple[str, ...]) -> torch.Tensor:
@@ -71,11 +72,6 @@ class Batch:
     def replayed(self) -> torch.Tensor:
         """``[B]`` bool: stored trajectories replayed in this group (origin ``replayed``)."""
         return self.of_origin("replayed")
-
-    @property
-    def hinted(self) -> torch.Tensor:
-        """``[B]`` bool: rollouts sampled under a hint (origin ``hinted``)."""
-        return self.of_origin("hinted")
 
     @property
     def imported(self) -> torch.Tensor:
@@ -159,8 +155,7 @@ class Selection:
     extra: list[int] = field(default_factory=list)
 
 
-def eligible_group_ids(store: Store, run_id: int, n: int, *, min_version: int | None = None,
-                       max_replay: int | None = None) -> Selection:
+def eligible_group_ids(store: Store, run_id: int, n: int, *, min_version: int | None = None) -> Selection:
     """The ``n`` oldest eligible groups of the run (see the view ``learner_eligible``).
 
     Args:
@@ -171,24 +166,14 @@ def eligible_group_ids(store: Store, run_id: int, n: int, *, min_version: int | 
             eligible group is ever below it. (A bound on group *ids* was used once, and skipped
             groups whose writers committed after newer ids had been trained: ids are handed out
             at INSERT, not at COMMIT.)
-        max_replay: NexGRPO: the batch takes at most that many replay groups, oldest first, and
-            fills the rest with the oldest fresh groups; fewer than ``n`` ids come back while
-            fresh groups are short (the learner waits for more). The two kinds are ranked
-            separately, so a replay group is found however many fresh groups collectors have
-            written ahead of it.
 
     Returns:
         The ids in increasing order, and the query's snapshot.
     """
-    params = {"run_id": run_id, "n": n, "max_replay": max_replay if max_replay is not None else n,
-              "min_version": min_version if min_version is not None else -2**31}
+    params = {"run_id": run_id, "n": n, "min_version": min_version if min_version is not None else -2**31}
     with store.transaction() as conn:
-        if max_replay is None:
-            ids, snapshot = conn.execute(Q["eligible_groups"], params).fetchone()
-            return Selection([int(g) for g in ids or ()], snapshot)
-        ids, kinds, snapshot = conn.execute(Q["eligible_groups_with_replay"], params).fetchone()
-    rows = [(int(g), k) for g, k in zip(ids or (), kinds or ())]
-    return Selection(compose_batch(rows, n, max_replay), snapshot)
+        ids, snapshot = conn.execute(Q["eligible_groups"], params).fetchone()
+    return Selection([int(g) for g in ids or ()], snapshot)
 
 
 def eligible_imported_ids(store: Store, run_id: int, n: int) -> list[int]:
@@ -200,18 +185,6 @@ def eligible_imported_ids(store: Store, run_id: int, n: int) -> list[int]:
         (ids,) = conn.execute(Q["eligible_imported_groups"], {"run_id": run_id, "n": n}).fetchone()
     return [int(g) for g in ids]
 
-
-def compose_batch(rows: list[tuple[int, str]], n: int, max_replay: int) -> list[int]:
-    """Up to ``n`` group ids from ``(group_id, kind)`` rows in FIFO order: at most ``max_replay``
-    replay groups, fresh groups for the rest (fewer than ``n`` when fresh ones are short).
-
-    Replay groups never fill in for missing fresh ones: collectors fill replay requests first, so
-    at times only replay groups are ready, and taking them all would make one batch all replay and
-    the next ones none (measured: docs/experiments.md).
-    """
-    replay = [g for g, k in rows if k == "replay"][:max_replay]
-    fresh = [g for g, k in rows if k != "replay"][: n - len(replay)]
-    return sorted(replay + fresh)
 
 
 def pack_sequences(pairs: list[tuple], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -404,6 +404,10 @@ class Learner:
         m["collector/generated_tokens_per_s"] = totals.get("tokens", 0.0) / generating if generating > 0 else float("nan")
         return m
 
+    def _method_progress(self, m: dict[str, float]) -> str:
+        """The method's part of the progress line (``Hooks.progress``), if it has one."""
+        return self.hooks.progress(m) if hasattr(self.hooks, "progress") else ""
+
     def _progress(self, r: StepResult) -> str:
         m = r.metrics
         of = f"/{self._max_steps}" if self._max_steps else ""
@@ -413,6 +417,6 @@ class Learner:
                 f"| groups none/some/all {int(m['groups/none_pass'])}/{int(m['groups/some_pass'])}/"
                 f"{int(m['groups/all_pass'])} | staleness {m['staleness/mean']:.2f} (max {int(m['staleness/max'])}) "
                 f"| v{self.version} | {m['perf/trajectories_per_s']:.2f} traj/s, {m['perf/tokens_per_s']:.0f} tok/s"
-                + (f" | replay {m['replay/share']:.2f}" if "replay/share" in m else "")
+                + (f" | {own}" if (own := self._method_progress(m)) else "")
                 + (f" | imported {int(m['imported/groups'])}" if m.get("imported/groups") else "")
                 + f" | {self.timer.summary(PHASES)}")

@@ -54,12 +54,12 @@ def _workflows(cfg) -> list[WorkflowUse]:
 
 def on_policy_rows(batch):
     """Rows of Eq. 8's second sum: every valid row that was not sampled under a hint."""
-    return batch.valid & ~batch.hinted
+    return batch.valid & ~batch.of_origin("hinted")
 
 
 def hinted_rows(batch):
     """Rows of Eq. 8's first sum: the valid hinted rollouts that replaced failures."""
-    return batch.valid & batch.hinted
+    return batch.valid & batch.of_origin("hinted")
 
 
 def _terms(cfg, main_params) -> list[LossTerm]:
@@ -137,7 +137,7 @@ class LTEHooks:
         # pass@1 of the plain-prompt policy: an LTE group counts as its original (G failures); the
         # extra rollouts that replaced some are left out (chosen for being correct).
         in_lte = torch.tensor([batch.group_kinds[int(i)] == "hinted" for i in batch.group_index], dtype=torch.bool)
-        own = ~in_lte & ~batch.replayed & ~batch.hinted
+        own = ~in_lte & ~batch.replayed & ~batch.of_origin("hinted")
         n = int(own.sum()) + int(in_lte.sum())
         m["reward/pass_at_1"] = float(batch.correct[own].sum()) / n if n else float("nan")
         return m

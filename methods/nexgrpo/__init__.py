@@ -102,12 +102,15 @@ class ReplayHooks:
                    "planning replay requests")
 
     def select(self, n: int, min_version: int):
-        from reflexdb.trainer.batch import eligible_group_ids
+        from .batch import replay_selection
         from .planner import replay_quota
 
         L = self.learner
-        return eligible_group_ids(L.store, L.run_id, n, min_version=min_version,
-                                  max_replay=replay_quota(n, self.n.replay_ratio, n))
+        return replay_selection(L.store, L.run_id, n, min_version=min_version,
+                                max_replay=replay_quota(n, self.n.replay_ratio, n))
+
+    def progress(self, metrics: dict[str, float]) -> str:
+        return f"replay {metrics['replay/share']:.2f}" if "replay/share" in metrics else ""
 
     def metrics(self, batch, groups) -> dict[str, float]:
         replays = [g for g in groups if g.kind == "replay"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from reflexdb.methods.nexgrpo.batch import replay_selection
 from reflexdb.trainer.batch import eligible_group_ids, eligible_imported_ids
 
 from reflexdb import GroupIn, TaskIn, TrajectoryIn, TurnIn, work
@@ -54,7 +55,7 @@ def test_imported_groups_are_trained_only_when_asked_with_no_staleness_rule(stor
     assert eligible_imported_ids(store, run, 0) == []
     fresh_new = store.write_group(make_group(rng, run, tasks[4], version=5)).group_id
     assert eligible_group_ids(store, run, 10, min_version=-100).group_ids == [fresh_new]
-    assert eligible_group_ids(store, run, 10, min_version=-100, max_replay=2).group_ids == [fresh_new]
+    assert replay_selection(store, run, 10, min_version=-100, max_replay=2).group_ids == [fresh_new]
     # Each at most max_reuse steps (default 1).
     t_ids = [t for (t,) in rows(store, "SELECT id FROM trajectories WHERE group_id = :g", g=imp[0])]
     store.record_step(run, 1, 5, t_ids)

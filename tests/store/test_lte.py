@@ -476,7 +476,7 @@ def test_lte_workflow_and_learner_end_to_end_on_the_tiny_model(store, tmp_path, 
     assert chosen.group_ids == [g for g, _ in lte_groups]  # never the originals
     batch = pack(store.read_groups(chosen.group_ids, turns=False), learner.engine.pad_id, origins=store.origins())
     old, fresh = learner.update.old_logprobs(batch)
-    assert torch.equal(old[batch.hinted], batch.behaviour_logprobs[batch.hinted])
+    assert torch.equal(old[batch.of_origin("hinted")], batch.behaviour_logprobs[batch.of_origin("hinted")])
     assert not fresh.any()  # hinted rows and the kept originals (replayed copies): their behaviour log-probs
     learner.run(max_steps=1)
     consumed = {t for (t,) in rows(store, "SELECT DISTINCT group_id FROM consumption")}

@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 from reflexdb.methods.nexgrpo.workflow import replay_group
-from reflexdb.trainer.batch import compose_batch
+from reflexdb.methods.nexgrpo.batch import compose_batch, replay_selection
 from reflexdb.methods.nexgrpo.planner import (
     PlanStats,
     ReplayPlanner,
@@ -166,11 +166,11 @@ def test_replay_groups_are_found_behind_a_backlog_of_fresh_ones(store):
     rng = np.random.default_rng(0)
     fresh = [write(store, run, task, [traj(rng, True), traj(rng, False)]).group_id for _ in range(150)]
     [replay_group] = [write(store, run, task, [traj(rng, True), traj(rng, False)], kind="replay").group_id]
-    assert eligible_group_ids(store, run, 4, max_replay=2).group_ids == sorted(fresh[:3] + [replay_group])
-    assert eligible_group_ids(store, run, 4, max_replay=0).group_ids == fresh[:4]
+    assert replay_selection(store, run, 4, max_replay=2).group_ids == sorted(fresh[:3] + [replay_group])
+    assert replay_selection(store, run, 4, max_replay=0).group_ids == fresh[:4]
     assert eligible_group_ids(store, run, 4).group_ids == fresh[:4]  # GRPO: plain FIFO
     # The staleness-window bound never hides an eligible group (all of these are version 0).
-    assert eligible_group_ids(store, run, 4, min_version=-1, max_replay=2).group_ids == sorted(fresh[:3] + [replay_group])
+    assert replay_selection(store, run, 4, min_version=-1, max_replay=2).group_ids == sorted(fresh[:3] + [replay_group])
     assert eligible_group_ids(store, run, 4, min_version=1).group_ids == []
 
 

@@ -171,6 +171,61 @@ def test_shared_sql_reads_no_method_object():
     assert not fewer, f"fewer than KNOWN_SQL_LINES allows, so lower it (allowed, found): {fewer}"
 
 
+def owned_names() -> set[str]:
+    """Origins and group kinds a method owns: the rows of the tables of origins (0018) and group
+    kinds (0020) whose ``method`` is not NULL, and those a method's own branch inserts."""
+    names: set[str] = set()
+    for path, at in ((ROOT / "migrations/versions/0018_origins.py", 4), (ROOT / "migrations/versions/0020_group_kinds.py", 3)):
+        tree = ast.parse(path.read_text())
+        rows = next(n.value for n in tree.body if isinstance(n, ast.Assign) and getattr(n.targets[0], "id", "") == "ROWS")
+        names |= {ast.literal_eval(r)[0] for r in rows.elts if ast.literal_eval(r)[at] is not None}
+    for path in (ROOT / "methods").glob("*/migrations/*.py"):
+        names |= set(re.findall(r"INSERT INTO (?:origins|group_kinds)\b[^;]*?VALUES\s*\(\s*'(\w+)'", path.read_text()))
+    return names
+
+
+#: Quoted method-owned origin and kind names in shared code today (``{file: how many}``): each to go
+#: with the revision that reads the kinds' facts from ``group_kinds`` instead (issue 52).
+KNOWN_OWNED: dict[str, int] = {"reflexdb/sql/views/untrained_groups.sql": 1, "reflexdb/sql/work.sql": 2,
+                               "reflexdb/sql/views/task_latest_group.sql": 1}
+#: The same word meaning something else there: ``{file: {word}}`` (an answer format named raw).
+HOMONYMS: dict[str, set[str]] = {"collector/tasks/datasets.py": {"raw"}}
+
+
+def owned_name_uses() -> dict[str, int]:
+    """``{file: lines}`` of shared Python and reflexdb's SQL (pinned copies and comments aside) that
+    quote a method-owned origin or kind (``'replay'``, ``"hinted"``)."""
+    quoted = re.compile(r"""['"](""" + "|".join(sorted(owned_names())) + r""")['"]""")
+    found: dict[str, int] = {}
+    for path, rel, _, _ in _modules():
+        if rel.startswith("methods/"):
+            continue
+        tokens = list(tokenize.generate_tokens(io.StringIO(path.read_text()).readline))
+        lines = {t.start[0] for i, t in enumerate(tokens)
+                 if t.type == tokenize.STRING and not _docstring(tokens, i) and quoted.fullmatch(t.string)
+                 and t.string.strip("'\"") not in HOMONYMS.get(rel, ())}
+        if lines:
+            found[rel] = len(lines)
+    for folder in ("reflexdb/sql", "explorer"):
+        for path in sorted((ROOT / folder).rglob("*.sql")):
+            if "history" in path.parts:
+                continue
+            n = sum(1 for line in path.read_text().splitlines() if quoted.search(line.split("--")[0]))
+            if n:
+                found[path.relative_to(ROOT).as_posix()] = n
+    return found
+
+
+def test_shared_code_quotes_no_origin_or_kind_a_method_owns():
+    assert {"hinted", "replay", "reflection", "purified"} <= owned_names()
+    assert "replayed" not in owned_names() and "fresh" not in owned_names()  # shared ones (method NULL)
+    found = owned_name_uses()
+    more = {f: n for f, n in found.items() if n > KNOWN_OWNED.get(f, 0)}
+    assert not more, f"shared code quotes an origin or group kind a method owns (read its facts instead): {more}"
+    fewer = {f: (n, found.get(f, 0)) for f, n in KNOWN_OWNED.items() if found.get(f, 0) < n}
+    assert not fewer, f"fewer than KNOWN_OWNED allows, so lower it (allowed, found): {fewer}"
+
+
 def test_the_checks_see_what_they_are_for(tmp_path):
     """A deferred upward import and a method name in a string are found; a docstring's is not."""
     src = '"""Talks about nexgrpo."""\n\ndef f():\n    from reflexdb.trainer import learner  # noqa\n    return "lte"\n'

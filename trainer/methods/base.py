@@ -92,7 +92,14 @@ class LossTerm:
 
 
 class LearnerContext(Protocol):
-    """What the learner offers a method's hooks (and nothing else)."""
+    """What the learner offers a method's hooks (and nothing else): the ``learner`` argument of
+    ``Method.hooks(cfg, learner)``.
+
+    ``cfg`` is the run's config, ``store`` the experience store, ``run_id`` the run's id (table
+    ``runs``), ``step_no`` the number of steps trained so far (the step just recorded, in
+    ``after_step``), ``version`` the newest published policy version, ``world`` the number of
+    ranks (data parallel).
+    """
 
     cfg: Config
     store: Store
@@ -104,7 +111,7 @@ class LearnerContext(Protocol):
 
     def db(self, fn: Callable[[], Any]) -> Any: ...  # a database call, retried through an outage
 
-    def echo(self, msg: str) -> None: ...
+    def echo(self, msg: str) -> None: ...  # a line of the learner's log (rank 0's; other ranks' are dropped)
 
     scorer: Scorer  # ℓ_θ of stored trajectories under the current weights (trainer/scoring.py)
 
@@ -112,15 +119,29 @@ class LearnerContext(Protocol):
 
 
 class Hooks(Protocol):
-    """A method's stateful learner-side part; every method is optional."""
+    """A method's stateful learner-side part, built once per learner by ``Method.hooks(cfg, learner)``;
+    every method is optional (the learner calls those the object has)."""
 
-    def setup(self) -> None: ...
+    def setup(self) -> None:
+        """Once, after the learner has loaded the model and resumed (``step_no`` is the step it
+        resumes at), before the first batch is chosen."""
 
-    def select(self, n: int, min_version: int) -> Selection: ...
+    def select(self, n: int, min_version: int) -> Selection:
+        """The next step's batch (rank 0): up to ``n`` group ids whose policy version is at least
+        ``min_version`` (the learner's version minus ``max_staleness``), and any auxiliary rows
+        (``Selection.extra``). Fewer than ``n`` ids: the learner waits for new groups and asks
+        again. Without it: ``eligible_group_ids``, the oldest eligible groups."""
 
-    def metrics(self, batch: Batch, groups: Sequence[Group]) -> dict[str, float]: ...
+    def metrics(self, batch: Batch, groups: Sequence[Group]) -> dict[str, float]:
+        """The method's metrics of a step (every rank, after the update): ``batch`` is the step's
+        whole batch, ``groups`` its groups as the store read them. Rank 0 logs them to MLflow and
+        the step's ``learner_steps.metrics``; name them ``<method>/<metric>``."""
 
-    def after_step(self, metrics: dict[str, float]) -> None: ...
+    def after_step(self, metrics: dict[str, float]) -> None:
+        """After each step (every rank), once it is recorded and, when due, published: the
+        method's work between steps. Only rank 0 (``LearnerContext.main``) may write to the store."""
+
+    def progress(self, metrics: dict[str, float]) -> str: ...  # a part of the step's progress line ("" for none)
 
 
 def _plain_group(cfg: Config) -> list[WorkflowUse]:
@@ -167,6 +188,8 @@ class Method:
     hooks: Callable[[Config, LearnerContext], Hooks] | None = None
 
     def loss_terms(self, cfg: Config, main_params: BaseModel) -> list[LossTerm]:
+        """The terms of the step's loss: ``terms(cfg, main_params)``, or the main family
+        (``learner.loss`` or ``loss``) on every valid row as term ``policy``."""
         if self.terms is not None:
             return self.terms(cfg, main_params)
         return [LossTerm("policy", cfg.learner.loss or self.loss, main_params)]

@@ -91,3 +91,14 @@ RETURNING id;
 SELECT count(*) FROM replay_requests
 WHERE run_id = %(run_id)s AND status = 'claimed' AND claimed_by <> %(collector)s
   AND claimed_at >= now() - make_interval(secs => %(ttl)s);
+
+-- name: eligible_groups_with_replay
+-- NexGRPO's batch candidates: the oldest max_replay eligible replay groups and the oldest n
+-- others, ranked separately (a replay group is found however many fresh groups are ahead of it),
+-- with their kinds and the statement's snapshot.
+SELECT array_agg(group_id ORDER BY group_id), array_agg(kind ORDER BY group_id), pg_current_snapshot()::text
+FROM (SELECT group_id, kind, row_number() OVER (PARTITION BY kind = 'replay' ORDER BY group_id) AS rank
+      FROM learner_eligible
+      WHERE run_id = %(run_id)s AND eligible AND policy_version >= %(min_version)s
+        AND kind <> 'imported') ranked
+WHERE rank <= CASE WHEN kind = 'replay' THEN %(max_replay)s ELSE %(n)s END;
