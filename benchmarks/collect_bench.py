@@ -79,6 +79,8 @@ from reflexdb.collector.sources import prompt_messages
 from reflexdb.config import Config, parse_config
 from reflexdb.db import libpq_url, make_engine
 
+from machine import cpu_model, server_cpu
+
 GSM8K = Path("/work/shared/data/gsm8k/train.jsonl")
 
 
@@ -156,30 +158,6 @@ def self_cpu() -> float:
     """CPU seconds (user + system, all threads) used so far by this process."""
     r = resource.getrusage(resource.RUSAGE_SELF)
     return r.ru_utime + r.ru_stime
-
-
-def server_cpu(pgdata: Path | None) -> float | None:
-    """CPU seconds used so far by the embedded server's live processes (postmaster and children);
-    None for an external server. Backends that exited are not counted: measure while connected."""
-    if pgdata is None:
-        return None
-    try:
-        postmaster = int((pgdata / "postmaster.pid").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return None
-    total = 0.0
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            if int(entry.name) == postmaster or ppid == postmaster:
-                with open(f"/proc/{entry.name}/schedstat") as f:
-                    total += int(f.read().split()[0]) / 1e9
-        except (OSError, ValueError):
-            continue
-    return total
 
 
 def server_delta(s0: float | None, s1: float | None) -> float | None:
@@ -428,13 +406,8 @@ def machine_info(dbs: Databases) -> dict:
             "transformers": transformers.__version__, "postgres": dbs.server_version(),
             "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY"), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"),
             "database": "external (--url)" if dbs.tmp is None else "embedded, temporary directory"}
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                info["cpu"] = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    if (cpu := cpu_model()) is not None:
+        info["cpu"] = cpu
     return info
 
 

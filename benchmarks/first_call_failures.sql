@@ -1,7 +1,7 @@
 -- Each run's first code call per episode, by bucket of 5 policy versions (docs/experiments.md, "CLEANER against
 -- DAPO at 20 learner steps"): the one call both arms sample the same way, before any rollback, so its failure rate
 -- compares across arms (later calls of a CLEANER raw twin include the lookahead's corrections). Episodes as
--- benchmarks/tool_use_by_version.py reads them: a CLEANER run's raw twins, another run's base trajectories.
+-- benchmarks/experiments/tool_use_by_version.py reads them: a CLEANER run's raw twins, another run's base trajectories.
 -- reflexdb sql "$(grep -v '^--' benchmarks/first_call_failures.sql)" -v names=dapo-s2,cleaner-s2
 WITH e AS (
   SELECT r.name, g.policy_version / 5 * 5 AS from_version, t.id, t.reward, t.origin,

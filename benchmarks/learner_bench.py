@@ -74,6 +74,8 @@ import threading
 import time
 from pathlib import Path
 
+from machine import host_facts
+
 RESULT_MARK = "LEARNER_BENCH_RESULT "
 
 
@@ -414,17 +416,7 @@ def machine_info() -> dict:
 
     info = {"python": platform.python_version(), "cpus": os.cpu_count(), "platform": platform.platform(),
             "torch": torch.__version__, "transformers": transformers.__version__, "deepspeed": deepspeed.__version__,
-            "cuda": torch.cuda.is_available()}
-    try:
-        with open("/proc/meminfo") as f:
-            info["mem_gib"] = round(int(f.readline().split()[1]) / 2**20, 1)
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    info["cpu"] = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
+            "cuda": torch.cuda.is_available(), **host_facts()}
     return info
 
 

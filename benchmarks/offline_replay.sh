@@ -9,7 +9,7 @@
 #   bash benchmarks/offline_replay.sh SOURCE_REFLEXDB_HOME [WORK_DIR]
 #
 # SOURCE_REFLEXDB_HOME: the REFLEXDB_HOME of a finished `reflexdb run examples/arithmetic-grpo.yaml`
-# (benchmarks/vs_trl.py leaves one per reflexdb arm).
+# (benchmarks/experiments/vs_trl.py leaves one per reflexdb arm).
 set -euo pipefail
 SRC=${1:?the source run\'s REFLEXDB_HOME}
 WORK=${2:-$(mktemp -d /tmp/offline-replay-XXXX)}

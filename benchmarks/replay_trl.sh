@@ -1,7 +1,7 @@
 #!/bin/bash
 # Another framework's rollouts replayed in reflexdb (docs/export.md, "Training on imported groups").
 #
-# Takes the completions a TRL GRPOTrainer run trained on (benchmarks/vs_trl.py leaves them as
+# Takes the completions a TRL GRPOTrainer run trained on (benchmarks/experiments/vs_trl.py leaves them as
 # <TRL arm's home>/rollouts.jsonl: chat prompt, completion text, reward), imports them, and trains
 # on them two ways, each in a fresh REFLEXDB_HOME, for as many steps as TRL took:
 #
@@ -16,7 +16,7 @@
 # TRL_STEPS=11-20 keeps only the rollouts of those TRL steps (e.g. a trained policy's, far from
 # the base weights the learner starts from); MODES=offline runs only the first way.
 set -euo pipefail
-SRC=${1:?a rollouts.jsonl from benchmarks/vs_trl.py}
+SRC=${1:?a rollouts.jsonl from benchmarks/experiments/vs_trl.py}
 WORK=${2:-$(mktemp -d /tmp/replay-trl-XXXX)}
 MODES=${MODES:-offline beside}
 mkdir -p "$WORK"

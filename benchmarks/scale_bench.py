@@ -49,7 +49,7 @@ import numpy as np
 import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import store_bench as sb  # noqa: E402  (helpers: log, pct, server_cpu, machine_info, _with_database)
+import store_bench as sb  # noqa: E402  (helpers: log, pct, server_cpu, machine_info, parse_or_report, _with_database)
 
 from reflexdb.db import libpq_url  # noqa: E402
 
@@ -649,11 +649,8 @@ def main(argv=None) -> int:
     ap.add_argument("--learner-interval", type=float, default=0.5, help="seconds between learner samples")
     ap.add_argument("--keep", action="store_true", help="keep the databases (and the embedded server's directory)")
     ap.add_argument("--quick", action="store_true", help="1, 2 and 4 writers, 5 s each after 2 s of warm-up")
-    ap.add_argument("--json-out", help="write the results here as JSON")
-    ap.add_argument("--report", metavar="JSON", help="print the markdown tables of a results file and exit")
-    args = ap.parse_args(argv)
-    if args.report:
-        print(markdown(json.loads(Path(args.report).read_text())))
+    args = sb.parse_or_report(ap, argv, markdown)
+    if args is None:
         return 0
     if args.quick:
         args.writers, args.seconds, args.warmup = "1,2,4", 5.0, 2.0

@@ -81,6 +81,9 @@ from reflexdb.store import (
 )
 from reflexdb.validate import prepare_group
 
+from machine import host_facts, process_cpu
+from machine import server_cpu as machine_server_cpu
+
 VOCAB = 49152  # SmolLM2's vocabulary
 EMBED_MODEL = "smollm2-135m"
 _GROUP_COLUMNS = ("id", "run_id", "task_id", "workflow", "kind", "policy_version", "size", "collector", "meta")
@@ -268,49 +271,42 @@ _PGDATA: Path | None = None  # the embedded server's data directory, for server_
 
 
 def server_cpu() -> float | None:
-    """CPU seconds used so far by the embedded server's processes (postmaster and children).
+    """CPU seconds used so far by the embedded server's processes (machine.server_cpu); None for an
+    external server."""
+    return machine_server_cpu(_PGDATA)
 
-    None for an external server. Processes that exited since the last call are not counted,
-    so call it around stretches of work that keep their connections.
-    """
-    if _PGDATA is None:
+
+def parse_or_report(ap: argparse.ArgumentParser, argv, markdown) -> argparse.Namespace | None:
+    """``ap`` with ``--json-out`` and ``--report`` (this script's and scale_bench.py's) parses
+    ``argv``; with ``--report``, ``markdown`` of that results file is printed and None returned."""
+    ap.add_argument("--json-out", help="write the results here as JSON")
+    ap.add_argument("--report", metavar="JSON", help="print the markdown tables of a results file and exit")
+    args = ap.parse_args(argv)
+    if args.report:
+        print(markdown(json.loads(Path(args.report).read_text())))
         return None
-    try:
-        postmaster = int((_PGDATA / "postmaster.pid").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return None
-    total = 0.0
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            if int(entry.name) == postmaster or ppid == postmaster:
-                total += process_cpu(int(entry.name))
-        except (OSError, ValueError):
-            continue
-    return total
+    return args
 
 
-def process_cpu(pid: int) -> float:
-    """CPU seconds of process ``pid`` (nanosecond resolution, from /proc/PID/schedstat)."""
-    with open(f"/proc/{pid}/schedstat") as f:
-        return int(f.read().split()[0]) / 1e9
+def _cpu_steps(pid: int, acc: dict[str, list[float]]):
+    """``step(name, fn)``: ``fn()``, adding the CPU seconds it took in backend ``pid`` and in this
+    process to ``acc[name]`` (``[server, client]``)."""
+
+    def step(name: str, fn):
+        s0, c0 = process_cpu(pid), time.process_time()
+        out = fn()
+        s1, c1 = process_cpu(pid), time.process_time()
+        a = acc.setdefault(name, [0.0, 0.0])
+        a[0] += s1 - s0
+        a[1] += c1 - c0
+        return out
+
+    return step
 
 
 def machine_info(url: str) -> dict:
-    info = {"python": platform.python_version(), "cpus": os.cpu_count(), "platform": platform.platform()}
-    try:
-        with open("/proc/meminfo") as f:
-            info["mem_gib"] = round(int(f.readline().split()[1]) / 2**20, 1)
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    info["cpu"] = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
+    info = {"python": platform.python_version(), "cpus": os.cpu_count(), "platform": platform.platform(),
+            **host_facts()}
     with psycopg.connect(libpq_url(url)) as conn:
         info["postgres"] = conn.execute("SHOW server_version").fetchone()[0]
         for k in ("shared_buffers", "fsync", "wal_level", "max_wal_size"):
@@ -494,14 +490,7 @@ def diagnose_api(url: str, groups: list[GroupIn]) -> dict:
     pid = conn.info.backend_pid
     acc: dict[str, list[float]] = {}
 
-    def step(name: str, fn):
-        s0, c0 = process_cpu(pid), time.process_time()
-        out = fn()
-        s1, c1 = process_cpu(pid), time.process_time()
-        a = acc.setdefault(name, [0.0, 0.0])
-        a[0] += s1 - s0
-        a[1] += c1 - c0
-        return out
+    step = _cpu_steps(pid, acc)
 
     import reflexdb.store as st
 
@@ -634,14 +623,7 @@ def diagnose_read(url: str, run: int, args, n: int = 30) -> dict:
     rng = np.random.default_rng(3)
     acc: dict[str, list[float]] = {}
 
-    def step(name: str, fn):
-        s0, c0 = process_cpu(pid), time.process_time()
-        out = fn()
-        s1, c1 = process_cpu(pid), time.process_time()
-        a = acc.setdefault(name, [0.0, 0.0])
-        a[0] += s1 - s0
-        a[1] += c1 - c0
-        return out
+    step = _cpu_steps(pid, acc)
 
     lo, hi = conn.execute("SELECT min(id), max(id) FROM groups WHERE run_id = %s", (run,)).fetchone()
     for i in range(n + 3):
@@ -872,11 +854,8 @@ def main(argv=None) -> int:
     ap.add_argument("--faiss-queries", type=int, default=200)
     ap.add_argument("--faiss-k", type=int, default=8)
     ap.add_argument("--quick", action="store_true", help="small sizes: about a minute")
-    ap.add_argument("--json-out", help="write the results here as JSON")
-    ap.add_argument("--report", metavar="JSON", help="print the markdown tables of a results file and exit")
-    args = ap.parse_args(argv)
-    if args.report:
-        print(markdown(json.loads(Path(args.report).read_text())))
+    args = parse_or_report(ap, argv, markdown)
+    if args is None:
         return 0
     if args.quick:
         args.ingest_groups, args.rounds, args.sample_sizes = 250, 2, "50000"

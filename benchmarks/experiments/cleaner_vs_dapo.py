@@ -13,28 +13,24 @@ eval --json``: the run's environment, never SAAR), the base model's once per see
 database (view ``cleaner_tool_errors``): tool calls and errors per trajectory per step, raw and as
 trained, rollbacks and recoveries. The plot goes to ``--plot`` (docs/cleaner.png).
 
-    python benchmarks/cleaner_vs_dapo.py --seeds 0,1 --max-steps 12 --max-seconds 600 \\
+    python benchmarks/experiments/cleaner_vs_dapo.py --seeds 0,1 --max-steps 12 --max-seconds 600 \\
         --json-out benchmarks/results/cleaner_vs_dapo.json --plot docs/cleaner.png
-    python benchmarks/cleaner_vs_dapo.py --report benchmarks/results/cleaner_vs_dapo.json --plot docs/cleaner.png
+    python benchmarks/experiments/cleaner_vs_dapo.py --report benchmarks/results/cleaner_vs_dapo.json --plot docs/cleaner.png
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import shutil
-import subprocess
 import tempfile
-import time
-from datetime import datetime, timezone
 from pathlib import Path
 
-from arms import CLI, home_env, run_seeds, sql_rows
+from arms import (CLI, ROOT, eval_json, experiment_parser, home_env, new_results, output_options, report_or_run,
+                  run_logged, run_seeds, save, seed_curves, sql_rows, subplots)
 
-ROOT = Path(__file__).resolve().parent.parent
 CONFIG = ROOT / "examples" / "arithmetic-cleaner.yaml"
 ARMS = {"cleaner": [], "dapo": ["--set", "algorithm=dapo"]}
+COLORS = {"cleaner": "tab:red", "dapo": "tab:blue"}
 STEPS = """
 SELECT step, (metrics->>'reward/pass_at_1')::float8, (metrics->>'reward/mean')::float8,
        extract(epoch FROM created_at - (SELECT min(created_at) FROM policy_versions))
@@ -48,29 +44,15 @@ FROM cleaner_tool_errors WHERE group_kind = 'fresh' GROUP BY 1 ORDER BY 1
 """
 
 
-def _eval(env: dict, sets: list[str], checkpoint: str) -> dict:
-    out = subprocess.run(CLI + ["eval", "-c", str(CONFIG), "--checkpoint", checkpoint, "--json", *sets], env=env,
-                         capture_output=True, text=True, cwd=ROOT)
-    if out.returncode != 0:
-        raise SystemExit(f"eval {checkpoint} failed:\n{out.stderr}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
-
-
 def run_arm(arm: str, seed: int, max_steps: int, max_seconds: float, extra: list[str], base: dict | None) -> dict:
     home = Path(tempfile.mkdtemp(prefix=f"reflexdb-{arm}-{seed}-"))
     env = home_env(home)
     sets = ARMS[arm] + extra + ["--set", f"seed={seed}", "--set", f"run=cleaner-exp-{arm}"]
     load_before = os.getloadavg()[0]
-    t0 = time.monotonic()
-    with open(home / "run.log", "w") as log:
-        proc = subprocess.run(CLI + ["run", str(CONFIG), "--no-eval", "--max-steps", str(max_steps), "--max-seconds",
-                                     str(max_seconds), *sets], env=env, stdout=log, stderr=subprocess.STDOUT,
-                              text=True, cwd=ROOT)
-    wall = time.monotonic() - t0
-    if proc.returncode != 0:
-        raise SystemExit(f"{arm} seed {seed}: exit {proc.returncode}; see {home / 'run.log'}")
-    base = base or _eval(env, sets, "base")
-    after = _eval(env, sets, "latest")
+    _, wall = run_logged(CLI + ["run", str(CONFIG), "--no-eval", "--max-steps", str(max_steps), "--max-seconds",
+                                str(max_seconds), *sets], env, home / "run.log", f"{arm} seed {seed}")
+    base = base or eval_json(env, CONFIG, "base", *sets)
+    after = eval_json(env, CONFIG, "latest", *sets)
     steps = sql_rows(env, STEPS)
     tools = sql_rows(env, TOOLS)
     if not os.environ.get("CLEANER_EXP_KEEP"):
@@ -99,30 +81,21 @@ def report(res: dict) -> str:
 
 
 def plot(res: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    colors = {"cleaner": "tab:red", "dapo": "tab:blue"}
-    fig, axes = plt.subplots(1, 3, figsize=(14, 3.8))
-    for r in res["arms"]:
+    fig, axes = subplots(3, (14, 3.8))
+    seed_curves(axes[0], res, COLORS, "step_curve", "step", "pass_at_1")
+    for r in res["arms"]:  # tool errors: every arm's raw episodes, and what CLEANER trained on after purification
         style = "-" if r["seed"] == res["seeds"][0] else ":"
         label = f"{r['arm']} seed {r['seed']}"
-        s = r["step_curve"]
-        axes[0].plot([c["step"] for c in s], [c["pass_at_1"] for c in s], style, marker="o", ms=3,
-                     color=colors[r["arm"]], label=label)
         t = r["tools_by_version"]
         axes[1].plot([v["version"] for v in t], [v["raw_errors"] for v in t], style, marker="o", ms=3,
-                     color=colors[r["arm"]], label=f"{label}, raw")
+                     color=COLORS[r["arm"]], label=f"{label}, raw")
         if r["arm"] == "cleaner":
             axes[1].plot([v["version"] for v in t], [v["errors"] for v in t], style, marker="x", ms=4,
                          color="black", label=f"{label}, trained (purified)")
     arms = list(dict.fromkeys(r["arm"] for r in res["arms"]))
     for i, arm in enumerate(arms):
-        runs = [r for r in res["arms"] if r["arm"] == arm]
-        vals = [r["after"]["pass_at_1"] for r in runs]
-        axes[2].bar(i, sum(vals) / len(vals), 0.6, color=colors[arm], alpha=0.8, label=arm)
+        vals = [r["after"]["pass_at_1"] for r in res["arms"] if r["arm"] == arm]
+        axes[2].bar(i, sum(vals) / len(vals), 0.6, color=COLORS[arm], alpha=0.8, label=arm)
         axes[2].scatter([i] * len(vals), vals, color="black", s=8, zorder=3)
     bases = [r["base"]["pass_at_1"] for r in res["arms"]]
     axes[2].hlines(sum(bases) / len(bases), -0.5, len(arms) - 0.5, colors="gray", linestyles="--", label="base model")
@@ -132,41 +105,20 @@ def plot(res: dict, path: Path) -> None:
                 title="Final policy (dots: seeds)")
     for ax in axes:
         ax.legend(fontsize=6)
-    fig.suptitle(f"SmolLM2-135M, tool-use arithmetic, G = 8, {res['max_steps']} steps or {res['max_seconds']:.0f} s "
-                 f"per run ({res['date'][:10]}; from the runs' databases)", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save(fig, path, f"SmolLM2-135M, tool-use arithmetic, G = 8, {res['max_steps']} steps or {res['max_seconds']:.0f} s "
+                    f"per run ({res['date'][:10]}; from the runs' databases)")
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--arms", default="cleaner,dapo")
-    ap.add_argument("--seeds", default="0,1")
-    ap.add_argument("--max-steps", type=int, default=12)
-    ap.add_argument("--max-seconds", type=float, default=600)
+    ap = experiment_parser(__doc__, "cleaner,dapo", max_seconds=600)
     ap.add_argument("--set", dest="sets", action="append", default=[], help="a config override for every arm (key=value)")
-    ap.add_argument("--json-out", type=Path)
-    ap.add_argument("--plot", type=Path)
-    ap.add_argument("--report", type=Path, help="print the table of a results file (and plot it) and exit")
-    args = ap.parse_args()
+    args = output_options(ap).parse_args()
     extra = [x for s in args.sets for x in ("--set", s)]
-    if args.report:
-        res = json.loads(args.report.read_text())
-    else:
-        seeds = [int(s) for s in args.seeds.split(",")]
-        res = {"date": datetime.now(timezone.utc).isoformat(timespec="minutes"), "machine": f"{os.cpu_count()} cores",
-               "max_steps": args.max_steps, "max_seconds": args.max_seconds, "seeds": seeds, "sets": args.sets,
-               "arms": []}
-        if args.json_out and args.json_out.exists():  # resume an interrupted experiment
-            done = json.loads(args.json_out.read_text())
-            if (done["max_steps"], done["max_seconds"], done.get("sets")) == (args.max_steps, args.max_seconds, args.sets):
-                res = done
-        res = run_seeds(res, args.arms.split(","), seeds,
-                        lambda arm, seed, base: run_arm(arm, seed, args.max_steps, args.max_seconds, extra, base),
-                        args.json_out)
-    print(report(res))
-    if args.plot:
-        plot(res, args.plot)
+    res = new_results(max_steps=args.max_steps, max_seconds=args.max_seconds,
+                      seeds=[int(s) for s in args.seeds.split(",")], sets=args.sets)
+    report_or_run(args, lambda: run_seeds(
+        res, args.arms.split(","), lambda arm, seed, base: run_arm(arm, seed, args.max_steps, args.max_seconds, extra, base),
+        args.json_out, resume=("max_steps", "max_seconds", "sets")), report, plot)
 
 
 if __name__ == "__main__":

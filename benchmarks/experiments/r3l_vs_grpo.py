@@ -16,29 +16,28 @@ seed (the same weights in every arm). From the database: each step's batch pass@
 only) and, for the R3L arms, the reflections' validity, outcomes, the retries and how many improved.
 The plot goes to ``--plot`` (docs/r3l.png).
 
-    python benchmarks/r3l_vs_grpo.py --seeds 0,1 --max-steps 12 --max-seconds 900 \\
+    python benchmarks/experiments/r3l_vs_grpo.py --seeds 0,1 --max-steps 12 --max-seconds 900 \\
         --json-out benchmarks/results/r3l_vs_grpo.json --plot docs/r3l.png
-    python benchmarks/r3l_vs_grpo.py --report benchmarks/results/r3l_vs_grpo.json --plot docs/r3l.png
+    python benchmarks/experiments/r3l_vs_grpo.py --report benchmarks/results/r3l_vs_grpo.json --plot docs/r3l.png
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
-import time
-from datetime import datetime, timezone
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-CLI = [sys.executable, "-m", "reflexdb.cli.main"]
+from arms import (CLI, ROOT, eval_json, experiment_parser, home_env, new_results, output_options, report_or_run,
+                  run_logged, run_seeds, save, seed_curves, sql_rows, subplots)
+
 CONFIG = ROOT / "examples" / "arithmetic-r3l.yaml"
 ARMS = {"r3l": [], "grpo": ["--set", "algorithm=grpo"], "opmd": ["--set", "algorithm=opmd"],
         "r3l_no_amp": ["--set", "r3l.amplification=false"], "r3l_no_pivot": ["--set", "r3l.pivot_mask=false"]}
+COLORS = {"r3l": "tab:red", "grpo": "tab:blue", "opmd": "tab:green", "r3l_no_amp": "tab:orange",
+          "r3l_no_pivot": "tab:purple"}
 STEPS = """
 SELECT step, (metrics->>'reward/pass_at_1')::float8, (metrics->>'reward/mean')::float8,
        coalesce((metrics->>'r3l/retry_improvement_rate')::float8, -1), coalesce((metrics->>'r3l/invalid_rate')::float8, -1),
@@ -55,46 +54,26 @@ FROM r3l_reflections
 """
 
 
-def _env(home: Path) -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in ("REFLEXDB_DATABASE_URL", "OMP_NUM_THREADS")}
-    return dict(env, REFLEXDB_HOME=str(home), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
-
-
-def _eval(env: dict, sets: list[str], checkpoint: str, attempts: int) -> dict:
-    out = subprocess.run(CLI + ["eval", "-c", str(CONFIG), "--checkpoint", checkpoint, "--json",
-                                "--attempts", str(attempts), *sets], env=env, capture_output=True, text=True, cwd=ROOT)
-    if out.returncode != 0:
-        raise SystemExit(f"eval {checkpoint} (attempts {attempts}) failed:\n{out.stderr}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
-
-
-def _sql(env: dict, query: str) -> list[list[float]]:
-    out = subprocess.run(CLI + ["sql", "--max-width", "0", " ".join(query.split())],
-                         env=env, capture_output=True, text=True, check=True).stdout
-    return [[float(c.strip() or 0) for c in line.split("|")] for line in out.strip().splitlines()[2:-1]]
+def _evals(env: dict, sets: list[str], checkpoint: str) -> dict:
+    """Held-out pass@1 with one attempt and solved within 3 attempts, plain prompt."""
+    return {f"attempts_{n}": eval_json(env, CONFIG, checkpoint, "--attempts", str(n), *sets) for n in (1, 3)}
 
 
 def run_arm(arm: str, seed: int, max_steps: int, max_seconds: float, base: dict | None) -> dict:
     home = Path(tempfile.mkdtemp(prefix=f"reflexdb-{arm}-{seed}-"))
-    env = _env(home)
+    env = home_env(home)
     sets = ARMS[arm] + ["--set", f"seed={seed}", "--set", f"run=r3l-exp-{arm}"]
     load_before = os.getloadavg()[0]
-    t0 = time.monotonic()
-    with open(home / "run.log", "w") as log:
-        proc = subprocess.run(CLI + ["run", str(CONFIG), "--no-eval", "--max-steps", str(max_steps), "--max-seconds",
-                                     str(max_seconds), *sets], env=env, stdout=log, stderr=subprocess.STDOUT,
-                              text=True, cwd=ROOT)
-    wall = time.monotonic() - t0
-    if proc.returncode != 0:
-        raise SystemExit(f"{arm} seed {seed}: exit {proc.returncode}; see {home / 'run.log'}")
+    _, wall = run_logged(CLI + ["run", str(CONFIG), "--no-eval", "--max-steps", str(max_steps), "--max-seconds",
+                                str(max_seconds), *sets], env, home / "run.log", f"{arm} seed {seed}")
     if base is None:
-        base = {"attempts_1": _eval(env, sets, "base", 1), "attempts_3": _eval(env, sets, "base", 3)}
-    after = {"attempts_1": _eval(env, sets, "latest", 1), "attempts_3": _eval(env, sets, "latest", 3)}
-    steps = _sql(env, STEPS)
-    refl = _sql(env, REFLECTIONS)[0] if arm.startswith("r3l") else None
+        base = _evals(env, sets, "base")
+    after = _evals(env, sets, "latest")
+    steps = sql_rows(env, STEPS)
+    refl = sql_rows(env, REFLECTIONS)[0] if arm.startswith("r3l") else None
     examples = _examples(env) if arm.startswith("r3l") else []
-    [[groups, trajectories]] = _sql(env, "SELECT count(DISTINCT group_id), count(*) FROM trajectories t "
-                                         "JOIN groups g ON g.id = t.group_id WHERE g.kind <> 'eval'")
+    [[groups, trajectories]] = sql_rows(env, "SELECT count(DISTINCT group_id), count(*) FROM trajectories t "
+                                             "JOIN groups g ON g.id = t.group_id WHERE g.kind <> 'eval'")
     keep = os.environ.get("R3L_EXP_KEEP")
     if not keep:
         shutil.rmtree(home, ignore_errors=True)
@@ -140,27 +119,16 @@ def report(res: dict) -> str:
 
 
 def plot(res: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    colors = {"r3l": "tab:red", "grpo": "tab:blue", "opmd": "tab:green", "r3l_no_amp": "tab:orange",
-              "r3l_no_pivot": "tab:purple"}
-    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
+    fig, axes = subplots(2, (11, 3.8))
     arms = list(dict.fromkeys(r["arm"] for r in res["arms"]))
-    for r in res["arms"]:
-        style = "-" if r["seed"] == res["seeds"][0] else ":"
-        s = r["step_curve"]
-        axes[0].plot([c["step"] for c in s], [c["pass_at_1"] for c in s], style, marker="o", ms=3,
-                     color=colors[r["arm"]], label=f"{r['arm']} seed {r['seed']}")
+    seed_curves(axes[0], res, COLORS, "step_curve", "step", "pass_at_1")
     width = 0.8 / max(1, len(arms))
     for i, arm in enumerate(arms):
         runs = [r for r in res["arms"] if r["arm"] == arm]
         for j, key in enumerate(("attempts_1", "attempts_3")):
             vals = [r["after"][key]["pass_at_1"] for r in runs]
             x = j + (i - (len(arms) - 1) / 2) * width
-            axes[1].bar(x, sum(vals) / len(vals), width, color=colors[arm], alpha=0.8,
+            axes[1].bar(x, sum(vals) / len(vals), width, color=COLORS[arm], alpha=0.8,
                         label=arm if j == 0 else None)
             axes[1].scatter([x] * len(vals), vals, color="black", s=8, zorder=3)
     bases = {key: sum(r["base"][key]["pass_at_1"] for r in res["arms"]) / len(res["arms"])
@@ -174,46 +142,17 @@ def plot(res: dict, path: Path) -> None:
                 ylabel="held-out (8 problems × 16 samples)", title="Final policy, plain prompt (dots: seeds)")
     axes[0].legend(fontsize=7)
     axes[1].legend(fontsize=7)
-    fig.suptitle(f"SmolLM2-135M, multi-attempt sums (levels 1, 2), N = 8, {res['max_steps']} steps or "
-                 f"{res['max_seconds']:.0f} s per run ({res['date'][:10]}; from the runs' databases)", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save(fig, path, f"SmolLM2-135M, multi-attempt sums (levels 1, 2), N = 8, {res['max_steps']} steps or "
+                    f"{res['max_seconds']:.0f} s per run ({res['date'][:10]}; from the runs' databases)")
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--arms", default="r3l,grpo,opmd")
-    ap.add_argument("--seeds", default="0,1")
-    ap.add_argument("--max-steps", type=int, default=12)
-    ap.add_argument("--max-seconds", type=float, default=900)
-    ap.add_argument("--json-out", type=Path)
-    ap.add_argument("--plot", type=Path)
-    ap.add_argument("--report", type=Path, help="print the table of a results file (and plot it) and exit")
-    args = ap.parse_args()
-    if args.report:
-        res = json.loads(args.report.read_text())
-    else:
-        seeds = [int(s) for s in args.seeds.split(",")]
-        res = {"date": datetime.now(timezone.utc).isoformat(timespec="minutes"), "machine": f"{os.cpu_count()} cores",
-               "max_steps": args.max_steps, "max_seconds": args.max_seconds, "seeds": seeds, "arms": []}
-        if args.json_out and args.json_out.exists():  # resume an interrupted experiment
-            done = json.loads(args.json_out.read_text())
-            if (done["max_steps"], done["max_seconds"]) == (args.max_steps, args.max_seconds):
-                res = done
-        for seed in seeds:  # a seed's arms first: a cut-short experiment still compares like with like
-            base = next((r["base"] for r in res["arms"] if r["seed"] == seed), None)
-            for arm in args.arms.split(","):
-                if any(r["arm"] == arm and r["seed"] == seed for r in res["arms"]):
-                    continue
-                print(f"== {arm} seed {seed}", flush=True)
-                r = run_arm(arm, seed, args.max_steps, args.max_seconds, base)
-                base = r["base"]
-                res["arms"].append(r)
-                if args.json_out:
-                    args.json_out.write_text(json.dumps(res, indent=2))
-    print(report(res))
-    if args.plot:
-        plot(res, args.plot)
+    ap = experiment_parser(__doc__, "r3l,grpo,opmd", max_seconds=900)
+    args = output_options(ap).parse_args()
+    res = new_results(max_steps=args.max_steps, max_seconds=args.max_seconds, seeds=[int(s) for s in args.seeds.split(",")])
+    report_or_run(args, lambda: run_seeds(
+        res, args.arms.split(","), lambda arm, seed, base: run_arm(arm, seed, args.max_steps, args.max_seconds, base),
+        args.json_out, resume=("max_steps", "max_seconds")), report, plot)
 
 
 if __name__ == "__main__":

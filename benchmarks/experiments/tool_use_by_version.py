@@ -11,9 +11,9 @@ Runs of several databases (one per session or machine) merge into one ``--json-o
 invocation replaces the runs it read and keeps the others, and the PNG is drawn from the whole
 file, runs grouped into arms by name without the seed suffix (as ``reflexdb compare`` does).
 
-    REFLEXDB_HOME=/work/exp20/home python benchmarks/tool_use_by_version.py dapo-s0 cleaner-s0 \\
+    REFLEXDB_HOME=/work/exp20/home python benchmarks/experiments/tool_use_by_version.py dapo-s0 cleaner-s0 \\
         --json-out benchmarks/results/cleaner_fixshot20_tool_use.json --png docs/cleaner_fixshot20_tool_use.png
-    python benchmarks/tool_use_by_version.py --json-out benchmarks/results/cleaner_fixshot20_tool_use.json \\
+    python benchmarks/experiments/tool_use_by_version.py --json-out benchmarks/results/cleaner_fixshot20_tool_use.json \\
         --png docs/cleaner_fixshot20_tool_use.png      # only redraw
 """
 
@@ -25,10 +25,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from reflexdb.compare import arm_of  # noqa: E402
+from arms import CLI, ROOT, pyplot, save
 
-CLI = [sys.executable, "-m", "reflexdb.cli.main"]
+sys.path.insert(0, str(ROOT))
+from reflexdb.compare import arm_of  # noqa: E402
 
 QUERY = """
 WITH own AS (
@@ -63,11 +63,9 @@ def read(names: list[str]) -> dict[str, list[dict]]:
 
 
 def plot(runs: dict[str, list[dict]], path: Path, bucket: int) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     import numpy as np
+
+    plt = pyplot()
 
     arms: dict[str, list[str]] = {}
     for name in runs:
@@ -94,10 +92,7 @@ def plot(runs: dict[str, list[dict]], path: Path, bucket: int) -> None:
         ax.set_title(title, fontsize=9)
     axes[0].set_ylim(-0.02, 1.02)
     axes[0].legend(fontsize=8)
-    fig.suptitle("what the policy wrote (CLEANER: raw episodes, before purification); dots: runs", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save(fig, path, "what the policy wrote (CLEANER: raw episodes, before purification); dots: runs")
 
 
 def main() -> None:

@@ -8,23 +8,20 @@ says: how many episodes wrote a code block at all, how many calls ran, the raw t
 episode, how many failed calls a correction fixed (shallow or deep), pass@1; the errors by kind
 and a few stored turns verbatim.
 
-    python benchmarks/cleaner_v0.py --json-out benchmarks/results/cleaner_v0_shot.json   # the example's prompt
-    python benchmarks/cleaner_v0.py --set tasks.template=tool_python --json-out benchmarks/results/cleaner_v0_plain.json
-    python benchmarks/cleaner_v0.py --settings level7 --groups 2
+    python benchmarks/experiments/cleaner_v0.py --json-out benchmarks/results/cleaner_v0_shot.json   # the example's prompt
+    python benchmarks/experiments/cleaner_v0.py --set tasks.template=tool_python --json-out benchmarks/results/cleaner_v0_plain.json
+    python benchmarks/experiments/cleaner_v0.py --settings level7 --groups 2
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import sys
-import tempfile
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from v0 import ROOT, collector, common_options, new_results, open_store, rows, write
+
 CONFIG = ROOT / "examples" / "arithmetic-cleaner.yaml"
 #: ../shared/data/gsm8k/train.jsonl beside the project (REFLEXDB_SHARED: that folder, when run from a copy elsewhere)
 GSM8K = Path(os.environ.get("REFLEXDB_SHARED") or ROOT.parent / "shared") / "data" / "gsm8k" / "train.jsonl"
@@ -92,28 +89,19 @@ ORDER BY t.id, u.turn_index
 
 
 def measure(name: str, groups: int, store, seed: int, overrides: dict) -> dict:
-    from sqlalchemy import text
-
-    from reflexdb.collector.runner import Collector
-    from reflexdb.config import load_config
-
-    run = f"cleaner-v0-{name}-{int(time.time())}"
-    cfg = load_config(CONFIG, {**SETTINGS[name], **overrides, "run": run, "seed": seed})
-    collector = Collector(cfg, store, echo=lambda m: print(f"  [{name}] {m}", file=sys.stderr))
-    collector.setup()
+    collect, run = collector(store, CONFIG, f"cleaner-v0-{name}", name, {**SETTINGS[name], **overrides, "seed": seed})
     t0 = time.monotonic()
-    s = collector.stats  # cumulative; a task with a purified episode writes 2 groups (the raw twins' too)
+    s = collect.stats  # cumulative; a task with a purified episode writes 2 groups (the raw twins' too)
     while (fresh := s.groups - s.kinds.get("retry", 0)) < groups:
-        collector.run(max_groups=s.groups + groups - fresh)
+        collect.run(max_groups=s.groups + groups - fresh)
     seconds = time.monotonic() - t0
     with store.engine.connect() as conn:
-        (n, with_code, calls, errors, rollbacks, recovered, shallow, deep, reward, purified), = conn.execute(
-            text(SUMMARY), {"run": run}).all()
-        none, mixed, every = conn.execute(text(GROUPS), {"run": run}).one()
-        statuses = [(s, c, float(sec)) for s, c, sec in conn.execute(text(CALLS), {"run": run})]
-        kinds = [tuple(r) for r in conn.execute(text(ERRORS), {"run": run})]
-        examples = [tuple(r) for r in conn.execute(text(EXAMPLES), {"run": run, "n": 4})]
-        turns = [tuple(r) for r in conn.execute(text(TURNS), {"run": run})]
+        [(n, with_code, calls, errors, rollbacks, recovered, shallow, deep, reward, purified)] = rows(conn, SUMMARY, run)
+        [(none, mixed, every)] = rows(conn, GROUPS, run)
+        statuses = [(s, c, float(sec)) for s, c, sec in rows(conn, CALLS, run)]
+        kinds = rows(conn, ERRORS, run)
+        examples = rows(conn, EXAMPLES, run, n=4)
+        turns = rows(conn, TURNS, run)
     ran = sum(c for s, c, _ in statuses if s == "ok")
     sandbox_calls = sum(c for _, c, _ in statuses)
     return {
@@ -137,22 +125,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--groups", type=int, default=4, help="tasks per setting (G = 8 episodes each)")
     ap.add_argument("--settings", default="level7,level8,gsm8k", help=f"of {', '.join(SETTINGS)}")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--set", dest="overrides", action="append", default=[],
-                    help="override a config key, e.g. --set environment.max_tool_calls=3 (repeatable; YAML value)")
-    ap.add_argument("--json-out", type=Path)
-    args = ap.parse_args()
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    if not os.environ.get("REFLEXDB_DATABASE_URL"):
-        os.environ["REFLEXDB_HOME"] = tempfile.mkdtemp(prefix="reflexdb-cleaner-v0-")
-    from reflexdb import Store
+    args = common_options(ap, "override a config key, e.g. --set environment.max_tool_calls=3 (repeatable; YAML value)"
+                          ).parse_args()
+    store = open_store("reflexdb-cleaner-v0-")
     from reflexdb.config import parse_overrides
 
-    store = Store.open(os.environ.get("REFLEXDB_DATABASE_URL"), create_schema=True)
-    load = os.getloadavg()[0]
+    out = new_results(CONFIG)
     overrides = parse_overrides(args.overrides)
-    out = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "machine": f"{os.cpu_count()} cores",
-           "load_before": load, "config": str(CONFIG.relative_to(ROOT)), "results": []}
     for name in args.settings.split(","):
         r = measure(name, args.groups, store, args.seed, overrides)
         out["results"].append(r)
@@ -163,8 +142,7 @@ def main() -> None:
               f"{r['seconds']} s", flush=True)
         for e in r["error_kinds"][:5]:
             print(f"    {e['count']:3} × {e['kind']}", flush=True)
-        if args.json_out:  # after each setting: a cut-short measurement keeps what it measured
-            args.json_out.write_text(json.dumps(out, indent=2, default=str) + "\n")
+        write(args.json_out, out)  # after each setting: a cut-short measurement keeps what it measured
     store.close()
 
 

@@ -13,7 +13,7 @@ database, every learner step's metrics (on-policy pass@1, replay share, replayed
 confidence stored and refreshed) and the MLflow run ids, and writes them as JSON and as the
 markdown tables of docs/experiments.md.
 
-    python benchmarks/nexgrpo_vs_grpo.py --home /tmp/nx-exp --steps 20 --max-seconds 1500 \\
+    python benchmarks/experiments/nexgrpo_vs_grpo.py --home /tmp/nx-exp --steps 20 --max-seconds 1500 \\
         --json-out /tmp/nx-exp/results.json
 
 ``--home`` becomes ``REFLEXDB_HOME`` (embedded PostgreSQL, checkpoints, MLflow); reuse it to
@@ -29,14 +29,13 @@ import os
 import platform
 import re
 import subprocess
-import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
 
 import yaml
 
-CLI = [sys.executable, "-m", "reflexdb.cli.main"]
+from arms import CLI, home_env
 
 
 def config(name: str, algorithm: str, args) -> dict:
@@ -80,43 +79,39 @@ def parse_eval(out: str) -> dict:
             "mlflow_run_id": m.group(7)}
 
 
-def step_metrics(url: str, run: str) -> list[dict]:
+def _rows(url: str, query: str, run: str) -> list[tuple]:
+    """The rows of ``query`` (one parameter: the run's name) on the experiment's database."""
     import psycopg
 
+    with psycopg.connect(url.replace("postgresql+psycopg://", "postgresql://")) as conn:
+        return conn.execute(query, (run,)).fetchall()
+
+
+def step_metrics(url: str, run: str) -> list[dict]:
     # t: seconds since the run's policy v0 was published (the learner's start)
     keys = ["reward/pass_at_1", "replay/share", "replay/negative_confidence", "replay/negative_confidence_refreshed",
             "replay/pair_cosine", "replay/refresh_discard_rate", "replay/retired_tasks", "perf/step_seconds"]
-    with psycopg.connect(url.replace("postgresql+psycopg://", "postgresql://")) as conn:
-        rows = conn.execute(
-            "SELECT s.step, s.policy_version, extract(epoch FROM s.created_at - p.created_at), s.metrics "
-            "FROM learner_steps s JOIN runs r ON r.id = s.run_id "
-            "JOIN policy_versions p ON p.run_id = r.id AND p.version = 0 WHERE r.name = %s ORDER BY s.step",
-            (run,)).fetchall()
+    rows = _rows(url, "SELECT s.step, s.policy_version, extract(epoch FROM s.created_at - p.created_at), s.metrics "
+                      "FROM learner_steps s JOIN runs r ON r.id = s.run_id "
+                      "JOIN policy_versions p ON p.run_id = r.id AND p.version = 0 WHERE r.name = %s ORDER BY s.step", run)
     return [{"step": st, "version": v, "t": float(t), **{k: m.get(k) for k in keys}} for st, v, t, m in rows]
 
 
 def counts(url: str, run: str) -> dict:
-    import psycopg
-
-    with psycopg.connect(url.replace("postgresql+psycopg://", "postgresql://")) as conn:
-        row = conn.execute("""
-            SELECT (SELECT count(*) FROM groups g WHERE g.run_id = r.id AND g.kind = 'fresh'),
-                   (SELECT count(*) FROM groups g WHERE g.run_id = r.id AND g.kind = 'replay'),
-                   (SELECT count(DISTINCT c.group_id) FROM consumption c JOIN groups g ON g.id = c.group_id
-                     WHERE g.run_id = r.id AND g.kind = 'replay'),
-                   (SELECT count(*) FROM replay_requests q WHERE q.run_id = r.id),
-                   (SELECT DISTINCT meta->>'mlflow_run_id' FROM policy_versions p WHERE p.run_id = r.id LIMIT 1)
-            FROM runs r WHERE r.name = %s""", (run,)).fetchone()
+    [row] = _rows(url, """
+        SELECT (SELECT count(*) FROM groups g WHERE g.run_id = r.id AND g.kind = 'fresh'),
+               (SELECT count(*) FROM groups g WHERE g.run_id = r.id AND g.kind = 'replay'),
+               (SELECT count(DISTINCT c.group_id) FROM consumption c JOIN groups g ON g.id = c.group_id
+                 WHERE g.run_id = r.id AND g.kind = 'replay'),
+               (SELECT count(*) FROM replay_requests q WHERE q.run_id = r.id),
+               (SELECT DISTINCT meta->>'mlflow_run_id' FROM policy_versions p WHERE p.run_id = r.id LIMIT 1)
+        FROM runs r WHERE r.name = %s""", run)
     return dict(zip(["fresh_groups", "replay_groups", "replay_groups_consumed", "replay_requests",
                      "mlflow_learner_run_id"], row))
 
 
 def done_steps(url: str, run: str) -> int:
-    import psycopg
-
-    with psycopg.connect(url.replace("postgresql+psycopg://", "postgresql://")) as conn:
-        row = conn.execute("SELECT max(s.step) FROM learner_steps s JOIN runs r ON r.id = s.run_id WHERE r.name = %s",
-                           (run,)).fetchone()
+    [row] = _rows(url, "SELECT max(s.step) FROM learner_steps s JOIN runs r ON r.id = s.run_id WHERE r.name = %s", run)
     return int(row[0] or 0)
 
 
@@ -194,9 +189,7 @@ def main() -> None:
         print(report(json.loads(args.report.read_text())))
         return
     args.home.mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ, REFLEXDB_HOME=str(args.home), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
-               OMP_NUM_THREADS=str(args.threads), PYTHONUNBUFFERED="1")
-    env.pop("REFLEXDB_DATABASE_URL", None)
+    env = dict(home_env(args.home), OMP_NUM_THREADS=str(args.threads), PYTHONUNBUFFERED="1")
     log = args.home / "experiment.log"
     res = json.loads(args.json_out.read_text()) if args.json_out and args.json_out.exists() else {"runs": {}}
     res.update({"machine": {"cpus": os.cpu_count(), "platform": platform.platform()},

@@ -10,30 +10,26 @@ held-out pass@1 and pass@k with the plain prompt of the base model and of the fi
 policy version sampled, the none-pass fraction of each learner step's batch (after hinting) and,
 for the LTE arms, the hint stages' outcomes. The plot goes to ``--plot`` (docs/lte.png).
 
-    python benchmarks/lte_vs_grpo.py --seeds 0,1 --max-steps 12 --max-seconds 480 --json-out /tmp/lte.json --plot docs/lte.png
-    python benchmarks/lte_vs_grpo.py --report /tmp/lte.json --plot docs/lte.png
+    python benchmarks/experiments/lte_vs_grpo.py --seeds 0,1 --max-steps 12 --max-seconds 480 --json-out /tmp/lte.json --plot docs/lte.png
+    python benchmarks/experiments/lte_vs_grpo.py --report /tmp/lte.json --plot docs/lte.png
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
-import time
-from datetime import datetime, timezone
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-CLI = [sys.executable, "-m", "reflexdb.cli.main"]
+from arms import (CLI, ROOT, eval_json, experiment_parser, home_env, new_results, output_options, report_or_run,
+                  run_logged, run_seeds, save, seed_curves, sql_rows, subplots, training)
+
 CONFIG = ROOT / "examples" / "arithmetic-lte.yaml"
 # LTE's Eq. 8 normalises by the tokens of the group (1/Z, token-mean), and so does its GRPO (Eq. 2):
 # the GRPO arm uses the same aggregation, so the arms differ only in the hint stage.
 ARMS = {"grpo": ["--set", "algorithm=grpo", "--set", "learner.loss_params.agg=token-mean"], "lte": [],
         "grpo_extra": ["--set", "lte.mode=extra"]}
+COLORS = {"grpo": "tab:blue", "lte": "tab:red", "grpo_extra": "tab:green"}
 FRESH_NONE_PASS = """
 SELECT g.policy_version, avg((NOT EXISTS (SELECT 1 FROM trajectories t WHERE t.group_id = g.id AND t.correct))::int),
        count(*) FROM groups g WHERE g.kind = 'fresh' GROUP BY 1 ORDER BY 1
@@ -53,35 +49,17 @@ FROM lte_stages s JOIN groups g ON g.id = s.group_id
 
 def run_arm(arm: str, seed: int, max_steps: int, max_seconds: float) -> dict:
     home = Path(tempfile.mkdtemp(prefix=f"reflexdb-{arm}-{seed}-"))
-    env = {k: v for k, v in os.environ.items() if k not in ("REFLEXDB_DATABASE_URL", "OMP_NUM_THREADS")}
-    env.update(REFLEXDB_HOME=str(home), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
-    sets = ARMS[arm] + ["--set", f"seed={seed}", "--set", f"run=lte-exp-{arm}"]
+    env = home_env(home)
+    run = f"lte-exp-{arm}"
+    sets = ARMS[arm] + ["--set", f"seed={seed}", "--set", f"run={run}"]
     load_before = os.getloadavg()[0]
-    t0 = time.monotonic()
-    with open(home / "run.log", "w") as log:
-        proc = subprocess.run(CLI + ["run", str(CONFIG), "--max-steps", str(max_steps), "--max-seconds",
-                                     str(max_seconds), *sets], env=env, stdout=log, stderr=subprocess.STDOUT,
-                              text=True, cwd=ROOT)
-    wall = time.monotonic() - t0
-    if proc.returncode != 0:
-        raise SystemExit(f"{arm} seed {seed}: exit {proc.returncode}; see {home / 'run.log'}")
-    evals = {}
-    for checkpoint in ("base", "latest"):
-        out = subprocess.run(CLI + ["eval", "-c", str(CONFIG), "--checkpoint", checkpoint, "--json", *sets], env=env, capture_output=True, text=True, cwd=ROOT)
-        if out.returncode != 0:
-            raise SystemExit(f"{arm} seed {seed}: eval {checkpoint} failed:\n{out.stderr}")
-        evals[checkpoint] = json.loads(out.stdout.strip().splitlines()[-1])
-
-    def sql(query: str) -> list[list[float]]:
-        out = subprocess.run(CLI + ["sql", "--max-width", "0", " ".join(query.split())],
-                             env=env, capture_output=True, text=True, check=True).stdout
-        return [[float(c.strip() or 0) for c in line.split("|")] for line in out.strip().splitlines()[2:-1]]
-
-    fresh = sql(FRESH_NONE_PASS)
-    steps = sql(STEPS)
-    stages = sql(STAGES)[0] if arm != "grpo" else None
-    [[train_s]] = sql("SELECT round(extract(epoch FROM max(s.created_at) - min(p.created_at))) "
-                      "FROM learner_steps s JOIN policy_versions p ON p.run_id = s.run_id AND p.version = 0")
+    _, wall = run_logged(CLI + ["run", str(CONFIG), "--max-steps", str(max_steps), "--max-seconds", str(max_seconds),
+                                *sets], env, home / "run.log", f"{arm} seed {seed}")
+    evals = {checkpoint: eval_json(env, CONFIG, checkpoint, *sets) for checkpoint in ("base", "latest")}
+    fresh = sql_rows(env, FRESH_NONE_PASS)
+    steps = sql_rows(env, STEPS)
+    stages = sql_rows(env, STAGES)[0] if arm != "grpo" else None
+    train_s = float(round(training(env, run)["training_s"]))
     keep = os.environ.get("LTE_EXP_KEEP")
     if not keep:
         shutil.rmtree(home, ignore_errors=True)
@@ -114,60 +92,28 @@ def report(res: dict) -> str:
 
 
 def plot(res: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    colors = {"grpo": "tab:blue", "lte": "tab:red", "grpo_extra": "tab:green"}
-    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
-    for r in res["arms"]:
-        style = "-" if r["seed"] == res["seeds"][0] else ":"
-        f = r["fresh_none_pass"]
-        axes[0].plot([c["version"] for c in f], [c["none_pass"] for c in f], style, marker="o", ms=3,
-                     color=colors[r["arm"]], label=f"{r['arm']} seed {r['seed']}")
-        s = r["step_curve"]
-        G = res.get("groups_per_step", 4)
-        axes[1].plot([c["step"] for c in s], [c["none_pass_after"] / G for c in s], style, marker="o", ms=3,
-                     color=colors[r["arm"]], label=f"{r['arm']} seed {r['seed']}")
+    fig, axes = subplots(2, (11, 3.8))
+    seed_curves(axes[0], res, COLORS, "fresh_none_pass", "version", "none_pass")
+    seed_curves(axes[1], res, COLORS, "step_curve", "step", "none_pass_after", div=res.get("groups_per_step", 4))
     axes[0].set(xlabel="policy version that sampled the group", ylabel="none-pass fraction", ylim=(0, 1),
                 title="Fresh groups with no correct rollout")
     axes[1].set(xlabel="learner step", ylabel="none-pass fraction of the batch", ylim=(0, 1),
                 title="Batches after hinting (LTE groups replace originals)")
     axes[0].legend(fontsize=7)
-    fig.suptitle(f"SmolLM2-135M, arithmetic levels 1 and 2, G = 8, {res['max_seconds']:.0f} s of learner time per run "
-                 f"({res['date'][:10]}; from the runs' databases)", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save(fig, path, f"SmolLM2-135M, arithmetic levels 1 and 2, G = 8, {res['max_seconds']:.0f} s of learner time per run "
+                    f"({res['date'][:10]}; from the runs' databases)")
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--arms", default="lte,grpo_extra,grpo")
-    ap.add_argument("--seeds", default="0,1")
-    ap.add_argument("--max-steps", type=int, default=12)
-    ap.add_argument("--max-seconds", type=float, default=480)
+    ap = experiment_parser(__doc__, "lte,grpo_extra,grpo", max_seconds=480)
     ap.add_argument("--samples", type=int, default=16, help="learner.eval_samples of the config (for the table)")
-    ap.add_argument("--json-out", type=Path)
-    ap.add_argument("--plot", type=Path)
-    ap.add_argument("--report", type=Path, help="print the table of a results file (and plot it) and exit")
-    args = ap.parse_args()
-    if args.report:
-        res = json.loads(args.report.read_text())
-    else:
-        seeds = [int(s) for s in args.seeds.split(",")]
-        res = {"date": datetime.now(timezone.utc).isoformat(timespec="minutes"), "machine": f"{os.cpu_count()} cores",
-               "max_steps": args.max_steps, "max_seconds": args.max_seconds, "samples": args.samples,
-               "seeds": seeds, "arms": []}
-        for seed in seeds:  # a seed's three arms first: a cut-short run still compares like with like
-            for arm in args.arms.split(","):
-                print(f"== {arm} seed {seed}", flush=True)
-                res["arms"].append(run_arm(arm, seed, args.max_steps, args.max_seconds))
-                if args.json_out:
-                    args.json_out.write_text(json.dumps(res, indent=2))
-    print(report(res))
-    if args.plot:
-        plot(res, args.plot)
+    args = output_options(ap).parse_args()
+    res = new_results(max_steps=args.max_steps, max_seconds=args.max_seconds, samples=args.samples,
+                      seeds=[int(s) for s in args.seeds.split(",")])
+    # every arm evaluates the base model itself, and a new invocation starts over (no resume)
+    report_or_run(args, lambda: run_seeds(
+        res, args.arms.split(","), lambda arm, seed, _base: run_arm(arm, seed, args.max_steps, args.max_seconds),
+        args.json_out), report, plot)
 
 
 if __name__ == "__main__":

@@ -22,16 +22,16 @@ each in its own process and `REFLEXDB_HOME`. The ratio compares reflexdb's wall 
 
 Needs `pip install trl accelerate` (not a reflexdb dependency).
 
-    python benchmarks/vs_trl.py --steps 20 --rounds 1 --json-out /tmp/vs_trl.json
-    python benchmarks/vs_trl.py --steps 20 --rounds 1 --first trl --json-out /tmp/vs_trl_2.json
-    python benchmarks/vs_trl.py --report /tmp/vs_trl.json /tmp/vs_trl_2.json --plot docs/vs_trl.png
+    python benchmarks/experiments/vs_trl.py --steps 20 --rounds 1 --json-out /tmp/vs_trl.json
+    python benchmarks/experiments/vs_trl.py --steps 20 --rounds 1 --first trl --json-out /tmp/vs_trl_2.json
+    python benchmarks/experiments/vs_trl.py --report /tmp/vs_trl.json /tmp/vs_trl_2.json --plot docs/vs_trl.png
 
 `--trl-seed N` changes only TRL's training seed (its prompt order and sampling); the tasks and the
 held-out set stay those of the config's seed. reflexdb's collector draws from its own seed and
 process id, so each reflexdb run is already another draw. Rounds at several TRL seeds give the
 run-to-run spread of both arms ("within noise"):
 
-    for s in 1 2 3; do python benchmarks/vs_trl.py --trl-seed $s --json-out /tmp/vs_trl_s$s.json; done
+    for s in 1 2 3; do python benchmarks/experiments/vs_trl.py --trl-seed $s --json-out /tmp/vs_trl_s$s.json; done
 
 Each TRL arm also leaves the completions it trained on, with their rewards, as
 `<its home>/rollouts.jsonl` (the result's `rollouts`), in `reflexdb import`'s format:
@@ -44,61 +44,37 @@ import argparse
 import json
 import os
 import re
-import subprocess
 import sys
 import tempfile
 import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-CLI = [sys.executable, "-m", "reflexdb.cli.main"]
+from arms import CLI, ROOT, eval_json, home_env, run_logged, run_summary, save, sql_rows, subplots, training
+
 CONFIG = ROOT / "examples" / "arithmetic-grpo.yaml"
-SUMMARY = re.compile(r"held-out pass@1 \((\d+) \S+ tasks x (\d+) samples\): (\S+) ([\d.]+) -> (\S+) ([\d.]+)")
-
-
-def _env(home: Path) -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in ("REFLEXDB_DATABASE_URL", "OMP_NUM_THREADS")}
-    env.update(REFLEXDB_HOME=str(home), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
-    return env
-
-
-def _eval(env: dict, *sets: str) -> dict:
-    out = subprocess.run(CLI + ["eval", "-c", str(CONFIG), "--checkpoint", "base", "--json", *sets], env=env,
-                         capture_output=True, text=True, cwd=ROOT)
-    if out.returncode != 0:
-        raise SystemExit(f"eval failed:\n{out.stderr}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+COLORS = {"reflexdb": "tab:blue", "trl": "tab:orange"}
 
 
 def run_reflexdb(steps: int) -> dict:
+    from reflexdb.config import load_config
+
     home = Path(tempfile.mkdtemp(prefix="vs-trl-reflexdb-"))
-    env = _env(home)
+    env = home_env(home)
     load = os.getloadavg()[0]
-    t0 = time.monotonic()
-    with open(home / "run.log", "w") as log:
-        proc = subprocess.run(CLI + ["run", str(CONFIG), "--max-steps", str(steps), "--max-seconds", "100000"],
-                              env=env, stdout=subprocess.PIPE, stderr=log, text=True, cwd=ROOT)
-    wall = time.monotonic() - t0
-    if proc.returncode != 0:
-        raise SystemExit(f"reflexdb run: exit {proc.returncode}; see {home / 'run.log'}")
-    m = SUMMARY.search(proc.stdout)
-    sql = subprocess.run(CLI + ["sql", "--max-width", "0",
-                                "SELECT round(extract(epoch FROM max(s.created_at) - min(p.created_at))::numeric, 1), "
-                                "max(s.step) FROM learner_steps s JOIN policy_versions p ON p.run_id = s.run_id "
-                                "AND p.version = 0"], env=env, capture_output=True, text=True, check=True).stdout
-    train_s, n = [c.strip() for c in sql.strip().splitlines()[2].split("|")]
-    return {"arm": "reflexdb", "steps": int(n), "train_s": float(train_s), "wall_s": round(wall, 1),
-            "pass_at_1": {"base": float(m.group(4)), "after": float(m.group(6))}, "load_before": load,
+    stdout, wall = run_logged(CLI + ["run", str(CONFIG), "--max-steps", str(steps), "--max-seconds", "100000"], env,
+                              home / "run.log", "reflexdb run", capture=True)
+    summary = run_summary(stdout, "reflexdb run")
+    t = training(env, load_config(CONFIG).run)
+    return {"arm": "reflexdb", "steps": int(t["steps"]), "train_s": round(t["training_s"], 1), "wall_s": round(wall, 1),
+            "pass_at_1": {"base": summary["before"], "after": summary["after"]}, "load_before": load,
             "home": str(home), "reward_by_step": reflexdb_rewards(env)}
 
 
 def reflexdb_rewards(env: dict) -> list[float]:
     """The mean reward of each learner step's batch, from the run's database (learner_steps)."""
-    out = subprocess.run(CLI + ["sql", "--max-width", "0", "SELECT round((metrics->>'reward/mean')::numeric, 4) "
-                                "FROM learner_steps ORDER BY step"], env=env, capture_output=True, text=True,
-                         check=True).stdout
-    return [float(line.strip()) for line in out.strip().splitlines()[2:] if re.fullmatch(r"-?[\d.]+", line.strip())]
+    return [r for [r] in sql_rows(env, "SELECT round((metrics->>'reward/mean')::numeric, 4) FROM learner_steps "
+                                       "WHERE metrics->>'reward/mean' IS NOT NULL ORDER BY step")]
 
 
 def trl_rewards(stdout: str) -> list[float]:
@@ -110,23 +86,17 @@ def trl_rewards(stdout: str) -> list[float]:
 
 def run_trl(steps: int, seed: int | None = None) -> dict:
     home = Path(tempfile.mkdtemp(prefix="vs-trl-trl-"))
-    env = _env(home)
+    env = home_env(home)
     load = os.getloadavg()[0]
-    t0 = time.monotonic()
     out = home / "model"
-    with open(home / "train.log", "w") as log:
-        proc = subprocess.run([sys.executable, __file__, "--trl-worker", "--steps", str(steps), "--out", str(out)]
-                              + (["--trl-seed", str(seed)] if seed is not None else []),
-                              env=env, stdout=subprocess.PIPE, stderr=log, text=True, cwd=ROOT)
-    wall = time.monotonic() - t0
-    (home / "train.stdout").write_text(proc.stdout)  # TRL's per-step logs (reward, lengths)
-    if proc.returncode != 0:
-        raise SystemExit(f"TRL: exit {proc.returncode}; see {home / 'train.log'}")
-    worker = json.loads(proc.stdout.strip().splitlines()[-1])
-    after = _eval(env, "--set", f"model={out}")
+    stdout, wall = run_logged([sys.executable, __file__, "--trl-worker", "--steps", str(steps), "--out", str(out)]
+                              + (["--trl-seed", str(seed)] if seed is not None else []), env, home / "train.log", "TRL",
+                              capture=True, stdout_file=home / "train.stdout")  # stdout: TRL's per-step logs
+    worker = json.loads(stdout.strip().splitlines()[-1])
+    after = eval_json(env, CONFIG, "base", "--set", f"model={out}")
     return {"arm": "trl", "steps": worker["steps"], "train_s": worker["train_s"], "wall_s": round(wall, 1),
             "pass_at_1": {"after": after["pass_at_1"]}, "load_before": load, "home": str(home),
-            "trl_seed": worker["seed"], "reward_by_step": trl_rewards(proc.stdout),
+            "trl_seed": worker["seed"], "reward_by_step": trl_rewards(stdout),
             "rollouts": str(home / "rollouts.jsonl")}
 
 
@@ -202,13 +172,7 @@ def report(res: dict) -> str:
 
 def plot(results: list[dict], path: Path) -> None:
     """Held-out pass@1 of every run (left) and each step's batch reward (right), both arms."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    colors = {"reflexdb": "tab:blue", "trl": "tab:orange"}
-    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8), gridspec_kw={"width_ratios": [1, 2.2]})
+    fig, axes = subplots(2, (11, 3.8), gridspec_kw={"width_ratios": [1, 2.2]})
     arms, trl = [], {}
     for r in (r for res in results for r in res["arms"]):
         if r["arm"] != "trl":
@@ -218,8 +182,8 @@ def plot(results: list[dict], path: Path) -> None:
     arms += trl.values()
     for i, arm in enumerate(("reflexdb", "trl")):
         ys = [r["pass_at_1"]["after"] for r in arms if r["arm"] == arm]
-        axes[0].plot([i] * len(ys), ys, "o", color=colors[arm], alpha=0.8)
-        axes[0].plot([i - 0.2, i + 0.2], [sum(ys) / len(ys)] * 2, "-", color=colors[arm])
+        axes[0].plot([i] * len(ys), ys, "o", color=COLORS[arm], alpha=0.8)
+        axes[0].plot([i - 0.2, i + 0.2], [sum(ys) / len(ys)] * 2, "-", color=COLORS[arm])
     axes[0].set(xticks=[0, 1], xticklabels=["reflexdb", "TRL"], xlim=(-0.6, 1.6), ylim=(0, 1),
                 ylabel="held-out pass@1 after 20 steps", title="Each run (line: mean)")
     n_reflexdb = 0
@@ -228,14 +192,12 @@ def plot(results: list[dict], path: Path) -> None:
             n_reflexdb += r["arm"] == "reflexdb"
             label = f"TRL seed {r['trl_seed']}" if r["arm"] == "trl" else f"reflexdb run {n_reflexdb}"
             axes[1].plot(range(1, len(r["reward_by_step"]) + 1), r["reward_by_step"], "-o", ms=3,
-                         color=colors[r["arm"]], alpha=0.75, label=label)
+                         color=COLORS[r["arm"]], alpha=0.75, label=label)
     axes[1].set(xlabel="learner step", ylabel="mean reward of the step's batch", ylim=(0, 1.02),
                 xticks=range(0, 21, 2), title="Training batches")
     axes[1].legend(fontsize=7)
-    fig.suptitle(f"SmolLM2-135M, quickstart task, 4 x 8 a step ({results[0]['date'][:10]}; reflexdb from its "
-                 f"databases, TRL from its logs)", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save(fig, path, f"SmolLM2-135M, quickstart task, 4 x 8 a step ({results[0]['date'][:10]}; reflexdb from its "
+                    f"databases, TRL from its logs)")
 
 
 def main() -> None:

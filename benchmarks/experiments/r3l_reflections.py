@@ -7,22 +7,17 @@ run of one database (embedded PostgreSQL in a fresh ``REFLEXDB_HOME`` unless
 valid, why the others were not, the outcomes and pivots, how many retries improved on their base
 episode, and a few stored reflections verbatim.
 
-    python benchmarks/r3l_reflections.py --groups 8 --json-out benchmarks/results/r3l_reflections_v0.json
-    python benchmarks/r3l_reflections.py --groups 8 --decodings json_schema --set tasks.level=1
+    python benchmarks/experiments/r3l_reflections.py --groups 8 --json-out benchmarks/results/r3l_reflections_v0.json
+    python benchmarks/experiments/r3l_reflections.py --groups 8 --decodings json_schema --set tasks.level=1
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import sys
-import tempfile
 import time
-from datetime import datetime, timezone
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from v0 import ROOT, collector, common_options, new_results, open_store, rows, write
+
 CONFIG = ROOT / "examples" / "arithmetic-r3l.yaml"
 
 SUMMARY = """
@@ -45,23 +40,16 @@ JOIN runs u ON u.id = r.run_id WHERE u.name = :run ORDER BY valid DESC, improved
 
 
 def measure(decoding: str, groups: int, store, seed: int, overrides: dict) -> dict:
-    from sqlalchemy import text
-
-    from reflexdb.collector.runner import Collector
-    from reflexdb.config import load_config
-
-    run = f"r3l-v0-{decoding}-{int(time.time())}"
-    cfg = load_config(CONFIG, {**overrides, "run": run, "r3l.decoding": decoding, "seed": seed})
-    collector = Collector(cfg, store, echo=lambda m: print(f"  [{decoding}] {m}", file=sys.stderr))
-    collector.setup()
+    collect, run = collector(store, CONFIG, f"r3l-v0-{decoding}", decoding,
+                             {**overrides, "r3l.decoding": decoding, "seed": seed})
     t0 = time.monotonic()
-    collector.run(max_groups=2 * groups)  # each task: its exploration group and its retry group
+    collect.run(max_groups=2 * groups)  # each task: its exploration group and its retry group
     seconds = time.monotonic() - t0
     with store.engine.connect() as conn:
-        (n, valid, success, ineff, failure, retried, improved, pivot, base_r, retry_r, failed_bases), = conn.execute(
-            text(SUMMARY), {"run": run}).all()
-        errors = [tuple(r) for r in conn.execute(text(ERRORS), {"run": run})]
-        examples = [tuple(r) for r in conn.execute(text(EXAMPLES), {"run": run, "n": 4})]
+        [(n, valid, success, ineff, failure, retried, improved, pivot, base_r, retry_r, failed_bases)] = rows(
+            conn, SUMMARY, run)
+        errors = rows(conn, ERRORS, run)
+        examples = rows(conn, EXAMPLES, run, n=4)
     return {
         "decoding": decoding, "overrides": overrides, "run": run, "tasks": groups, "seconds": round(seconds, 1), "reflections": n,
         "valid": valid, "invalid_rate": 1 - valid / n if n else None,
@@ -79,33 +67,22 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--groups", type=int, default=8, help="tasks per decoding (N/2 reflections each)")
     ap.add_argument("--decodings", default="free,json_schema")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--set", dest="overrides", action="append", default=[],
-                    help="override a config key, e.g. --set tasks.level=1 (repeatable; the value is YAML)")
-    ap.add_argument("--json-out", type=Path)
-    args = ap.parse_args()
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    if not os.environ.get("REFLEXDB_DATABASE_URL"):
-        os.environ["REFLEXDB_HOME"] = tempfile.mkdtemp(prefix="reflexdb-r3l-v0-")
-    from reflexdb import Store
-
-    store = Store.open(os.environ.get("REFLEXDB_DATABASE_URL"), create_schema=True)
-    load = os.getloadavg()[0]
+    args = common_options(ap, "override a config key, e.g. --set tasks.level=1 (repeatable; the value is YAML)"
+                          ).parse_args()
+    store = open_store("reflexdb-r3l-v0-")
     from reflexdb.config import parse_overrides
 
+    out = new_results(CONFIG)
     overrides = parse_overrides(args.overrides)
-    results = [measure(d, args.groups, store, args.seed, overrides) for d in args.decodings.split(",")]
+    out["results"] = [measure(d, args.groups, store, args.seed, overrides) for d in args.decodings.split(",")]
     store.close()
-    out = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "machine": f"{os.cpu_count()} cores",
-           "load_before": load, "config": str(CONFIG.relative_to(ROOT)), "results": results}
-    for r in results:
+    for r in out["results"]:
         print(f"{r['decoding']:12} reflections {r['reflections']:3}  invalid {r['invalid_rate']:.2f}  "
               f"outcomes {r['outcomes']}  retries {r['retries']}  improved {r['improved']}  "
               f"mean pivot {r['mean_pivot']}  {r['seconds']} s")
         for e in r["errors"][:5]:
             print(f"    {e['count']:3} × {e['error']}")
-    if args.json_out:
-        args.json_out.write_text(json.dumps(out, indent=2, default=str) + "\n")
+    write(args.json_out, out)
 
 
 if __name__ == "__main__":

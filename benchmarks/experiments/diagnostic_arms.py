@@ -17,7 +17,7 @@ Experiments (``--experiment``):
 
 Run it from a frozen copy of the code::
 
-    python benchmarks/diagnostic_arms.py --experiment r3l-oracle --seeds 0,1,2 --max-steps 20 \\
+    python benchmarks/experiments/diagnostic_arms.py --experiment r3l-oracle --seeds 0,1,2 --max-steps 20 \\
         --max-seconds 1000 --set learner.keep_policies=null --home /work/exp-home \\
         --json-out benchmarks/results/r3l_oracle_1000.json
     # the same command with --eval-at 7 (docs/experiments.md), then:
@@ -33,19 +33,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import re
 import subprocess
 import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from arms import CLI, ROOT, RUN_SUMMARY, home_env
+
+sys.path.insert(0, str(ROOT / "benchmarks"))
 from memory_bench import run_polled  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
-CLI = [sys.executable, "-m", "reflexdb.cli.main"]
 FIX_SHOT = ["--set", "tasks.level=9", "--set", "tasks.template=tool_python_fix_shot"]
 #: Each arm is a list of overrides of the experiment's config, or ``(config, overrides)`` when the
 #: arm is another example file (a baseline with its own file, say).
@@ -67,12 +65,9 @@ def arm_command(exp: dict, arm: str) -> tuple[Path, list[str]]:
     return spec if isinstance(spec, tuple) else (exp["config"], spec)
 
 
-SUMMARY = re.compile(r"held-out pass@1 \((\d+) \S+ tasks x (\d+) samples\): (\S+) ([\d.]+) -> (\S+) ([\d.]+)")
-
-
 def run_one(exp: dict, arm: str, seed: int, args) -> dict:
     name = f"{arm}-s{seed}"
-    env = _env(args)
+    env = home_env(args.home)
     config, arm_set = arm_command(exp, arm)
     cmd = CLI + ["run", str(config), "--set", f"run={name}", "--set", f"seed={seed}",
                  "--max-steps", str(args.max_steps), "--max-seconds", str(args.max_seconds)] + arm_set
@@ -85,24 +80,18 @@ def run_one(exp: dict, arm: str, seed: int, args) -> dict:
     for role, peak in poller.peaks.values():
         peaks[role] = max(peaks.get(role, 0), round(peak / 2**20))
     text = log.read_text(errors="replace")
-    m = SUMMARY.search(text)
+    m = RUN_SUMMARY.search(text)
     return {"run": name, "arm": arm, "seed": seed, "rc": rc, "wall_s": round(time.time() - t0, 1),
             "pass_at_1_before": float(m.group(4)) if m else None, "pass_at_1_after": float(m.group(6)) if m else None,
             "peak_rss_mib": peaks, "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             **({"log_tail": text[-2000:]} if rc else {})}
 
 
-def _env(args) -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in ("REFLEXDB_DATABASE_URL", "OMP_NUM_THREADS")}
-    env.update(REFLEXDB_HOME=str(args.home), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
-    return env
-
-
 def eval_at(exp: dict, r: dict, version: int, args) -> dict | None:
     """Held-out pass@1 of run ``r`` at policy version ``version`` (``reflexdb eval --checkpoint vN``,
     the run's own overrides), for ``reflexdb compare --at-version``: None when the run ended at or
     before that version (its last evaluation is already there)."""
-    env = _env(args)
+    env = home_env(args.home)
     q = subprocess.run(CLI + ["sql", "--json", "SELECT max(p.version) AS v FROM policy_versions p JOIN runs r "
                               "ON r.id = p.run_id WHERE r.name = :'run'", "-v", f"run={r['run']}"],
                        env=env, capture_output=True, text=True, check=True)
