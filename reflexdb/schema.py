@@ -142,6 +142,10 @@ group_kinds = Table(
     Column("pass_at_1", Boolean, nullable=False),
     Column("method", Text),
     Column("summary", Text, nullable=False),
+    # 0027: its groups hold the policy's rollouts of the task's plain prompt (task_latest_group,
+    # admission control); the batch queue the learner ranks them in (untrained_groups)
+    Column("rollouts", Boolean, nullable=False, server_default=text("false")),
+    Column("queue", Text, nullable=False, server_default="main"),
 )
 
 groups = Table(

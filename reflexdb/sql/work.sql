@@ -67,22 +67,24 @@ WHERE id = %(id)s;
 UPDATE collectors SET status = %(status)s, stopped_at = now(), last_seen = now() WHERE id = %(id)s;
 
 -- name: produced_groups
--- Groups the learner trains on (fresh and replay) written so far for a run, plus the ones other
+-- Groups the collectors produce for the learner (kinds that hold the policy's rollouts of a task,
+-- group_kinds.rollouts: fresh and replay) written so far for a run, plus the ones other
 -- collectors hold task claims for (in flight): the admission check counts both, and the claims of
 -- other work a method's workflow counts itself (reflexdb.work.admission's in_flight).
 SELECT
-    (SELECT count(*) FROM groups WHERE run_id = %(run_id)s AND kind IN ('fresh', 'replay')),
+    (SELECT count(*) FROM groups WHERE run_id = %(run_id)s
+       AND kind IN (SELECT name FROM group_kinds WHERE rollouts)),
     (SELECT count(*) FROM tasks WHERE run_id = %(run_id)s AND claimed_by IS NOT NULL
        AND claimed_by <> %(collector)s AND claimed_at >= now() - make_interval(secs => %(ttl)s));
 
 -- name: imported_share
--- Admission with learner.imported_per_step > 0: the learner's steps so far, the fresh and replay
--- groups they consumed, and how many more uses the eligible imported groups have left (each up to
+-- Admission with learner.imported_per_step > 0: the learner's steps so far, the groups of rollouts
+-- they consumed (group_kinds.rollouts), and how many more uses the eligible imported groups have left (each up to
 -- learner.max_reuse steps; view learner_eligible).
 SELECT
     (SELECT coalesce(max(step), 0) FROM learner_steps WHERE run_id = %(run_id)s),
     (SELECT count(DISTINCT c.group_id) FROM consumption c JOIN groups g ON g.id = c.group_id
-      WHERE g.run_id = %(run_id)s AND g.kind IN ('fresh', 'replay')),
+      WHERE g.run_id = %(run_id)s AND g.kind IN (SELECT name FROM group_kinds WHERE rollouts)),
     (SELECT coalesce(sum(greatest(0, run_setting(run_id, 'learner.max_reuse', '1')::int - times_consumed)), 0)
        FROM learner_eligible WHERE run_id = %(run_id)s AND kind = 'imported' AND eligible);
 

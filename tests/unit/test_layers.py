@@ -184,10 +184,9 @@ def owned_names() -> set[str]:
     return names
 
 
-#: Quoted method-owned origin and kind names in shared code today (``{file: how many}``): each to go
-#: with the revision that reads the kinds' facts from ``group_kinds`` instead (issue 52).
-KNOWN_OWNED: dict[str, int] = {"reflexdb/sql/views/untrained_groups.sql": 1, "reflexdb/sql/work.sql": 2,
-                               "reflexdb/sql/views/task_latest_group.sql": 1}
+#: Quoted method-owned origin and kind names in shared code today (``{file: how many}``): none since
+#: revision 0027 gave ``group_kinds`` the facts reflexdb's SQL named ``replay`` for (issue 52).
+KNOWN_OWNED: dict[str, int] = {}
 #: The same word meaning something else there: ``{file: {word}}`` (an answer format named raw).
 HOMONYMS: dict[str, set[str]] = {"collector/tasks/datasets.py": {"raw"}}
 

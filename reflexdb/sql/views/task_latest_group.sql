@@ -1,7 +1,8 @@
 -- task_latest_group: each task's latest training group and how many of its own rollouts were correct.
 --
 -- Question it answers: "how does the current policy do on this task?" A task's latest group is
--- its newest fresh or replay group (largest id; eval groups are left out). Its rollouts are the
+-- its newest group of a kind that holds the policy's rollouts of it (group_kinds.rollouts, 0027:
+-- fresh and NexGRPO's replay groups; largest id; eval groups are left out). Its rollouts are the
 -- trajectories the policy sampled in it: replayed copies of stored trajectories (origin
 -- 'replayed', NexGRPO's y+ and b*) are not counted. NexGRPO reads it twice (METHODS.md §3): a
 -- task whose latest group was 100% correct is retired (nexgrpo_retired_tasks), and k of n is the
@@ -24,7 +25,7 @@ FROM tasks k
 CROSS JOIN LATERAL (
     SELECT g.id AS group_id, g.policy_version, g.created_at
     FROM groups g
-    WHERE g.task_id = k.id AND g.kind IN ('fresh', 'replay')
+    WHERE g.task_id = k.id AND g.kind IN (SELECT name FROM group_kinds WHERE rollouts)
     ORDER BY g.id DESC
     LIMIT 1
 ) lg

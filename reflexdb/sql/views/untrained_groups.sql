@@ -11,8 +11,8 @@
 --
 -- A step S could take group G when G was committed in S's snapshot and S's policy version was
 -- within G's staleness bound (S.policy_version - G.policy_version <= max_staleness). The learner
--- takes eligible groups oldest first (by id), replay groups and the others as two queues
--- (NexGRPO caps replay groups per batch).
+-- takes eligible groups oldest first (by id), in the queue of their kind (group_kinds.queue, 0027:
+-- a method may take a kind by a quota of its own, as NexGRPO its replay groups).
 -- reason:
 --   passed_over  a step that could take G took a newer group of G's queue instead: the learner
 --                skipped it. A defect; the failure drill (benchmarks/chaos.py) counts these.
@@ -78,8 +78,9 @@ CROSS JOIN LATERAL (
            count(*) FILTER (WHERE v.visible) AS could_take,
            count(*) FILTER (WHERE v.visible AND EXISTS (
                SELECT 1 FROM consumption c JOIN groups h ON h.id = c.group_id
+               JOIN group_kinds hk ON hk.name = h.kind
                WHERE c.step_id = st.id AND c.group_id > u.group_id
-                 AND (h.kind = 'replay') = (u.kind = 'replay'))) AS took_newer
+                 AND hk.queue = (SELECT queue FROM group_kinds WHERE name = u.kind))) AS took_newer
     FROM learner_steps st
     CROSS JOIN LATERAL (
         SELECT coalesce(pg_visible_in_snapshot(u.xact_id::text::xid8, st.batch_snapshot::pg_snapshot), false)
