@@ -16,6 +16,7 @@ import json
 import logging
 import math
 import time
+import zlib
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -104,6 +105,13 @@ class MlflowLinks:
         return link
 
 
+def origin_class(origin: str) -> str:
+    """The CSS class of an origin's badge: ``o-base`` for the policy's plain samples, else one of
+    five colours chosen by the name's CRC-32, so any method's origins get a stable colour without
+    the explorer naming them."""
+    return "o-base" if origin == "base" else f"o-{zlib.crc32(str(origin).encode()) % 5 + 1}"
+
+
 def create_app(db: Explorer, *, mlflow_url: str | None = None, tracking_uri: str | None = None) -> Starlette:
     import jinja2
 
@@ -114,6 +122,7 @@ def create_app(db: Explorer, *, mlflow_url: str | None = None, tracking_uri: str
     env.filters["fmt"] = _fmt
     env.filters["json"] = _json
     env.filters["q"] = lambda s: quote(str(s), safe="")
+    env.filters["origin_class"] = origin_class
     env.globals["PAGE"] = PAGE
     mlflow = MlflowLinks(mlflow_url, tracking_uri)
 

@@ -26,9 +26,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = {"reflexdb": "reflexdb", "collector": "reflexdb.collector", "trainer": "reflexdb.trainer",
-            "methods": "reflexdb.methods", "cli": "reflexdb.cli"}
+            "methods": "reflexdb.methods", "cli": "reflexdb.cli", "explorer": "reflexdb.explorer"}
 #: A method's package (``methods/<name>``) stands on the collector and the trainer; the CLI beside it.
-LEVEL = {"reflexdb": 0, "reflexdb.collector": 1, "reflexdb.trainer": 1, "reflexdb.methods": 2, "reflexdb.cli": 2}
+LEVEL = {"reflexdb": 0, "reflexdb.collector": 1, "reflexdb.trainer": 1, "reflexdb.methods": 2, "reflexdb.cli": 2,
+         "reflexdb.explorer": 2}
 
 #: Modules that belong to one method, still outside its package (``methods/<name>/``, which the
 #: check skips as a whole): to move there.
@@ -54,7 +55,7 @@ def _modules():
 
 
 def _layer(module: str) -> str | None:
-    for package in ("reflexdb.collector", "reflexdb.trainer", "reflexdb.methods", "reflexdb.cli"):
+    for package in ("reflexdb.collector", "reflexdb.trainer", "reflexdb.methods", "reflexdb.cli", "reflexdb.explorer"):
         if module == package or module.startswith(package + "."):
             return package
     return "reflexdb" if module == "reflexdb" or module.startswith("reflexdb.") else None
@@ -188,7 +189,7 @@ def owned_names() -> set[str]:
 #: revision 0027 gave ``group_kinds`` the facts reflexdb's SQL named ``replay`` for (issue 52).
 KNOWN_OWNED: dict[str, int] = {}
 #: The same word meaning something else there: ``{file: {word}}`` (an answer format named raw).
-HOMONYMS: dict[str, set[str]] = {"collector/tasks/datasets.py": {"raw"}}
+HOMONYMS: dict[str, set[str]] = {"collector/tasks/datasets.py": {"raw"}, "explorer/templates/trajectory.html": {"raw"}}
 
 
 def owned_name_uses() -> dict[str, int]:
@@ -210,6 +211,15 @@ def owned_name_uses() -> dict[str, int]:
             if "history" in path.parts:
                 continue
             n = sum(1 for line in path.read_text().splitlines() if quoted.search(line.split("--")[0]))
+            if n:
+                found[path.relative_to(ROOT).as_posix()] = n
+    # the explorer's templates and styles: a method's name, origin or kind as a word
+    word = re.compile(r"(?<![\w-])(" + "|".join(sorted(owned_names())) + r")(?![\w-])")
+    for path in sorted((ROOT / "explorer").rglob("*")):
+        if path.suffix in (".html", ".css", ".js"):
+            rel = path.relative_to(ROOT).as_posix()
+            n = sum(1 for line in path.read_text().splitlines()
+                    if {m.group(1) for m in word.finditer(line)} - HOMONYMS.get(rel, set()) or METHOD_NAME.search(line))
             if n:
                 found[path.relative_to(ROOT).as_posix()] = n
     return found
