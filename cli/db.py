@@ -32,7 +32,9 @@ def downgrade(
     url: str = URL_OPTION,
     yes: bool = typer.Option(False, "--yes", help="Do not ask for confirmation."),
 ) -> None:
-    """Migrate the schema down to REVISION (drops tables and data of later revisions)."""
+    """Migrate the schema down to REVISION (drops tables and data of later revisions; BRANCH@base
+    removes a method's branch), in one transaction: refused, with nothing changed, while runs hold
+    rows of an origin or a group kind it removes (the message names them)."""
     if not yes:
         typer.confirm(f"downgrade the schema to {revision}? Tables of later revisions are dropped", abort=True)
     before, after = admin.downgrade(url, revision)
@@ -48,8 +50,9 @@ def status(url: str = URL_OPTION) -> None:
         typer.echo(f"{key + ':':<{width}} {value}")
     if info.counts:
         typer.echo("rows:")
+        width = max(16, *map(len, info.counts))
         for table, n in info.counts.items():
-            typer.echo(f"  {table:<16} {n:>12,}")
+            typer.echo(f"  {table:<{width}} {n:>12,}")
     if info.runs:
         typer.echo("size per run (its partitions: trajectories, turns, token_bytes, embeddings, consumption):")
         width = max(len(name) for name, *_ in info.runs)

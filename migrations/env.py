@@ -14,12 +14,22 @@ if engine is None:  # pragma: no cover - `alembic` CLI use
 # Serialise concurrent `reflexdb db upgrade` runs (several collectors starting at once).
 MIGRATION_LOCK = 0x7265666C  # "refl"
 
+# An upgrade commits revision by revision (a failed one leaves the earlier applied); a downgrade
+# (reflexdb/migrate.py sets one_transaction) is one transaction, so a refused step undoes nothing.
+one_transaction = bool(context.config.attributes.get("one_transaction"))
+
 with engine.connect() as connection:
     connection.execute(text("SELECT pg_advisory_lock(:k)"), {"k": MIGRATION_LOCK})
     connection.commit()
-    context.configure(connection=connection, target_metadata=full_metadata(), transaction_per_migration=True)
-    with context.begin_transaction():
-        context.run_migrations()
-    connection.commit()
-    connection.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": MIGRATION_LOCK})
-    connection.commit()
+    try:
+        context.configure(connection=connection, target_metadata=full_metadata(),
+                          transaction_per_migration=not one_transaction)
+        with context.begin_transaction():
+            if one_transaction:  # a deferred foreign key's pending checks would stop a later revision's ALTER TABLE
+                connection.execute(text("SET CONSTRAINTS ALL IMMEDIATE"))
+            context.run_migrations()
+        connection.commit()
+    finally:  # a failed migration too: the pooled connection must not keep the lock
+        connection.rollback()
+        connection.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": MIGRATION_LOCK})
+        connection.commit()

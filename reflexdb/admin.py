@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from sqlalchemy import inspect, text
+from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
 
 from . import embedded, migrate, roles, schema
@@ -83,7 +83,8 @@ class Status:
 
 
 def status(url: str | None) -> Status:
-    """URL (masked), server, schema revision against the code's head, row counts, data size."""
+    """URL (masked), server, schema revision against the code's head (and what to do about revisions
+    no installed package provides), row counts of every table, data size."""
     target = resolve_target(url)
     engine = make_engine(database_url(target))
     try:
@@ -91,12 +92,19 @@ def status(url: str | None) -> Status:
             current = migrate.current_revision(conn)
             version = conn.execute(text("SHOW server_version")).scalar()
             size = conn.execute(text("SELECT pg_size_pretty(pg_database_size(current_database()))")).scalar()
-            existing = set(inspect(conn).get_table_names())
-            names = [t.name for t in schema.full_metadata().sorted_tables if t.name in existing]
+            unknown = migrate.unknown_revisions(conn)
+            # every table: the declared ones (reflexdb's and each installed package's, schema.full_metadata)
+            # in dependency order, then any other (a package's that declares none, or one no longer installed)
+            existing = set(conn.execute(text(
+                "SELECT relname FROM pg_class WHERE relnamespace = current_schema()::regnamespace "
+                "AND relkind IN ('r', 'p') AND NOT relispartition AND relname <> 'alembic_version'")).scalars())
+            declared = [t.name for t in schema.full_metadata().sorted_tables]
+            names = [n for n in declared if n in existing] + sorted(existing - set(declared))
             counts = {}
             if names:
-                sql = " UNION ALL ".join(f"SELECT '{n}', count(*) FROM {n}" for n in names)
-                counts = dict(conn.execute(text(sql)).all())
+                quote = conn.dialect.identifier_preparer.quote
+                sql = " UNION ALL ".join(f"SELECT {i}, count(*) FROM {quote(n)}" for i, n in enumerate(names))
+                counts = {names[i]: n for i, n in conn.execute(text(sql)).all()}
             runs = []
             if conn.execute(text("SELECT to_regproc('run_partitions_size')")).scalar() is not None:  # >= 0015
                 runs = run_table.sizes(conn)
@@ -107,6 +115,8 @@ def status(url: str | None) -> Status:
         rev = f"{current} (up to date)"
     elif current is None:
         rev = f"none: run `reflexdb db upgrade` (code is at {head})"
+    elif unknown:  # Alembic cannot upgrade such a database: what to do instead is the next field
+        rev = f"{current} (code is at {head})"
     else:
         rev = f"{current}: run `reflexdb db upgrade` (code is at {head})"
     fields = {
@@ -116,6 +126,8 @@ def status(url: str | None) -> Status:
     if target.embedded:
         fields["data directory"] = str(target.pgdata)
     fields["schema revision"] = rev
+    if unknown:
+        fields["unknown revision"] = migrate.explain_unknown(unknown)
     fields["data size"] = size
     return Status(fields, counts, runs)
 

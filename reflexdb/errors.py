@@ -21,6 +21,28 @@ class SchemaOutdated(ReflexdbError):
     exit_code = 4
 
 
+class UnknownRevision(SchemaOutdated):
+    """The database holds a revision that no installed package provides: a migration branch whose
+    package is not installed here (uninstalled, or installed on another machine), a newer version of
+    an installed package, or a newer reflexdb. Alembic cannot migrate such a database at all, so
+    ``reflexdb db upgrade`` and ``downgrade`` refuse it; the message names the revision, its branch
+    and the ways out (reflexdb/migrate.py).
+
+    Attributes:
+        revisions: the revisions the database holds that no installed package provides.
+    """
+
+    def __init__(self, message: str, revisions: list[str]):
+        self.revisions = revisions
+        super().__init__(message)
+
+
+class MigrationRefused(ReflexdbError):
+    """``reflexdb db upgrade`` or ``downgrade`` cannot go to the revision asked: a branch no
+    installed package provides, a revision Alembic cannot find, or (a downgrade) rows of runs that
+    still use an origin or a group kind the downgrade removes. Nothing was changed."""
+
+
 class InvalidGroup(ReflexdbError, ValueError):
     """A group handed to the store is inconsistent; nothing of it was written.
 

@@ -50,10 +50,16 @@ def sizes(conn) -> list[tuple]:
     return [tuple(r) for r in conn.execute(text(Q["run_sizes"]))]
 
 
+def holding(conn, origins: list[str], kinds: list[str]) -> list[tuple[str, list[str], list[str]]]:
+    """The runs whose rows use these origins or group kinds, or others of their methods (``runs_holding``),
+    each as (name, what it uses, the methods), on a SQLAlchemy connection (``reflexdb db downgrade``)."""
+    return [tuple(r) for r in conn.exec_driver_sql(Q["runs_holding"], {"origins": origins, "kinds": kinds})]
+
+
 def delete(store: Store, run_id: int) -> None:
     """Delete a run: its partitions dropped, then its other rows (``delete_run``)."""
     with store.transaction() as conn:
         conn.execute(Q["delete_run"], {"run_id": run_id})
 
 
-__all__ = ["delete", "evals", "list_runs", "origins", "processes", "sizes"]
+__all__ = ["delete", "evals", "holding", "list_runs", "origins", "processes", "sizes"]

@@ -1,7 +1,8 @@
 -- `reflexdb runs`: what each run holds (reflexdb/cli/runs.py), loaded by name.
 
 -- name: list_runs
--- One row per run (all runs, or the one named by :name when it is not NULL). size_bytes is the
+-- One row per run (all runs, or the one named by :name when it is not NULL). groups counts its
+-- training groups: of a kind the learner trains (table group_kinds, column trained). size_bytes is the
 -- disk size of the run's partitions (trajectories, turns, token_bytes, embeddings, consumption;
 -- indexes and TOAST included), read from the catalog: nothing is scanned. Held-out pass@1 is the mean
 -- correctness of the run's eval groups on eval-split tasks with one attempt (`reflexdb eval`,
@@ -11,7 +12,8 @@ WITH per_run AS (
            (SELECT max(s.step) FROM learner_steps s WHERE s.run_id = r.id) AS steps,
            (SELECT max(p.version) FROM policy_versions p WHERE p.run_id = r.id) AS latest_version,
            (SELECT count(*) FROM trajectories t WHERE t.run_id = r.id) AS trajectories,
-           (SELECT count(*) FROM groups g WHERE g.run_id = r.id AND g.kind <> 'eval') AS groups,
+           (SELECT count(*) FROM groups g JOIN group_kinds k ON k.name = g.kind
+            WHERE g.run_id = r.id AND k.trained) AS groups,
            (SELECT max(t.created_at) FROM trajectories t WHERE t.run_id = r.id) AS last_write
     FROM runs r
     WHERE %(name)s::text IS NULL OR r.name = %(name)s::text
@@ -77,3 +79,31 @@ SELECT drop_run_partitions(%(run_id)s);
 SELECT r.name, r.id, run_partitions_size(r.id) AS bytes,
        (SELECT count(*) FROM trajectories t WHERE t.run_id = r.id) AS trajectories
 FROM runs r ORDER BY 3 DESC, 1;
+
+-- name: runs_holding
+-- The runs whose rows use the origins %(origins)s or the group kinds %(kinds)s (text arrays), or
+-- another origin or group kind of the same method (a method's migration branch removes them all when
+-- it is downgraded to base): one row per run, its name, what it uses ('origin NAME', 'group kind
+-- NAME') and the methods of those. `reflexdb db downgrade` names them when their rows keep it from
+-- removing an origin or a kind (reflexdb/migrate.py).
+WITH named AS (
+    SELECT method FROM origins WHERE name = ANY(%(origins)s::text[])
+    UNION SELECT method FROM group_kinds WHERE name = ANY(%(kinds)s::text[])
+), o AS (
+    SELECT name, method FROM origins
+    WHERE name = ANY(%(origins)s::text[]) OR method IN (SELECT method FROM named)
+), k AS (
+    SELECT name, method FROM group_kinds
+    WHERE name = ANY(%(kinds)s::text[]) OR method IN (SELECT method FROM named)
+), used AS (
+    SELECT DISTINCT t.run_id, 'origin ' || o.name AS what, o.method
+    FROM trajectories t JOIN o ON o.name = t.origin
+    UNION
+    SELECT DISTINCT g.run_id, 'group kind ' || k.name, k.method
+    FROM groups g JOIN k ON k.name = g.kind
+)
+SELECT r.name, array_agg(DISTINCT u.what ORDER BY u.what) AS uses,
+       array_remove(array_agg(DISTINCT u.method), NULL) AS methods
+FROM used u JOIN runs r ON r.id = u.run_id
+GROUP BY r.id, r.name
+ORDER BY r.id;

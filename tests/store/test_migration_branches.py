@@ -40,7 +40,7 @@ def downgrade() -> None:
 
 
 #: The head without the test's branch: reflexdb's chain and the built-in methods' branches.
-BUILT_IN = "0026, lte_0003, r3l_0002"
+BUILT_IN = "0027, lte_0003, r3l_0002"
 
 
 @pytest.fixture
@@ -89,8 +89,8 @@ def test_upgrade_adds_a_branch_to_a_database_made_before_it(db_url, tmp_path, mo
             assert conn.execute(text("SELECT count(*) FROM testbranch_notes")).scalar() == 0
         # code without the branch refuses the database the branch wrote, naming the revision
         monkeypatch.setattr(MIGRATIONS, "_items", {k: v for k, v in MIGRATIONS._items.items() if k != "testbranch"})
-        with pytest.raises(SchemaOutdated, match=r"revision testbranch_0001, which this installation does not know "
-                                                 r"\(a newer reflexdb, or a method's package not installed here"):
+        with pytest.raises(SchemaOutdated, match=r"revision testbranch_0001 of migration branch testbranch, which no "
+                                                 r"installed package provides: reinstall the package"):
             migrate.check_current(engine)
     finally:
         engine.dispose()
