@@ -44,9 +44,14 @@ class Attachment(Protocol):
     #: Whether this attachment is the work item the group completes (else the task claim is).
     claim: bool
 
-    def before(self, cur: Any) -> None: ...
+    def before(self, cur: Any) -> None:
+        """Write the rows the group's trajectories refer to (``cur``: a psycopg cursor, ``%(name)s``
+        parameters), before the group."""
 
-    def after(self, cur: Any, written: WrittenGroup | None, collector: str | None) -> None: ...
+    def after(self, cur: Any, written: WrittenGroup | None, collector: str | None) -> None:
+        """Write the rows that refer to the group's trajectories (``written.trajectory_ids``, in the
+        group's order) and complete the work item; raise ``ClaimLost`` when it is no longer the
+        writer's. ``written`` is ``None`` when the item ends without a group."""
 
 
 @dataclass(frozen=True)

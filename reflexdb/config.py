@@ -281,6 +281,7 @@ class Config(_Section):
 
     @property
     def advantage_scale(self) -> str:
+        """The group scale of the advantages: ``learner.advantage_scale``, else the method's default."""
         return self.learner.advantage_scale or self.method.advantage_scale
 
     def masked(self) -> dict[str, Any]:

@@ -41,6 +41,10 @@ SELECT = "SELECT name, pi_old, pass_at_1, sampled, method, summary, in_failures 
 
 @dataclass(frozen=True)
 class Origin:
+    """A row of table ``origins``: where a trajectory may come from, and its facts (``pi_old``,
+    ``pass_at_1``, ``sampled``, the owning ``method``, ``in_failures``; ``reflexdb/origins.py`` says
+    what each means)."""
+
     name: str
     pi_old: PiOld
     pass_at_1: bool

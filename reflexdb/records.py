@@ -75,9 +75,9 @@ class TrajectoryIn:
             or every token when no turn has a span.
         embedding: `[D]` float mean-pooled last-layer hidden state over the response tokens.
         confidence: defaults to ``exp(mean(logprobs))`` (NexGRPO's l(o)).
-        origin: where the trajectory comes from: a name of ``reflexdb.origins.ORIGINS`` (``base``:
-            sampled by the policy for the task's plain prompt; the table says what each other
-            origin means for the learner).
+        origin: where the trajectory comes from: a row of table ``origins`` (``base``: sampled
+            by the policy for the task's plain prompt; the table says what each other origin
+            means for the collector and the learner; a method's migration adds its own).
         parent_trajectory_id: lineage; may be a :class:`Sibling` (a trajectory written in the same
             transaction). A method's own links (a reflection, a hint) are rows of its tables,
             written by the group's attachments (reflexdb/attachments.py).
@@ -158,6 +158,8 @@ class WrittenGroup:
 
 @dataclass(frozen=True)
 class Turn:
+    """A stored turn (a row of table ``turns``); its fields are :class:`TurnIn`'s."""
+
     turn_index: int
     role: str
     text: str
@@ -207,6 +209,9 @@ class Trajectory:
 
 @dataclass(frozen=True)
 class Group:
+    """A stored group (a row of table ``groups``) with its trajectories, as ``Store.read_groups``
+    returns it (what a method's ``Hooks.metrics`` receives)."""
+
     id: int
     run_id: int
     task_id: int

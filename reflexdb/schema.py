@@ -69,6 +69,7 @@ def created_at() -> Column:
     return Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now())
 
 
+# One row per run (a YAML file's `run:`): the config it was started with, whole, and its method.
 runs = Table(
     "runs",
     metadata,
@@ -94,6 +95,7 @@ run_settings = Table(
     PrimaryKeyConstraint("run_id", "key"),
 )
 
+# The run's prompts (its train and eval splits) with their ground truth, and the collectors' claims.
 tasks = Table(
     "tasks",
     metadata,
@@ -118,6 +120,7 @@ tasks = Table(
     Index(None, "run_id", "split"),
 )
 
+# Each published policy: the version collectors sample with, where its weights are, the step that made it.
 policy_versions = Table(
     "policy_versions",
     metadata,
@@ -148,6 +151,7 @@ group_kinds = Table(
     Column("queue", Text, nullable=False, server_default="main"),
 )
 
+# A group: the trajectories sampled for one task, written in one transaction; its kind a row of group_kinds.
 groups = Table(
     "groups",
     metadata,
@@ -208,6 +212,10 @@ composed_views = Table(
     Column("types", ARRAY(Text), nullable=False),
 )
 
+# One sampled (or replayed, imported, ...) response with its outcome, in its group; its token arrays are in
+# token_bytes, its turns in turns. A method's links from a row to its own rows (a reflection, a hint)
+# live in the method's tables (trajectory_reflections, trajectory_hints), not here: the columns
+# reflection_id and hint_id moved out in the methods' branches (r3l_0001, lte_0001).
 trajectories = Table(
     "trajectories",
     metadata,
@@ -222,9 +230,7 @@ trajectories = Table(
     # foreign key (0015; a partition referring to itself could not be dropped): the store checks that
     # the parent exists when it writes the row.
     Column("parent_trajectory_id", BigInteger),
-    # A method's links from a row to its own rows (a reflection, a hint) live in the method's tables
-    # (trajectory_reflections, trajectory_hints), not here: the columns reflection_id and hint_id
-    # moved out in the methods' branches (r3l_0001, lte_0001).
+    # The policy version that sampled the row (a replayed copy keeps its original's).
     Column("policy_version", Integer, nullable=False),
     Column("reward", Float),  # NULL when the reward function failed (see error)
     Column("correct", Boolean),
@@ -257,6 +263,8 @@ def of_trajectory(ondelete: str = "CASCADE") -> ForeignKeyConstraint:
     return ForeignKeyConstraint(["trajectory_id", "run_id"], ["trajectories.id", "trajectories.run_id"],
                                 ondelete=ondelete)
 
+# The conversation of a trajectory, one row per turn: the prompt's turns, then the assistant's and the
+# environment's, each with its span of the response tokens.
 turns = Table(
     "turns",
     metadata,
@@ -331,6 +339,7 @@ embeddings = Table(
     **_BY_RUN,
 )
 
+# One row per learner step: its loss and metrics (a method's hooks add theirs), the version it started from.
 learner_steps = Table(
     "learner_steps",
     metadata,
@@ -351,6 +360,7 @@ learner_steps = Table(
     UniqueConstraint("run_id", "step"),
 )
 
+# Which trajectories each learner step trained on (a row each), with their advantages.
 consumption = Table(
     "consumption",
     metadata,

@@ -238,6 +238,10 @@ class Store:
 
             with store.transaction() as conn:
                 conn.execute(Q["claim_tasks"], {...}).fetchall()
+
+        ``conn`` is a ``psycopg.Connection`` (psycopg 3, not SQLAlchemy): parameters are
+        ``%(name)s`` placeholders with a dict, ``conn.cursor().executemany(sql, [dict, ...])``
+        writes many rows.
         """
         with self.engine.begin() as conn:
             yield conn.connection.driver_connection

@@ -142,6 +142,7 @@ class Sample:
 
     @property
     def truncated(self) -> bool:
+        """Whether it stopped at its length limit (``finish_reason == "length"``)."""
         return self.finish_reason == "length"
 
     @property

@@ -66,14 +66,22 @@ class Step:
 
 
 class Environment(Protocol):
+    """One episode on one task (``collector/environments/base.py`` says what each call does): a class registered with
+    ``register_environment(name)``, built as ``cls(task, options, reward_fn=..., template=...)``
+    (``task`` an :class:`EnvTask`, ``options`` its ``Options`` model, a pydantic model of the other
+    keys of ``environment:``)."""
+
     name: str
     multi_turn: bool  # whether an episode may have more than one assistant turn (optional; default True)
 
-    def reset(self) -> list[dict[str, str]]: ...
+    def reset(self) -> list[dict[str, str]]:
+        """The chat messages the first assistant turn answers (system, user)."""
 
-    def step(self, text: str, finish_reason: str) -> Step: ...
+    def step(self, text: str, finish_reason: str) -> Step:
+        """The model's turn (its decoded text and why sampling stopped) -> the verdict and feedback."""
 
-    def restore(self, turn: int) -> list[dict[str, str]]: ...
+    def restore(self, turn: int) -> list[dict[str, str]]:
+        """Back to the state before assistant turn ``turn`` (0-based): the conversation at that point."""
 
     # Optional: ``step_batch(envs, texts, finish_reasons) -> list[Step]`` (a classmethod) steps
     # many episodes of the class at once; the driver uses it when present (tool calls run

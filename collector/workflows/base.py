@@ -75,7 +75,7 @@ class CollectContext(Protocol):
 
     def db(self, fn) -> Any: ...  # a database call, retried through an outage (collector.db_retry_s)
 
-    def echo(self, msg: str) -> None: ...
+    def echo(self, msg: str) -> None: ...  # a line of the collector's log
 
     def prompt(self, text: str) -> list[dict]: ...  # the chat messages of a task prompt (the run's template)
 
@@ -89,7 +89,9 @@ class CollectContext(Protocol):
 
     def sample(self, prompts: list, n: int, **overrides) -> list[list[Sample]]: ...  # n samples each, seeded
 
-    def score(self, ground_truth: str | None, prompt: list[dict], samples: list[Sample]) -> list[TrajectoryIn]: ...
+    def score(self, ground_truth: str | None, prompt: list[dict], samples: list[Sample]) -> list[TrajectoryIn]:
+        """``samples`` of ``prompt`` as trajectories with their rewards and turns (a reward function
+        that raises gives a NULL reward and the error on the row)."""
 
 
 class Workflow(Protocol):
@@ -101,9 +103,13 @@ class Workflow(Protocol):
 
     name: str
 
-    def claim(self, want: int) -> list: ...
+    def claim(self, want: int) -> list:
+        """Claim up to ``want`` items of work for this collector (tasks, a method's requests); ``[]``:
+        none now (the collector asks the next workflow, then waits)."""
 
-    def collect(self, items: list) -> list[GroupIn | list[GroupIn]]: ...
+    def collect(self, items: list) -> list[GroupIn | list[GroupIn]]:
+        """Turn claimed items into complete groups. Each group is written in one transaction, each
+        list of groups in one transaction together (``Sibling`` refers across them)."""
 
 
 def replayed_copy(original: Trajectory) -> TrajectoryIn:
