@@ -141,7 +141,7 @@ class Drill:
             self.pgdata = self.home / "pgdata"
             self.url = embedded.server_uri(self.pgdata)  # this process keeps it up throughout
         self.url = database_url(resolve_target(self.url))
-        from reflexdb import admin
+        from reflexdb.ops import admin
         from reflexdb.store import Store
 
         admin.upgrade(self.url)

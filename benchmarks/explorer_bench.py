@@ -57,7 +57,7 @@ def _db_url(url: str, name: str) -> str:
 
 
 def fill(url: str, groups: int) -> None:
-    from reflexdb import admin
+    from reflexdb.ops import admin
     from reflexdb.db import make_engine
     from reflexdb import roles
 

@@ -58,7 +58,9 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=7)
     args = ap.parse_args()
 
-    from reflexdb import Store, admin
+    from reflexdb import Store
+
+    from reflexdb.ops import admin
     from tests.factories import make_group, setup_run
 
     with psycopg.connect(args.url, autocommit=True) as conn:

@@ -1,5 +1,5 @@
 """``reflexdb compare RUN...``: held-out pass@1 of runs and arms with bootstrap intervals, steps
-and wall clock, as a table and a PNG, from the database (reflexdb/compare.py)."""
+and wall clock, as a table and a PNG, from the database (reflexdb/ops/compare.py)."""
 
 from __future__ import annotations
 
@@ -37,8 +37,8 @@ def compare(
     """Compare runs: held-out pass@1 per run (interval over tasks) and per arm (mean over seeds,
     interval over seeds and tasks, Δ against the first arm), steps and training seconds."""
     from reflexdb import Store
-    from reflexdb.compare import compare as do_compare
-    from reflexdb.compare import load_records, plot, save_records
+    from reflexdb.ops.compare import compare as do_compare
+    from reflexdb.ops.compare import load_records, plot, save_records
     from reflexdb.errors import ReflexdbError
 
     if x not in ("step", "seconds"):

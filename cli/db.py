@@ -6,7 +6,7 @@ import typer
 
 from reflexdb.lazy import lazy
 
-admin = lazy("reflexdb.admin")  # imported when a command runs, not when the CLI starts
+admin = lazy("reflexdb.ops.admin")  # imported when a command runs, not when the CLI starts
 
 app = typer.Typer(help="Create, migrate and inspect the experience database.", no_args_is_help=True)
 
@@ -72,7 +72,7 @@ def archive(
     from pathlib import Path
 
     from reflexdb import Store
-    from reflexdb.archive import archive as write_archive
+    from reflexdb.ops.archive import archive as write_archive
 
     with Store.open(url) as store:
         result = write_archive(store, run, Path(output),
@@ -90,7 +90,7 @@ def restore(
     from pathlib import Path
 
     from reflexdb import Store
-    from reflexdb.archive import restore as read_archive
+    from reflexdb.ops.archive import restore as read_archive
 
     with Store.open(url) as store:
         result = read_archive(store, Path(directory))
@@ -108,7 +108,7 @@ def replica(
     to it. For an external server, set up a standby with its own tools (docs/operations.md)."""
     from pathlib import Path
 
-    from reflexdb import replica as rep
+    from reflexdb.ops import replica as rep
     from reflexdb.errors import ReflexdbError
     from reflexdb.settings import resolve_target
 

@@ -1,4 +1,4 @@
-"""``reflexdb export``: a view, table or query to Parquet or JSONL (reflexdb/export.py)."""
+"""``reflexdb export``: a view, table or query to Parquet or JSONL (reflexdb/ops/export.py)."""
 
 from __future__ import annotations
 
@@ -25,8 +25,8 @@ def export(
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
                   transient=True, disable=not sys.stderr.isatty()) as progress:
         task = progress.add_task(f"exporting to {out}", total=None)
-        from reflexdb.export import export as run_export
-        from reflexdb.replica import read_url
+        from reflexdb.ops.export import export as run_export
+        from reflexdb.ops.replica import read_url
 
         stats = run_export(read_url(url), source, out, fmt=fmt, batch_size=batch_size, chat=chat,
                            on_batch=lambda n: progress.update(task, description=f"exporting to {out}: {n:,} rows"))

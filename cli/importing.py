@@ -1,5 +1,5 @@
 """``reflexdb import``: JSONL or Parquet rows of prompt + completion (+ reward) into a run
-(reflexdb/importer.py)."""
+(reflexdb/ops/importer.py)."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ def import_command(
     from reflexdb.config import load_config, parse_overrides
     from reflexdb.db import name_process
     from reflexdb.errors import NotFound
-    from reflexdb.importer import Tokenizer, check_file, import_file
+    from reflexdb.ops.importer import Tokenizer, check_file, import_file
     from reflexdb import runs
 
     check_file(file)  # a missing file, a .csv, a broken Parquet file: refused before anything is created

@@ -40,7 +40,7 @@ from typing import Callable
 
 from sqlalchemy import text
 
-from reflexdb import admin
+from reflexdb.ops import admin
 from reflexdb.config import load_config, parse_overrides
 from reflexdb.db import database_url
 from reflexdb.settings import resolve_target

@@ -9,10 +9,10 @@ from reflexdb.lazy import lazy
 
 from . import screen
 
-admin = lazy("reflexdb.admin")  # imported when a command runs, not when the CLI starts
+admin = lazy("reflexdb.ops.admin")  # imported when a command runs, not when the CLI starts
 
 URL_OPTION = typer.Option(None, "--url", envvar="REFLEXDB_DATABASE_URL", help="PostgreSQL URL (default: embedded).")
-# Analysis commands read from a replica when REFLEXDB_READ_URL names one (reflexdb/replica.py).
+# Analysis commands read from a replica when REFLEXDB_READ_URL names one (reflexdb/ops/replica.py).
 READ_URL_OPTION = typer.Option(None, "--url", help="PostgreSQL URL (default: REFLEXDB_READ_URL, a read replica, for "
                                                    "reads; else REFLEXDB_DATABASE_URL; else embedded).")
 
@@ -29,8 +29,8 @@ def sql(
     """Run SQL and print the result as a table (read-only unless --write); the cookbook's queries
     paste as they are, their variables given with -v."""
     from reflexdb.errors import ReflexdbError
-    from reflexdb.psqlvars import parse_assignments, substitute
-    from reflexdb.replica import read_url
+    from reflexdb.ops.psqlvars import parse_assignments, substitute
+    from reflexdb.ops.replica import read_url
 
     if as_json and as_csv:
         raise ReflexdbError("give --json or --csv, not both")

@@ -113,7 +113,7 @@ def delete(
     import) is connected or a collector of it reported in the last 2 minutes."""
     from reflexdb import Store
     from reflexdb.errors import ReflexdbError
-    from reflexdb import admin
+    from reflexdb.ops import admin
     from reflexdb.index import default_directory
     from reflexdb.settings import home
     from reflexdb import runs

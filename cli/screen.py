@@ -17,7 +17,7 @@ from reflexdb.storable import printable
 
 # imported when a table is printed or psql started, not when the CLI starts
 np = lazy("numpy")
-admin = lazy("reflexdb.admin")
+admin = lazy("reflexdb.ops.admin")
 embedded = lazy("reflexdb.embedded")
 
 

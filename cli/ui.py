@@ -84,7 +84,8 @@ def _wait_ready(proc: subprocess.Popen, url: str, what: str) -> None:
 
 def _prepare_database(url: str | None) -> str:
     """The database's URL, its schema current and the read-only role there when this login may make it."""
-    from reflexdb import admin, roles
+    from reflexdb import roles
+    from reflexdb.ops import admin
     from reflexdb.db import database_url, make_engine
     from reflexdb.settings import resolve_target
 

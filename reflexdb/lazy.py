@@ -5,7 +5,7 @@ name the heavy ones they need (SQLAlchemy, the store, FAISS), so that every comm
 import what one command uses.
 
     from reflexdb.lazy import torch   # in place of `import torch`; torch.where(...) works as usual
-    admin = lazy("reflexdb.admin")    # in place of `from reflexdb import admin`
+    admin = lazy("reflexdb.ops.admin")    # in place of `from reflexdb.ops import admin`
 
 (``importlib.util.LazyLoader`` cannot do this: ``import torch`` of a lazy module in ``sys.modules``
 reads its ``__spec__``, which loads it.)

@@ -183,7 +183,7 @@ TEMPLATES: Registry[Any] = Registry("prompt template")
 #: A method's migration branch: name -> the folder of its revisions (reflexdb/migrate.py).
 MIGRATIONS: Registry[Any] = Registry("migration branch")
 #: A method's tables that hold rows of a run: name -> ``((table, where, order by), ...)`` in the
-#: order restore inserts them (reflexdb/archive.py; ``%(run)s`` in ``where`` is the run's id).
+#: order restore inserts them (reflexdb/ops/archive.py; ``%(run)s`` in ``where`` is the run's id).
 ARCHIVED: Registry[Any] = Registry("archived tables")
 #: A package's SQL folder: name -> the path of its ``sql/`` (views, their pinned copies, query files,
 #: ``roles.sql``; reflexdb/sqlfile.py). A view's file is found by its name in any registered folder.

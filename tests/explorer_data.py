@@ -194,7 +194,7 @@ ExplorerData = Explorer
 def _smollm2():
     """``reflexdb.importer.Tokenizer`` over SmolLM2's tokenizer directory, or None where it cannot be had."""
     try:
-        from reflexdb.importer import Tokenizer
+        from reflexdb.ops.importer import Tokenizer
         from reflexdb.models import smollm2_tokenizer_dir
 
         return Tokenizer(smollm2_tokenizer_dir())
@@ -652,7 +652,7 @@ def populate(store, *, real_tokens: bool | None = None) -> Explorer:
         d.episode(qp, [("The train goes 84 / 2 = \\boxed{42} km every hour.", "42", True, 1.0)], 3),
     ], 3)
 
-    # ------------------------------------------------------------ imported (reflexdb/importer.py)
+    # ------------------------------------------------------------ imported (reflexdb/ops/importer.py)
     imported_w, task_imported, dataset = _import(store, run, d.tokens)
 
     # ------------------------------------------------------------ CLEANER (methods/cleaner/workflow.py)
@@ -693,7 +693,7 @@ def _advantage_kwargs(store) -> bool:
 
 def _import(store, run: int, tokens: _Tokens):
     """Two rows of one prompt through ``reflexdb.importer.import_file``, as ``reflexdb import`` runs it."""
-    from reflexdb.importer import import_file
+    from reflexdb.ops.importer import import_file
     from reflexdb.records import WrittenGroup
 
     rows = [{"prompt": "What is 7 * 8?", "completion": "7 * 8 = 56, so the answer is \\boxed{56}.", "reward": 1.0,

@@ -75,7 +75,7 @@ def sql_rows(env: dict, query: str) -> list[list[float]]:
 
 
 def training(env: dict, run: str) -> dict:
-    """What ``reflexdb compare RUN --json`` says of one run (reflexdb/compare.py): ``steps`` (its
+    """What ``reflexdb compare RUN --json`` says of one run (reflexdb/ops/compare.py): ``steps`` (its
     last learner step), ``training_s`` (from policy v0's publication to that step), and its
     held-out pass@1 before and after when evaluated."""
     out = subprocess.run(CLI + ["compare", run, "--json", "--samples", "100"], env=env, capture_output=True,

@@ -28,7 +28,7 @@ from pathlib import Path
 from arms import CLI, ROOT, pyplot, save
 
 sys.path.insert(0, str(ROOT))
-from reflexdb.compare import arm_of  # noqa: E402
+from reflexdb.ops.compare import arm_of  # noqa: E402
 
 QUERY = """
 WITH own AS (

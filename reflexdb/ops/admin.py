@@ -10,11 +10,11 @@ from dataclasses import dataclass, field
 from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
 
-from . import embedded, migrate, roles, schema
-from . import runs as run_table
-from .db import database_url, libpq_url, make_engine
-from .errors import ReflexdbError
-from .settings import mask_url, resolve_target
+from .. import embedded, migrate, roles, schema
+from .. import runs as run_table
+from ..db import database_url, libpq_url, make_engine
+from ..errors import ReflexdbError
+from ..settings import mask_url, resolve_target
 
 
 def _engine(url: str | None):

@@ -27,9 +27,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import migrate, runs, schema
+from .. import migrate, runs, schema
 from .admin import run_processes
-from .errors import NotFound, ReflexdbError
+from ..errors import NotFound, ReflexdbError
 
 FORMAT = 1
 MANIFEST = "manifest.json"
@@ -57,7 +57,7 @@ CORE: tuple[tuple[str, str, str], ...] = (
 def tables() -> list[tuple[str, str, str]]:
     """Every table that holds rows of a run, in restore order: reflexdb's own (:data:`CORE`), then
     each installed method's (``reflexdb.plugins.ARCHIVED``; a plug-in's too)."""
-    from .plugins import ARCHIVED
+    from ..plugins import ARCHIVED
 
     return [*CORE, *(t for _, own in ARCHIVED.items() for t in own)]
 
@@ -234,7 +234,7 @@ def restore(store, directory: Path) -> ArchiveResult:
         pass
     else:
         raise ArchiveError(f"a run named {name!r} exists; delete or rename it before restoring")
-    from .store import lock_run_creation
+    from ..store import lock_run_creation
 
     rows: dict[str, int] = {}
     try:

@@ -46,11 +46,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .errors import NotFound, ReflexdbError
-from .sqlfile import load_queries
+from ..errors import NotFound, ReflexdbError
+from ..sqlfile import load_queries
 
 if TYPE_CHECKING:
-    from .store import Store
+    from ..store import Store
 
 Q = load_queries("compare.sql")
 

@@ -30,7 +30,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-from .errors import ReflexdbError
+from ..errors import ReflexdbError
 
 FORMATS = {".parquet": "parquet", ".jsonl": "jsonl"}
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)?$")
@@ -118,7 +118,7 @@ def _add_trajectories(conn, rows: list[dict], chat: bool) -> None:
     ids = sorted({int(r["trajectory_id"]) for r in rows if r.get("trajectory_id") is not None})
     payloads, turns = {}, {}
     if ids:
-        from .store import payload_arrays
+        from ..store import payload_arrays
 
         # token_bytes, not the view token_payloads: numpy decodes the little-endian bytes at memory
         # speed, where the view would decode every element in SQL.

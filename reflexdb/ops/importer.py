@@ -40,9 +40,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import ReflexdbError
-from .records import GroupIn, TaskIn, TrajectoryIn, TurnIn
-from .schema import ROLES
+from ..errors import ReflexdbError
+from ..records import GroupIn, TaskIn, TrajectoryIn, TurnIn
+from ..schema import ROLES
 
 _NAMESPACE = uuid.UUID("6f1c1b8e-3f6a-4a53-9d2e-2b1f1f0c9a10")
 #: consecutive rows of one prompt kept in one group across batches; a longer run is split here

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 
-from .errors import ReflexdbError
+from ..errors import ReflexdbError
 
 # A variable reference, or something to leave alone (a literal, a quoted identifier, a comment).
 # ``::`` never matches: the first colon is followed by another, the second is preceded by one.

@@ -25,9 +25,9 @@ from pathlib import Path
 
 import psycopg
 
-from . import embedded
-from .errors import DatabaseUnavailable, ReflexdbError
-from .settings import home
+from .. import embedded
+from ..errors import DatabaseUnavailable, ReflexdbError
+from ..settings import home
 
 ENV_READ_URL = "REFLEXDB_READ_URL"
 _SOCKET_NAME_MAX = 90  # a unix socket path is at most 107 bytes; keep room for "/.s.PGSQL.NNNNN"

@@ -1,4 +1,4 @@
--- `reflexdb compare`: runs side by side (reflexdb/compare.py), loaded by name.
+-- `reflexdb compare`: runs side by side (reflexdb/ops/compare.py), loaded by name.
 
 -- name: compare_runs
 -- The named runs: method, seed, learner steps, and wall clock: from the publication of policy v0

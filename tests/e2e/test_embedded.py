@@ -25,7 +25,8 @@ _WRITER = textwrap.dedent(
     import sys
     import numpy as np
     sys.path.insert(0, {tests!r})
-    from reflexdb import Store, TaskIn, admin
+    from reflexdb import Store, TaskIn
+    from reflexdb.ops import admin
     from factories import make_group
     admin.upgrade(None)                      # every process migrates: serialised, idempotent
     store = Store.open()
@@ -64,7 +65,7 @@ def test_no_url_means_embedded_server_shared_by_processes(env, tmp_path):
 
 def test_db_stop_stops_a_server_in_use(env, tmp_path):
     holder = subprocess.Popen(
-        [sys.executable, "-c", "from reflexdb import admin; admin.upgrade(None); print('up', flush=True); "
+        [sys.executable, "-c", "from reflexdb.ops import admin; admin.upgrade(None); print('up', flush=True); "
                                "import time; time.sleep(120)"],
         env=env, stdout=subprocess.PIPE, text=True,
     )
@@ -82,7 +83,7 @@ def test_db_stop_stops_a_server_in_use(env, tmp_path):
 
 def test_killed_process_does_not_keep_server_alive(env, tmp_path):
     victim = subprocess.Popen(
-        [sys.executable, "-c", "from reflexdb import admin; admin.upgrade(None); print('up', flush=True); "
+        [sys.executable, "-c", "from reflexdb.ops import admin; admin.upgrade(None); print('up', flush=True); "
                                "import time; time.sleep(120)"],
         env=env, stdout=subprocess.PIPE, text=True,
     )

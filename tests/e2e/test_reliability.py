@@ -168,7 +168,7 @@ def test_backup_of_a_live_run_restores_and_resumes_with_nothing_lost(store, db_u
                                                                      model_cache):
     """docs/operations.md, "Back up a live run": pg_dump while training goes on, a hard-link copy of
     the checkpoints right after; restore into a new database; resume the learner and a collector."""
-    from reflexdb import admin
+    from reflexdb.ops import admin
     from reflexdb.db import libpq_url
     from tests.conftest import _drop_database, _new_database
 

@@ -10,7 +10,9 @@ import time
 import numpy as np
 import pytest
 
-from reflexdb import Store, embedded, replica
+from reflexdb import Store, embedded
+
+from reflexdb.ops import replica
 from reflexdb.db import make_engine
 from tests.factories import make_group, setup_run
 from tests.processes import REFLEXDB

@@ -9,7 +9,7 @@ import psycopg
 import pytest
 
 from reflexdb import NotFound, schema
-from reflexdb.archive import SHARED, ArchiveError, archive, restore, tables
+from reflexdb.ops.archive import SHARED, ArchiveError, archive, restore, tables
 from reflexdb.db import libpq_url
 from reflexdb.index import EmbeddingIndex
 from tests.factories import make_group, make_trajectory, setup_run
@@ -66,7 +66,7 @@ def _group(run, task, trajectories):
 
 def _dump(store, run_id):
     """Every row of the run, table by table, in key order; and the views' rows of the run."""
-    from reflexdb.archive import _query
+    from reflexdb.ops.archive import _query
 
     out = {}
     with psycopg.connect(libpq_url(store.url)) as conn:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import text
 
-from reflexdb.psqlvars import substitute, variables
+from reflexdb.ops.psqlvars import substitute, variables
 from tests.factories import setup_run
 
 QUERIES = sorted((Path(__file__).resolve().parents[2] / "benchmarks").glob("*.sql"))

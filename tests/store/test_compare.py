@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from reflexdb import TaskIn
-from reflexdb.compare import arm_of, compare
+from reflexdb.ops.compare import arm_of, compare
 from reflexdb.errors import NotFound, ReflexdbError
 from tests.factories import make_group
 
@@ -134,7 +134,7 @@ def test_the_command_prints_the_tables_and_writes_the_png(store, db_url, tmp_pat
 def test_runs_saved_from_one_database_compare_beside_runs_of_another(store, tmp_path):
     """--save-runs on one machine, --runs-from on another: the same numbers as from the database,
     and runs of both pooled into one arm."""
-    from reflexdb.compare import load_records, save_records
+    from reflexdb.ops.compare import load_records, save_records
 
     _arms(store)
     names = ["cmp-grpo-s0", "cmp-grpo-s1", "cmp-r3l-s0", "cmp-r3l-s1"]

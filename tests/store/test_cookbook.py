@@ -28,8 +28,8 @@ from sqlalchemy import text
 from reflexdb import GroupIn, TaskIn, TurnIn, work
 from reflexdb.db import libpq_url
 from reflexdb.errors import ReflexdbError
-from reflexdb.psqlvars import substitute as _substitute
-from reflexdb.psqlvars import variables
+from reflexdb.ops.psqlvars import substitute as _substitute
+from reflexdb.ops.psqlvars import variables
 from reflexdb.methods.nexgrpo import requests as replay
 from reflexdb.methods.nexgrpo.requests import ReplayRequestIn
 from tests.factories import make_trajectory, setup_run
@@ -65,7 +65,7 @@ def psql_variables(sql: str) -> set[str]:
 
 
 def substitute(sql: str, values: dict[str, object]) -> str:
-    """``reflexdb sql -v``'s substitution (reflexdb/psqlvars.py), with numbers where the cookbook says so."""
+    """``reflexdb sql -v``'s substitution (reflexdb/ops/psqlvars.py), with numbers where the cookbook says so."""
     for name in ("trajectory_id", "step"):
         assert name not in values or isinstance(values[name], int), f":{name} takes a number, got {values[name]!r}"
     return _substitute(sql, values)

@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from reflexdb import GroupIn, TurnIn
-from reflexdb.export import ExportError, export
+from reflexdb.ops.export import ExportError, export
 from tests.factories import make_trajectory, setup_run
 from tests.processes import rows
 

@@ -201,7 +201,7 @@ def test_import_rows_of_any_content_are_imported_or_named_never_a_crash(store, t
     import never raises; the store holds exactly the rows it counted as imported."""
     from reflexdb.models import tiny_model_dir
 
-    from reflexdb.importer import Tokenizer, import_file
+    from reflexdb.ops.importer import Tokenizer, import_file
 
     tok = Tokenizer(tiny_model_dir(model_cache))
     run = store.create_run("imports")

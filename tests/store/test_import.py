@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from reflexdb import GroupIn, TurnIn
-from reflexdb.export import export
-from reflexdb.importer import ImportFailed, Tokenizer, import_file
+from reflexdb.ops.export import export
+from reflexdb.ops.importer import ImportFailed, Tokenizer, import_file
 from tests.factories import make_trajectory, setup_run
 from tests.processes import rows
 
@@ -103,7 +103,7 @@ def test_a_prompts_consecutive_rows_stay_one_group_across_batches(store, tmp_pat
     (its rewards are each other's baseline when trained), whatever the batch size; only a prompt
     with more than MAX_GROUP_ROWS consecutive rows is split. A second import of the file writes
     nothing, with the same batch size or another, and says how many rows it had already."""
-    from reflexdb import importer
+    from reflexdb.ops import importer
 
     lines = [{"prompt": p, "completion": str(j), "reward": j / 4} for p, n in (("A", 4), ("B", 4), ("C", 2))
              for j in range(n)]

@@ -189,8 +189,8 @@ def test_a_runs_experience_exported_and_imported_trains_to_the_same_weights(stor
     NULL), groups and order."""
     from reflexdb.models import resolve_model
 
-    from reflexdb.export import export
-    from reflexdb.importer import Tokenizer, import_file
+    from reflexdb.ops.export import export
+    from reflexdb.ops.importer import Tokenizer, import_file
     from tests.store.test_learn import tiny_group
 
     rng = np.random.default_rng(2)

@@ -49,7 +49,7 @@ def _lte_hinted(store) -> None:
 
 
 def _imported(store, tmp_path, model_cache) -> None:
-    from reflexdb.importer import Tokenizer, import_file
+    from reflexdb.ops.importer import Tokenizer, import_file
     from reflexdb.models import resolve_model
 
     path = tmp_path / "rows.jsonl"

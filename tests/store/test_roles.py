@@ -8,7 +8,9 @@ import psycopg
 import pytest
 from sqlalchemy.engine import make_url
 
-from reflexdb import Store, admin
+from reflexdb import Store
+
+from reflexdb.ops import admin
 from tests.processes import REFLEXDB, child_env, rows
 from tests.store.test_learn import _learner, seed_groups
 

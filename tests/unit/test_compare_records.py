@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from reflexdb.compare import RECORDS_FORMAT, RunRecord, compare, load_records, save_records
+from reflexdb.ops.compare import RECORDS_FORMAT, RunRecord, compare, load_records, save_records
 from reflexdb.errors import NotFound, ReflexdbError
 
 CLI = [sys.executable, "-m", "reflexdb.cli.main", "compare"]

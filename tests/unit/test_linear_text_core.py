@@ -30,7 +30,7 @@ from reflexdb.collector.engines.hf import find_stop, stop_window
 from reflexdb.collector.tasks.datasets import ground_truth_from, load_dataset
 from reflexdb.explorer.app import _conversation
 from reflexdb.explorer.tokens import MAX_SHADED, masked_out, texts, tokens
-from reflexdb.importer import BadRow, parse_row, read_rows
+from reflexdb.ops.importer import BadRow, parse_row, read_rows
 from reflexdb.records import GroupIn, TrajectoryIn, TurnIn
 from reflexdb.storable import MAX_JSON_DEPTH, storable_json, storable_text
 from reflexdb.validate import prepare_group
@@ -486,7 +486,7 @@ def test_the_stop_window_finds_what_decoding_the_whole_response_finds(tok, text,
 
 
 def test_an_import_text_over_the_cap_is_a_bad_row_before_the_tokenizer_reads_it():
-    from reflexdb.importer import MAX_TEXT_CHARS
+    from reflexdb.ops.importer import MAX_TEXT_CHARS
 
     with pytest.raises(BadRow, match=r"^a text of the row is 4,000,001 characters; at most 4,000,000$"):
         parse_row({"prompt": "p", "completion": "x" * (MAX_TEXT_CHARS + 1)})
