@@ -66,7 +66,7 @@ def test_replay_group_is_filled_by_the_collector_and_trained_with_pi_beh(store, 
     collector = Collector(cfg, store, echo=lambda m: None)
     collector.setup()
     stats = collector.run(max_groups=1)  # the request comes before any fresh task
-    assert (stats.groups, stats.replay_groups) == (1, 1)
+    assert (stats.groups, stats.kinds["replay"]) == (1, 1)
     [(gid, status)] = rows(store, "SELECT group_id, status FROM replay_requests WHERE id = :i", i=rid)
     assert status == "done"
     [group] = store.read_groups([gid], embeddings=True)
