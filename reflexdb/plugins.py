@@ -212,7 +212,7 @@ class Plugin:
 
     Attributes:
         name: the plug-in's name, equal to its entry point's (what ``-p no:NAME`` leaves out).
-        methods: its :class:`reflexdb.trainer.methods.Method` objects.
+        methods: its :class:`reflexdb.trainer.method_api.Method` objects.
         workflows: collector workflows by name (classes; :mod:`reflexdb.collector.workflows`).
         environments: collector environments by name (classes).
         losses: loss families by name (:mod:`reflexdb.trainer.losses.registry` specs).

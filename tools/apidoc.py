@@ -46,12 +46,12 @@ SECTIONS: list[tuple[str, str, list[str]]] = [
      ["reflexdb.plugins:Plugin", "reflexdb.plugins:PluginError"]),
     ("Methods", "What `algorithm: NAME` runs on the learner's side: a `Method` of plain functions, its loss "
                 "terms, the batch they see, and optional stateful hooks.",
-     ["reflexdb.trainer.methods:Method", "reflexdb.trainer.methods:WorkflowUse", "reflexdb.trainer.methods:LossTerm",
-      "reflexdb.trainer.methods:valid_rows", "reflexdb.trainer.methods:best_of_group",
-      "reflexdb.trainer.methods:Hooks", "reflexdb.trainer.methods:LearnerContext",
+     ["reflexdb.trainer.method_api:Method", "reflexdb.trainer.method_api:WorkflowUse", "reflexdb.trainer.method_api:LossTerm",
+      "reflexdb.trainer.method_api:valid_rows", "reflexdb.trainer.method_api:best_of_group",
+      "reflexdb.trainer.method_api:Hooks", "reflexdb.trainer.method_api:LearnerContext",
       "reflexdb.trainer.batch:Selection", "reflexdb.trainer.batch:eligible_group_ids",
       "reflexdb.trainer.batch:Batch",
-      "reflexdb.trainer.methods:register_method", "reflexdb.trainer.methods:get_method"]),
+      "reflexdb.trainer.method_api:register_method", "reflexdb.trainer.method_api:get_method"]),
     ("Loss families and advantage transforms", "A loss term names a registered family and passes that family's "
      "typed parameters; a method that needs a new family registers a `LossSpec` (its package's `Plugin.losses`). "
      "Every family's parameters are listed in docs/configuration.md.",

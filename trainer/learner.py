@@ -15,7 +15,7 @@ One step reads top to bottom (:meth:`Learner.step`)::
     record  = learner_steps row + the trajectories consumed, each with its advantage after every
               stage (one transaction)
     publish = every k steps: DeepSpeed state, HF safetensors, policy_versions row + NOTIFY
-    after   = the method's hooks (trainer/methods/), if any
+    after   = the method's hooks (trainer/method_api/), if any
 
 The learner is the loop; its parts live beside it: the groups come from batch sources
 (trainer/sources.py: the method's rule, imported groups), the step's π_old, losses and optimizer
@@ -111,7 +111,7 @@ class Learner:
         self.L = cfg.learner
         self.store = store
         self.echo = echo
-        self.method = cfg.method  # trainer/methods/: batch rule, transforms, loss terms, hooks
+        self.method = cfg.method  # trainer/method_api/: batch rule, transforms, loss terms, hooks
         self.terms = self.method.loss_terms(cfg, cfg.loss_params)
         self.specs = [get_loss_spec(t.loss) for t in self.terms]
         self.transforms = self.method.transforms(cfg) if self.method.transforms else []

@@ -75,7 +75,7 @@ class PolicyUpdate:
         default term's rows: their advantage is exactly 0, so they add nothing to the loss, but they
         are among the B rows it divides by. Leaving them out made the gradient B/B_valid times the
         full batch's (12/10 with 2 NULL rewards in 12 rows)."""
-        from .methods.base import valid_rows
+        from .method_api.base import valid_rows
 
         out = []
         for term, spec in zip(self.terms, self.specs):

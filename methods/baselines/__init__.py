@@ -7,7 +7,7 @@ their differences are the loss (trainer/losses/) and, for Dr.GRPO, advantages wi
 from __future__ import annotations
 
 from reflexdb.plugins import Plugin
-from reflexdb.trainer.methods import Method
+from reflexdb.trainer.method_api import Method
 
 #: The package as reflexdb loads it (its entry point names this object; reflexdb/plugins.py).
 plugin = Plugin(name="baselines", methods=(

@@ -20,7 +20,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from reflexdb.plugins import Plugin
-from reflexdb.trainer.methods import Method, WorkflowUse
+from reflexdb.trainer.method_api import Method, WorkflowUse
 
 from .workflow import CleanerWorkflow
 

@@ -8,7 +8,7 @@ The collector side is ``collector/workflows/cleaner.py`` (with ``collector/saar.
 in one transaction, the training group (each episode's purified trajectory, or its raw one when
 nothing was rolled back) with the attachment :class:`Purifications`, and a group of kind
 ``retry`` holding the raw twins of the purified rows (never trained; each purified row's parent).
-The learner side is ``trainer/methods/cleaner.py``; the view is ``cleaner_tool_errors``.
+The learner side is ``trainer/method_api/cleaner.py``; the view is ``cleaner_tool_errors``.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ valid row of plain groups; nothing else differs from GRPO. reflexdb finds the pa
 from __future__ import annotations
 
 from reflexdb.plugins import Plugin
-from reflexdb.trainer.methods import Method
+from reflexdb.trainer.method_api import Method
 
 from . import loss
 

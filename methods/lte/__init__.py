@@ -24,7 +24,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from reflexdb.plugins import Plugin
-from reflexdb.trainer.methods import LossTerm, Method, WorkflowUse
+from reflexdb.trainer.method_api import LossTerm, Method, WorkflowUse
 
 from . import loss
 from .workflow import LTEHintWorkflow

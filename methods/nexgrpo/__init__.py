@@ -20,13 +20,13 @@ from typing import TYPE_CHECKING
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from reflexdb.plugins import Plugin
-from reflexdb.trainer.methods import Method, WorkflowUse
+from reflexdb.trainer.method_api import Method, WorkflowUse
 
 from .workflow import ReplayWorkflow
 
 
 if TYPE_CHECKING:
-    from reflexdb.trainer.methods import LearnerContext
+    from reflexdb.trainer.method_api import LearnerContext
 
 
 class NexGRPOConfig(BaseModel):

@@ -27,7 +27,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from reflexdb.plugins import Plugin
-from reflexdb.trainer.methods import LossTerm, Method, WorkflowUse
+from reflexdb.trainer.method_api import LossTerm, Method, WorkflowUse
 
 from .workflow import R3LWorkflow
 

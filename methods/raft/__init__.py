@@ -12,7 +12,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field
 
 from reflexdb.plugins import Plugin
-from reflexdb.trainer.methods import LossTerm, Method, best_of_group
+from reflexdb.trainer.method_api import LossTerm, Method, best_of_group
 
 
 class RAFTConfig(BaseModel):

@@ -187,7 +187,7 @@ LOSS_ONLY = ("dr_grpo", "dapo", "gspo", "opmd", "raft")
 
 
 def test_every_built_in_method_is_tested_here():
-    from reflexdb.trainer.methods import get_method, method_names
+    from reflexdb.trainer.method_api import get_method, method_names
 
     assert sorted([*METHODS, *LOSS_ONLY]) == method_names()
     for name in LOSS_ONLY:  # the grpo workflow and fresh groups, nothing of its own

@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from reflexdb import GroupIn, work
 from reflexdb.collector.workflows import register_workflow
 from reflexdb.trainer.losses.registry import get_loss_spec
-from reflexdb.trainer.methods import LossTerm, Method, WorkflowUse, best_of_group, register_method
+from reflexdb.trainer.method_api import LossTerm, Method, WorkflowUse, best_of_group, register_method
 
 
 @register_workflow("toy")

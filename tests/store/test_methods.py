@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 from reflexdb.trainer.batch import Batch
-from reflexdb.trainer.methods import best_of_group, get_method, method_names
+from reflexdb.trainer.method_api import best_of_group, get_method, method_names
 
 from reflexdb.config import ConfigError, parse_config
 from tests.factories import release_origins

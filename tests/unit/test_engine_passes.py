@@ -59,7 +59,7 @@ def test_a_step_cut_by_the_token_budget_makes_the_same_update(model_cache, check
     the gradient norm and the weights after the step are the uncut step's."""
     from reflexdb.trainer.advantages import group_advantages
     from reflexdb.trainer.losses import get_loss_spec
-    from reflexdb.trainer.methods.base import LossTerm
+    from reflexdb.trainer.method_api.base import LossTerm
     from reflexdb.trainer.update import PolicyUpdate
 
     results = []

@@ -111,7 +111,7 @@ def test_a_packed_step_makes_the_padded_steps_loss_and_gradients(model_cache, bu
     gradient."""
     from reflexdb.trainer.advantages import group_advantages
     from reflexdb.trainer.losses import get_loss_spec
-    from reflexdb.trainer.methods.base import LossTerm
+    from reflexdb.trainer.method_api.base import LossTerm
     from reflexdb.trainer.update import PolicyUpdate
 
     results = []

@@ -118,7 +118,7 @@ def test_the_builtin_methods_are_plugin_objects_named_as_their_entry_points():
 
 
 def test_a_plugin_registers_every_part_it_declares(monkeypatch, tmp_path):
-    from reflexdb.trainer.methods import Method
+    from reflexdb.trainer.method_api import Method
 
     (tmp_path / "sql").mkdir()
     (tmp_path / "migrations").mkdir()

@@ -410,7 +410,7 @@ def test_dr_grpo_null_rewards_count_in_its_constant_normaliser(micro, max_tokens
     ``max_tokens``: the token budget cuts the micro-batches further (row i is 2i tokens long
     here, so (12, 20) makes slices of 4, 2, 2, 1, 1, 1, 1 rows): the same gradient, and
     DeepSpeed told that only the last pass ends the step."""
-    from reflexdb.trainer.methods.base import LossTerm
+    from reflexdb.trainer.method_api.base import LossTerm
     from reflexdb.trainer.update import PolicyUpdate
 
     B, T = 12, 2

@@ -7,7 +7,7 @@ of its pyproject.toml names (``bestofn = "reflexdb_bestofn:plugin"``).
 from pathlib import Path
 
 from reflexdb.plugins import Plugin
-from reflexdb.trainer.methods import Method
+from reflexdb.trainer.method_api import Method
 
 from .config import BestOfNConfig
 from .hooks import BestOfNHooks

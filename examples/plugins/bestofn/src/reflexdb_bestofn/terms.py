@@ -4,7 +4,7 @@ NLL of each group's best answer, term ``sft``, weighted by ``bestofn.sft_weight`
 from __future__ import annotations
 
 from reflexdb.trainer.losses.sft import SFTParams
-from reflexdb.trainer.methods import LossTerm
+from reflexdb.trainer.method_api import LossTerm
 
 
 def best_rows(batch, min_reward: float):

@@ -8,7 +8,7 @@ import math
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from reflexdb.trainer.methods import LossTerm, Method, WorkflowUse
+from reflexdb.trainer.method_api import LossTerm, Method, WorkflowUse
 
 ORIGIN = "verification"
 
