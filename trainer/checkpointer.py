@@ -96,7 +96,7 @@ class Checkpointer:
         # weights-only publishes written by a thread (ZeRO-3 gathers the weights collectively: never)
         self.background = background and engine.settings.zero_stage < 3
         self._writer: ThreadPoolExecutor | None = None
-        self._pending: tuple[Future, int, Any] | None = None  # (the write, its step, the tracker)
+        self._pending: Future | None = None  # the background write in flight
         self.version = 0
         self.published_step = 0
         self.published_any = False  # whether any version exists (the first publish is version 0)
@@ -158,7 +158,7 @@ class Checkpointer:
             if self._writer is None:
                 self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="publish")
             future = self._writer.submit(self._write, step, version, False, previous, tracker, snapshot, t0)
-            self._pending = (future, step, tracker)
+            self._pending = future
         # the learner's own count moves on at once: the version is what it trains from now
         self.version, self.published_step, self.published_any = version, step, True
         self.since_state = 0 if state else self.since_state + 1
@@ -172,8 +172,7 @@ class Checkpointer:
         or the database's) here."""
         if self._pending is None:
             return
-        future, step, tracker = self._pending
-        self._pending = None
+        future, self._pending = self._pending, None
         future.result()
 
     def close(self) -> None:

@@ -496,7 +496,7 @@ def test_a_background_publish_writes_its_steps_weights_and_records_them_after_th
     # the next publish waits for the one in flight before it starts
     release.clear()
     ck.publish(2, state=False)
-    first = ck._pending[0]
+    first = ck._pending
     threading.Timer(0.5, release.set).start()
     ck.publish(3, state=False)
     assert first.done()
