@@ -43,7 +43,7 @@ from reflexdb.collector import sandbox as sandbox_module  # noqa: E402
 from reflexdb.collector.sandbox import POLICY, PythonSandbox, SandboxLimits  # noqa: E402
 
 TESTS = ["tests/store/test_sandbox.py", "tests/store/test_tool_python.py", "tests/store/test_hostile_output.py",
-         "tests/store/test_cleaner.py"]
+         "tests/methods/cleaner/store/test_cleaner.py"]
 #: The filter that lets everything through: what code *tries* is what strace sees.
 LOG_POLICY = "POLICY log_everything { ALLOW { read } }\nUSE log_everything DEFAULT ALLOW\n"
 #: The arguments the allow list filters on: syscall → index of the argument recorded.

@@ -15,7 +15,11 @@ The tiers (README, "Tests"), each a folder and a marker applied here:
 - ``tests/e2e``: tests that start reflexdb processes (collect, learn, run, servers, the UI) or load
   SmolLM2 itself (marker ``e2e``).
 
-A test in ``tests/unit`` that uses a database, or a test file outside the three folders, stops
+A method's own tests live beside its name, in the same three tiers: ``tests/methods/<name>/unit``,
+``.../store`` and ``.../e2e`` (the tier is the folder a test file is in). Tests that span methods
+(the seam, every method end to end) stay in the top-level tiers.
+
+A test in a ``unit`` folder that uses a database, or a test file outside a tier folder, stops
 the collection with one line saying where it belongs.
 """
 
@@ -46,9 +50,10 @@ def pytest_collection_modifyitems(config, items):
         tier = Path(item.path).parent.name
         uses_db = bool(DB_FIXTURES & set(item.fixturenames))
         if tier not in TIERS:
-            raise pytest.UsageError(f"{item.nodeid}: a test lives in tests/unit, tests/store or tests/e2e")
+            raise pytest.UsageError(f"{item.nodeid}: a test lives in tests/unit, tests/store or tests/e2e "
+                                     "(a method's own: tests/methods/<name>/unit, store or e2e)")
         if tier == "unit" and uses_db:
-            raise pytest.UsageError(f"{item.nodeid} uses a database: it belongs in tests/store (tier db)")
+            raise pytest.UsageError(f"{item.nodeid} uses a database: it belongs in a store folder (tier db)")
         if uses_db:
             item.add_marker(pytest.mark.db)
         if tier == "e2e":

@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
 #: The size of each adversarial input.
@@ -84,7 +85,16 @@ def corpus() -> dict[str, str]:
     return CORPUS
 
 
+def other_text(name: str) -> str:
+    """Another text of the corpus than ``name``'s (the next one), for two-sided functions."""
+    names = list(corpus())
+    return corpus()[names[(names.index(name) + 1) % len(names)]]
+
+
 # ---------------------------------------------------------------------------- hypothesis strategies
+
+#: hypothesis settings for the "returns what it returned before" tests on inputs of ordinary size.
+ORDINARY = settings(max_examples=150, deadline=None, database=None, suppress_health_check=list(HealthCheck))
 
 
 def hostile_texts(max_units: int = 200) -> st.SearchStrategy[str]:

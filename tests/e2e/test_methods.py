@@ -93,7 +93,7 @@ def check_multi_attempt(store, m, env, args):
 
 
 def prepare_nexgrpo(store, cfg):
-    from tests.store.test_nexgrpo_learn import seed_pools
+    from tests.methods.nexgrpo.store.test_learn import seed_pools
 
     seed_pools(store, cfg)
 

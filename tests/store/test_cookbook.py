@@ -232,17 +232,17 @@ def data(store):
     # R3L, in a run of its own (the other queries' answers stay as they are). Task X: its four base
     # episodes' reflections say failure at pivot 1 (retry 1 > base 0), success, nothing valid, and
     # success_but_inefficient (retry 0.25 < base 0.5). Task Y: failure at pivot 0 (0.5 > 0), failure
-    # at pivot 1 (1 = 1). See _write_r3l_task in tests/test_r3l.py.
-    from tests.store.test_r3l import _write_r3l_task
+    # at pivot 1 (1 = 1). See _write_r3l_task in tests/methods/r3l/store/test_r3l.py.
+    from tests.methods.r3l.store.test_r3l import _write_r3l_task
 
     r3l_run, (tx, ty) = setup_run(store, R3L_RUN, 2)
     (ex, _), rx = _write_r3l_task(store, r3l_run, tx, [(True, "failure", 1, 0.0, 1.0), (True, "success", 0, 0.5, None),
                                                        (False, None, None, 0.0, None),
                                                        (True, "success_but_inefficient", 0, 0.5, 0.25)])
     _write_r3l_task(store, r3l_run, ty, [(True, "failure", 0, 0.0, 0.5), (True, "failure", 1, 1.0, 1.0)])
-    # CLEANER, in a run of its own: tests/test_cleaner.py's hand-made tasks (v0: a shallow fix, a clean
+    # CLEANER, in a run of its own: tests/methods/cleaner/store/test_cleaner.py's hand-made tasks (v0: a shallow fix, a clean
     # episode, K failed corrections; v1: a deep and a shallow fix, an episode with no call)
-    from tests.store.test_cleaner import CLEANER_X, CLEANER_Y, write_cleaner_task
+    from tests.methods.cleaner.store.test_cleaner import CLEANER_X, CLEANER_Y, write_cleaner_task
 
     cleaner_run, (cx, cy) = setup_run(store, CLEANER_RUN, 2)
     [cgx, _] = write_cleaner_task(store, cleaner_run, cx, CLEANER_X)

@@ -40,7 +40,7 @@ RELEASE_ORIGINS = {"base", "distilled", "guided_retry", "hinted", "imported", "p
 def _lte_hinted(store) -> None:
     """A none-pass group of a run of its own, its hint stage claimed and an LTE group written."""
     from reflexdb.methods.lte import stages as lte
-    from tests.store.test_lte import _lte_group, _stage_setup
+    from tests.methods.lte.store.test_lte import _lte_group, _stage_setup
 
     run, _, _, _ = _stage_setup(store)
     [stage] = lte.claim_stages(store, run, "a", 5, min_version=0, timeout_s=300)

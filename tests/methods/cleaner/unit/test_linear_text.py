@@ -1,16 +1,7 @@
-"""The method packages read what a model wrote in time linear in its size (issue 50).
-
-Every function under ``methods/`` (and in the out-of-tree example ``examples/plugins/selfcheck``)
-that reads model text is fed the 1 MB adversarial corpus of ``tests/hostile_text.py`` under its
-time budget, and checked by hypothesis never to raise and to return what it returned before on
-inputs of ordinary size:
-
-- R3L: ``parse_reflection`` (and ``_as_int``), the reflection and guidance prompts;
-- LTE: ``hint_text``, ``hinted_question`` (a wrong answer is listed cut to ``ANSWER_CHARS``);
-- CLEANER: ``similarity`` (difflib up to ``SIMILARITY_CHARS`` per side, lines past it),
-  ``fence_token`` and ``shallow_merge`` (a block's token searched among the first ``MERGE_TOKENS``
-  tokens spelling at most ``MERGE_CHARS`` characters);
-- selfcheck: ``parse_verdict``.
+"""CLEANER reads what a model wrote in time linear in its size (issue 50): ``similarity``
+(difflib up to ``SIMILARITY_CHARS`` per side, lines past it), ``fence_token`` and ``shallow_merge``
+(a block's token searched among the first ``MERGE_TOKENS`` tokens spelling at most ``MERGE_CHARS``
+characters), fed the 1 MB adversarial corpus of ``tests/hostile_text.py`` under its time budget.
 
 Before the change, on this project's 2-core machine: ``similarity`` of two 64,000-character texts
 took 40 s (1 MB: hours), of the corpus's 1 MB texts 0.2-1.4 s; ``fence_token`` on a 1 MB turn with
@@ -20,14 +11,11 @@ its block at the end 2-8 s, ``shallow_merge`` of two such turns 5 s to over 12 s
 from __future__ import annotations
 
 import argparse
-import ast
 import difflib
 import inspect
 import json
 import random
-import re
 from functools import lru_cache
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -38,124 +26,11 @@ from reflexdb.collector.tasks import tool_use
 from reflexdb.methods.cleaner import saar
 from reflexdb.methods.cleaner.saar import (MERGE_CHARS, MERGE_TOKENS, SIMILARITY_CHARS, fence_token, line_similarity,
                                            searchable, shallow_merge, similarity)
-from reflexdb.methods.lte.hints import ANSWER_CHARS, KINDS, hint_text, hinted_question
-from reflexdb.methods.r3l.prompts import episode_log, guidance_message, reflection_messages
-from reflexdb.methods.r3l.reflections import KEYS, OUTCOMES, _as_int, parse_reflection
 
-from tests.hostile_text import MB, assert_linear, corpus, hostile_texts
+from tests.hostile_text import MB, ORDINARY, assert_linear, corpus, hostile_texts, other_text
 
 NAMES = list(corpus())
-ROOT = Path(__file__).resolve().parents[2]
 FENCE = "\n```python\nprint(1)\n```"
-ORDINARY = settings(max_examples=150, deadline=None, database=None, suppress_health_check=list(HealthCheck))
-
-
-def _other(name: str) -> str:
-    """Another text of the corpus, for two-sided functions."""
-    return corpus()[NAMES[(NAMES.index(name) + 1) % len(NAMES)]]
-
-
-# ---------------------------------------------------------------------------------------- R3L
-
-
-def _reflection(field: str) -> str:
-    """A well-formed reflection whose text fields hold ``field``, after some chatter."""
-    return "Here is my reflection: " + json.dumps({
-        "trajectory_summary": field, "root_cause_analysis": field, "trajectory_outcome": "failure",
-        "improvement_suggestion": field, "retry_from_step": 0})
-
-
-#: JSON that makes the standard library's parser do the most work per byte (Python objects, deep
-#: nesting, big numbers), wrapped as a reflection would be.
-JSON_SHAPES = {
-    "empty lists": '{"a": [' + ",".join(["[]"] * (MB // 3)) + "]}",
-    "empty objects": '{"a": [' + ",".join(["{}"] * (MB // 3)) + "]}",
-    "nested 900 deep, repeated": '{"a": [' + ",".join(["[" * 900 + "]" * 900] * (MB // 1801)) + "]}",
-    "nested past the recursion limit": '{"a": ' + "[" * MB + "]" * MB + "}",
-    "a 1 MB integer pivot": '{"retry_from_step": ' + "9" * MB + "}",
-    "a 1 MB string pivot": '{"retry_from_step": "' + "9" * MB + '"}',
-    "a 1 MB float pivot": '{"retry_from_step": 1.' + "0" * MB + "}",
-    "4,299-digit integers": '{"a": [' + ",".join(["9" * 4299] * (MB // 4300)) + "]}",
-    "distinct keys": "{" + ",".join(f'"{i:x}": {{}}' for i in range(MB // 10)) + "}",
-}
-
-
-@pytest.mark.parametrize("name", NAMES)
-def test_a_reflection_is_parsed_in_linear_time(name):
-    text = corpus()[name]
-    assert_linear(parse_reflection, text, 3, name=name)
-    assert_linear(parse_reflection, _reflection(text), 3, name=f"a reflection holding {name}")
-    assert_linear(parse_reflection, "{" + text + "}", 3, name=f"{{{name}}}")
-    assert_linear(_as_int, text, name=name)
-
-
-@pytest.mark.parametrize("shape", list(JSON_SHAPES))
-def test_the_costliest_json_is_parsed_in_linear_time(shape):
-    assert_linear(parse_reflection, JSON_SHAPES[shape], 3, name=shape)
-    p = parse_reflection(JSON_SHAPES[shape], 3)  # longer than any reflection: refused before json.loads
-    assert not p.valid and p.error.endswith("characters; a reflection holds at most 65,536")
-
-
-@ORDINARY
-@given(text=st.one_of(hostile_texts(), hostile_texts(40).map(_reflection),
-                      hostile_texts(40).map(lambda s: "{" + s + "}")), n_turns=st.integers(0, 4))
-def test_a_reflection_of_any_text_is_read_by_the_rule(text, n_turns):
-    p = parse_reflection(text, n_turns)
-    assert p.valid == (p.error is None)
-    if p.valid:
-        assert set(KEYS) <= set(p.fields) and p.outcome in OUTCOMES and 0 <= p.pivot < n_turns
-
-
-@pytest.mark.parametrize("name", NAMES)
-def test_the_r3l_prompts_are_built_in_linear_time(name):
-    text = corpus()[name]
-    assert_linear(episode_log, text, [(text, _other(name)), (text, None)], text, name=name)
-    assert_linear(reflection_messages, text, [(text, text)], "not solved (reward 0)", name=name)
-    assert_linear(guidance_message, text, name=name)
-
-
-@ORDINARY
-@given(text=hostile_texts())
-def test_the_guidance_embeds_any_report_as_written(text):
-    assert text.strip() in guidance_message(text)["content"]
-    assert text.strip() in reflection_messages("q", [(text, "Incorrect.")], "x")[1]["content"]
-
-
-# ---------------------------------------------------------------------------------------- LTE
-
-
-def hint_text_before(kind: str, wrong_answers=()) -> str:
-    """``hint_text`` before issue 50 (every answer listed whole): the reference on ordinary answers."""
-    from reflexdb.methods.lte.hints import CONCISE, NO_MENTION, WRONG_ANSWERS
-
-    parts = []
-    if kind in ("concise", "concise_wrong_answers"):
-        parts.append(CONCISE)
-    if kind in ("wrong_answers", "concise_wrong_answers") and wrong_answers:
-        parts.append(WRONG_ANSWERS.format(answers=", ".join(str(a) for a in wrong_answers)))
-    if not parts:
-        parts.append(CONCISE)
-    return "Hint: " + " ".join(parts) + " " + NO_MENTION
-
-
-@pytest.mark.parametrize("name", NAMES)
-def test_a_hint_is_built_in_linear_time_and_stays_short(name):
-    text = corpus()[name]
-    answers = [text[i:] for i in range(8)]  # G = 8 distinct wrong answers of 1 MB
-    for kind in KINDS:
-        assert_linear(hinted_question, text, kind, answers, name=f"{kind} on {name}")
-    hint = hint_text("concise_wrong_answers", answers)
-    assert len(hint) <= len(hint_text_before("concise_wrong_answers", ["…"] * 8)) + 8 * ANSWER_CHARS
-
-
-@ORDINARY
-@given(kind=st.sampled_from(KINDS), answers=st.lists(hostile_texts(60), max_size=8))
-def test_a_hint_lists_ordinary_answers_as_before_and_long_ones_cut(kind, answers):
-    cut = [a if len(a) <= ANSWER_CHARS else a[:ANSWER_CHARS] + "…" for a in answers]
-    assert hint_text(kind, answers) == hint_text_before(kind, cut)
-    if all(len(a) <= ANSWER_CHARS for a in answers):
-        assert hint_text(kind, answers) == hint_text_before(kind, answers)
-    assert hinted_question("Q?", kind, answers) == f"Q?\n\n{hint_text(kind, answers)}"
 
 
 # ------------------------------------------------------------------------ CLEANER: similarity
@@ -172,7 +47,7 @@ def random_pair(n: int, alphabet: int = 150, seed: int = 0) -> tuple[str, str]:
 @pytest.mark.parametrize("name", NAMES)
 def test_similarity_is_linear(name):
     a = corpus()[name]
-    assert_linear(similarity, a, _other(name), name=f"{name} vs the next")
+    assert_linear(similarity, a, other_text(name), name=f"{name} vs the next")
     assert_linear(similarity, a, a, name=f"{name} vs itself")
     assert_linear(similarity, a, "x" + a[:-1], name=f"{name} vs itself shifted")
     assert_linear(similarity, a, "print(1)", name=f"{name} vs a line")
@@ -379,8 +254,8 @@ def test_a_shallow_merge_is_what_it_was_before(tok, r1, c1, r2, c2):
 def test_a_block_past_the_bound_is_replaced_deep(tok, monkeypatch):
     """A shallow replacement (s ≥ γ) whose failed turn's block starts past the tokens fence_token
     searches (MERGE_TOKENS, 2 here) is made deep: the correction whole, recorded as ``deep``."""
-    from tests.store.test_cleaner import ANSWER, FAILED_0, FIXED_0, TASK, Scripted
-    from tests.store.test_cleaner import saar as saar_rollout
+    from tests.methods.cleaner.store.test_cleaner import ANSWER, FAILED_0, FIXED_0, TASK, Scripted
+    from tests.methods.cleaner.store.test_cleaner import saar as saar_rollout
 
     monkeypatch.setattr(saar, "MERGE_TOKENS", 2)
     eng = Scripted(tok, [FAILED_0, FIXED_0, ANSWER])
@@ -388,32 +263,3 @@ def test_a_block_past_the_bound_is_replaced_deep(tok, monkeypatch):
     [rb] = se.rollbacks
     assert rb.recovered and rb.similarity >= 0.5 and rb.replacement == "deep"
     assert [u.text for u in se.ep.trajectory().turns if u.role == "assistant"] == [FIXED_0, ANSWER]
-
-
-# ---------------------------------------------------------------------------- selfcheck plug-in
-
-
-@lru_cache(maxsize=1)
-def parse_verdict():
-    """The plug-in's ``parse_verdict``, read from its source alone: importing the plug-in would
-    register its method, workflow and migrations in this test process."""
-    path = ROOT / "examples/plugins/selfcheck/src/reflexdb_selfcheck/workflow.py"
-    tree = ast.parse(path.read_text())
-    keep = [n for n in tree.body if (isinstance(n, ast.Assign) and getattr(n.targets[0], "id", "") == "_VERDICT")
-            or (isinstance(n, ast.FunctionDef) and n.name == "parse_verdict")]
-    space = {"re": re}
-    exec(compile(ast.Module(keep, type_ignores=[]), str(path), "exec"), space)
-    return space["parse_verdict"]
-
-
-@pytest.mark.parametrize("name", NAMES)
-def test_a_verdict_is_read_in_linear_time(name):
-    assert_linear(parse_verdict(), corpus()[name], name=name)
-
-
-@ORDINARY
-@given(text=hostile_texts())
-def test_a_verdict_is_the_first_yes_or_no(text):
-    words = re.findall(r"\w+", text)
-    first = next((w.lower() for w in words if w.casefold() in ("yes", "no")), None)
-    assert parse_verdict()(text) == first
