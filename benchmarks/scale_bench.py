@@ -31,6 +31,7 @@ throughput: groups/s <= cores / server CPU per group.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import multiprocessing as mp
 import os
@@ -205,14 +206,33 @@ def _shape(groups) -> tuple[int, int, int, int, int, int]:
     return n, p, r, turns, multi, nbytes
 
 
+@contextlib.contextmanager
+def _worker(role: str, rec: dict, out_path: str):
+    """What a worker process (collector or learner) does around its body, which appends the stores
+    it opens to the list this yields: an exception is counted in ``rec["errors"]`` under ``role``,
+    with its traceback; then the stores are closed, ``rec`` goes to ``out_path`` as JSON, and the
+    process exits, 1 after an exception."""
+    stores: list = []
+    code = 0
+    try:
+        yield stores
+    except BaseException as exc:
+        rec["errors"][f"{role} {type(exc).__name__}"] += 1
+        rec["traceback"] = traceback.format_exc()
+        code = 1
+    finally:
+        for store in stores:
+            store.close()
+        Path(out_path).write_text(json.dumps(rec))
+    sys.exit(code)
+
+
 def _collector_main(url: str, cfg_data: dict, engine_kw: dict, out_path: str, barrier, stop, max_seconds: float):
     """One collector process: the real ``Collector`` over the synthetic engine, its writes and
     claims timed; what it measured goes to ``out_path`` as JSON."""
     rec: dict = {"pid": os.getpid(), "name": cfg_data["collector"]["name"], "writes": [], "claims": [], "engine": [],
                  "errors": Counter(), "echo": [], "groups_total": 0}
-    store = None
-    code = 0
-    try:
+    with _worker("collector", rec, out_path) as stores:
         register()
         from reflexdb import Store
         from reflexdb.collector.engines import make_engine
@@ -223,6 +243,7 @@ def _collector_main(url: str, cfg_data: dict, engine_kw: dict, out_path: str, ba
         cfg = parse_config(cfg_data)
         name_process("collect", cfg.run)
         store = Store.open(url)
+        stores.append(store)
         write = store.write_groups
 
         def timed_write(groups, **kw):
@@ -256,15 +277,6 @@ def _collector_main(url: str, cfg_data: dict, engine_kw: dict, out_path: str, ba
         barrier.wait(timeout=max_seconds)
         threading.Thread(target=lambda: (stop.wait(max_seconds), setattr(c, "stopping", True)), daemon=True).start()
         c.run(max_seconds=max_seconds)
-    except BaseException as exc:
-        rec["errors"][f"collector {type(exc).__name__}"] += 1
-        rec["traceback"] = traceback.format_exc()
-        code = 1
-    finally:
-        if store is not None:
-            store.close()
-        Path(out_path).write_text(json.dumps(rec))
-    sys.exit(code)
 
 
 def _timed_claim(claim, rec):
@@ -286,15 +298,14 @@ def _learner_main(url: str, run: str, out_path: str, barrier, stop, interval: fl
     """What a learner step reads, every ``interval`` seconds: the learner's choice of ``batch``
     eligible groups, then ``read_groups`` (payloads, no turns) of ``batch`` random written groups."""
     rec: dict = {"pid": os.getpid(), "samples": [], "errors": Counter()}
-    store = None
-    code = 0
-    try:
+    with _worker("learner", rec, out_path) as stores:
         from reflexdb import Store
         from reflexdb.db import name_process
         from reflexdb.trainer.batch import eligible_group_ids
 
         name_process("learn", run)
         store = Store.open(url)
+        stores.append(store)
         run_id = store.run_id(run)
         rng = np.random.default_rng(0)
         known: list[int] = []
@@ -319,15 +330,6 @@ def _learner_main(url: str, run: str, out_path: str, barrier, stop, interval: fl
                 except Exception as exc:
                     rec["errors"][f"learner {type(exc).__name__}"] += 1
             stop.wait(max(0.0, interval - (time.monotonic() - start)))
-    except BaseException as exc:
-        rec["errors"][f"learner {type(exc).__name__}"] += 1
-        rec["traceback"] = traceback.format_exc()
-        code = 1
-    finally:
-        if store is not None:
-            store.close()
-        Path(out_path).write_text(json.dumps(rec))
-    sys.exit(code)
 
 
 # ---------------------------------------------------------------------------------------------- one N

@@ -9,6 +9,7 @@ only its own task, arms, method metrics, table and plot.
 - the arms of each seed in turn, with a results file that resumes an interrupted experiment
   (:func:`run_seeds`), and the command line and ``main`` the seeded experiments have in common
   (:func:`experiment_parser`, :func:`output_options`, :func:`new_results`, :func:`report_or_run`);
+- the results table's lines (:func:`md_table`);
 - the plots' pieces: matplotlib off-screen (:func:`pyplot`, :func:`subplots`), one curve per arm
   and seed (:func:`seed_curves`), the figure's title and file (:func:`save`).
 
@@ -148,13 +149,20 @@ def new_results(**fields) -> dict:
 
 
 def report_or_run(args: argparse.Namespace, run: Callable[[], dict], report: Callable[[dict], str],
-                  plot: Callable[[dict, Path], None]) -> None:
+                  plot: Callable[[dict, Path], None] | None = None) -> None:
     """An experiment's ``main`` after its options: the results of ``--report`` or of ``run()``,
-    their table printed, and the plot drawn to ``--plot`` when asked for."""
+    their table printed, and, for a script with a ``plot``, the plot drawn to ``--plot`` when asked for."""
     res = json.loads(args.report.read_text()) if args.report else run()
     print(report(res))
-    if args.plot:
+    if plot is not None and args.plot:
         plot(res, args.plot)
+
+
+def md_table(header: list[str], rows: list[list], align: str = "") -> list[str]:
+    """A markdown table's lines: ``header``, its rule, then a line a row of cells. ``align`` has a
+    letter a column, ``r`` for right-aligned and ``l`` for left (the default for columns past it)."""
+    rule = "".join("---:|" if a == "r" else "---|" for a in align.ljust(len(header), "l"))
+    return [f"| {' | '.join(header)} |", f"|{rule}"] + [f"| {' | '.join(map(str, row))} |" for row in rows]
 
 
 def pyplot():

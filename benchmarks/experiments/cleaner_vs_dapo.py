@@ -25,8 +25,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from arms import (CLI, ROOT, eval_json, experiment_parser, home_env, new_results, output_options, report_or_run,
-                  run_logged, run_seeds, save, seed_curves, sql_rows, subplots)
+from arms import (CLI, ROOT, eval_json, experiment_parser, home_env, md_table, new_results, output_options,
+                  report_or_run, run_logged, run_seeds, save, seed_curves, sql_rows, subplots)
 
 CONFIG = ROOT / "examples" / "arithmetic-cleaner.yaml"
 ARMS = {"cleaner": [], "dapo": ["--set", "algorithm=dapo"]}
@@ -68,16 +68,18 @@ def run_arm(arm: str, seed: int, max_steps: int, max_seconds: float, extra: list
 
 
 def report(res: dict) -> str:
-    out = ["| arm | seed | steps | training s | held-out pass@1: base → after | raw tool errors / trajectory (first → last version) | "
-           "as trained | rollbacks recovered / made |", "|---|---:|---:|---:|---|---|---|---|"]
+    rows = []
     for r in res["arms"]:
         t = r["tools_by_version"]
         first, last = (t[0], t[-1]) if t else ({}, {})
         rb, rec = sum(v["rollbacks"] for v in t), sum(v["recovered"] for v in t)
-        out.append(f"| {r['arm']} | {r['seed']} | {r['steps']} | {r['train_s']} | {r['base']['pass_at_1']:.3f} → "
-                   f"{r['after']['pass_at_1']:.3f} | {first.get('raw_errors', 0):.2f} → {last.get('raw_errors', 0):.2f} | "
-                   f"{first.get('errors', 0):.2f} → {last.get('errors', 0):.2f} | {rec:.0f} / {rb:.0f} |")
-    return "\n".join(out)
+        rows.append([r["arm"], r["seed"], r["steps"], r["train_s"],
+                     f"{r['base']['pass_at_1']:.3f} → {r['after']['pass_at_1']:.3f}",
+                     f"{first.get('raw_errors', 0):.2f} → {last.get('raw_errors', 0):.2f}",
+                     f"{first.get('errors', 0):.2f} → {last.get('errors', 0):.2f}", f"{rec:.0f} / {rb:.0f}"])
+    header = ["arm", "seed", "steps", "training s", "held-out pass@1: base → after",
+              "raw tool errors / trajectory (first → last version)", "as trained", "rollbacks recovered / made"]
+    return "\n".join(md_table(header, rows, "lrrr"))
 
 
 def plot(res: dict, path: Path) -> None:

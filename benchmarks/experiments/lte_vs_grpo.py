@@ -21,8 +21,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from arms import (CLI, ROOT, eval_json, experiment_parser, home_env, new_results, output_options, report_or_run,
-                  run_logged, run_seeds, save, seed_curves, sql_rows, subplots, training)
+from arms import (CLI, ROOT, eval_json, experiment_parser, home_env, md_table, new_results, output_options,
+                  report_or_run, run_logged, run_seeds, save, seed_curves, sql_rows, subplots, training)
 
 CONFIG = ROOT / "examples" / "arithmetic-lte.yaml"
 # LTE's Eq. 8 normalises by the tokens of the group (1/Z, token-mean), and so does its GRPO (Eq. 2):
@@ -76,19 +76,19 @@ def run_arm(arm: str, seed: int, max_steps: int, max_seconds: float) -> dict:
 
 
 def report(res: dict) -> str:
-    k = res["samples"]
-    out = [f"| arm | seed | steps | training s | wall clock | pass@1: base → after | pass@{k}: base → after | "
-           "none-pass, fresh groups: first → last version | hint stages: LTE groups / done (extra right / sampled) |",
-           "|---|---:|---:|---:|---:|---|---|---|---|"]
+    rows = []
     for r in res["arms"]:
         b, a, f = r["base"], r["after"], r["fresh_none_pass"]
         st = r["stages"]
         stages = "—" if st is None else (f"{st['lte_groups']:.0f} / {st['done']:.0f} ({st['correct']:.0f} / "
                                          f"{st['sampled']:.0f}), {st['released']:.0f} timed out")
-        out.append(f"| {r['arm']} | {r['seed']} | {r['steps']} | {r['train_s']:.0f} | {r['wall_s'] / 60:.1f} min | "
-                   f"{b['pass_at_1']:.3f} → {a['pass_at_1']:.3f} | {b['pass_at_k']:.3f} → {a['pass_at_k']:.3f} | "
-                   f"{f[0]['none_pass']:.2f} → {f[-1]['none_pass']:.2f} | {stages} |")
-    return "\n".join(out)
+        rows.append([r["arm"], r["seed"], r["steps"], f"{r['train_s']:.0f}", f"{r['wall_s'] / 60:.1f} min",
+                     f"{b['pass_at_1']:.3f} → {a['pass_at_1']:.3f}", f"{b['pass_at_k']:.3f} → {a['pass_at_k']:.3f}",
+                     f"{f[0]['none_pass']:.2f} → {f[-1]['none_pass']:.2f}", stages])
+    header = ["arm", "seed", "steps", "training s", "wall clock", "pass@1: base → after",
+              f"pass@{res['samples']}: base → after", "none-pass, fresh groups: first → last version",
+              "hint stages: LTE groups / done (extra right / sampled)"]
+    return "\n".join(md_table(header, rows, "lrrrr"))
 
 
 def plot(res: dict, path: Path) -> None:

@@ -21,8 +21,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from arms import (CLI, ROOT, eval_json, experiment_parser, home_env, new_results, output_options, report_or_run,
-                  run_logged, run_summary, save, sql_rows, subplots, training)
+from arms import (CLI, ROOT, eval_json, experiment_parser, home_env, md_table, new_results, output_options,
+                  report_or_run, run_logged, run_summary, save, sql_rows, subplots, training)
 
 ARMS = {"single": ROOT / "examples" / "arithmetic-grpo.yaml",
         "multi_attempt": ROOT / "examples" / "arithmetic-multi-attempt.yaml"}
@@ -61,15 +61,15 @@ def run_arm(name: str, config: Path, attempts: int) -> dict:
 
 
 def report(res: dict) -> str:
-    k = res["attempts"]
-    out = [f"| arm | steps | training s | wall clock | response tokens | pass@1, 1 attempt: base → after | "
-           f"pass@1 within {k} attempts: base → after |", "|---|---:|---:|---:|---:|---|---|"]
+    rows = []
     for r in res["arms"]:
         a, b = r["one_attempt"], r["k_attempts"]
-        out.append(f"| {r['arm']} | {r['steps']} | {r['train_s']:.0f} | {r['wall_s'] / 60:.1f} min | {r['response_tokens']} | "
-                   f"{a['base']:.3f} → {a['after']:.3f} ({100 * (a['after'] - a['base']):+.1f}) | "
-                   f"{b['base']:.3f} → {b['after']:.3f} ({100 * (b['after'] - b['base']):+.1f}) |")
-    return "\n".join(out)
+        rows.append([r["arm"], r["steps"], f"{r['train_s']:.0f}", f"{r['wall_s'] / 60:.1f} min", r["response_tokens"],
+                     f"{a['base']:.3f} → {a['after']:.3f} ({100 * (a['after'] - a['base']):+.1f})",
+                     f"{b['base']:.3f} → {b['after']:.3f} ({100 * (b['after'] - b['base']):+.1f})"])
+    header = ["arm", "steps", "training s", "wall clock", "response tokens", "pass@1, 1 attempt: base → after",
+              f"pass@1 within {res['attempts']} attempts: base → after"]
+    return "\n".join(md_table(header, rows, "lrrrr"))
 
 
 def plot(res: dict, path: Path) -> None:

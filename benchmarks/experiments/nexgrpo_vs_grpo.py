@@ -35,7 +35,7 @@ from pathlib import Path
 
 import yaml
 
-from arms import CLI, home_env
+from arms import CLI, home_env, md_table, report_or_run
 
 
 def config(name: str, algorithm: str, args) -> dict:
@@ -134,38 +134,37 @@ def logged_eval(home: Path, run: str, label: str) -> dict | None:
 
 
 def report(res: dict) -> str:
-    out = []
     base = res["base_eval"]
-    out.append("| run | learner steps | training s | held-out pass@1 before | after | change | pass@%d after | "
-               "replay groups consumed | MLflow learner run | MLflow eval run |" % base["k"])
-    out.append("|---|---:|---:|---:|---:|---:|---:|---:|---|---|")
+    runs = []
     for algo in ("grpo", "nexgrpo"):
         r = res["runs"].get(algo)
         if not r:
             continue
         e = r["eval"]
-        out.append(f"| {algo} | {len(r['steps'])} | {r['steps'][-1]['t']:.0f} | {base['pass_at_1']:.3f} | {e['pass_at_1']:.3f} "
-                   f"| {e['pass_at_1'] - base['pass_at_1']:+.3f} | {e['pass_at_k']:.3f} | "
-                   f"{r['counts']['replay_groups_consumed']} | `{r['counts']['mlflow_learner_run_id']}` | "
-                   f"`{e['mlflow_run_id']}` |")
-    out.append("")
-    out.append("Per step (on-policy batch pass@1; NexGRPO: replay share, replayed negatives' stored confidence, "
-               "refreshed confidence of the b* planned that step):")
-    out.append("")
-    out.append("| step | GRPO pass@1 | NexGRPO pass@1 | replay share | b* confidence (stored) | b* confidence (refreshed) | retired tasks |")
-    out.append("|---:|---:|---:|---:|---:|---:|---:|")
+        runs.append([algo, len(r["steps"]), f"{r['steps'][-1]['t']:.0f}", f"{base['pass_at_1']:.3f}",
+                     f"{e['pass_at_1']:.3f}", f"{e['pass_at_1'] - base['pass_at_1']:+.3f}", f"{e['pass_at_k']:.3f}",
+                     r["counts"]["replay_groups_consumed"], f"`{r['counts']['mlflow_learner_run_id']}`",
+                     f"`{e['mlflow_run_id']}`"])
     g = {s["step"]: s for s in res["runs"].get("grpo", {}).get("steps", [])}
     n = {s["step"]: s for s in res["runs"].get("nexgrpo", {}).get("steps", [])}
 
     def f(x):
         return "" if x is None else f"{x:.3f}"
 
+    steps = []
     for step in sorted(set(g) | set(n)):
         a, b = g.get(step, {}), n.get(step, {})
-        out.append(f"| {step} | {f(a.get('reward/pass_at_1'))} | {f(b.get('reward/pass_at_1'))} | "
-                   f"{f(b.get('replay/share'))} | {f(b.get('replay/negative_confidence'))} | "
-                   f"{f(b.get('replay/negative_confidence_refreshed'))} | "
-                   f"{'' if b.get('replay/retired_tasks') is None else int(b['replay/retired_tasks'])} |")
+        retired = b.get("replay/retired_tasks")
+        steps.append([step, f(a.get("reward/pass_at_1")), f(b.get("reward/pass_at_1")), f(b.get("replay/share")),
+                      f(b.get("replay/negative_confidence")), f(b.get("replay/negative_confidence_refreshed")),
+                      "" if retired is None else int(retired)])
+    out = md_table(["run", "learner steps", "training s", "held-out pass@1 before", "after", "change",
+                    f"pass@{base['k']} after", "replay groups consumed", "MLflow learner run", "MLflow eval run"],
+                   runs, "lrrrrrrr")
+    out += ["", ("Per step (on-policy batch pass@1; NexGRPO: replay share, replayed negatives' stored confidence, "
+                 "refreshed confidence of the b* planned that step):"), ""]
+    out += md_table(["step", "GRPO pass@1", "NexGRPO pass@1", "replay share", "b* confidence (stored)",
+                     "b* confidence (refreshed)", "retired tasks"], steps, "rrrrrrr")
     return "\n".join(out)
 
 
@@ -185,9 +184,11 @@ def main() -> None:
     ap.add_argument("--json-out", type=Path)
     ap.add_argument("--report", type=Path, help="re-render the tables of a results file and exit")
     args = ap.parse_args()
-    if args.report:
-        print(report(json.loads(args.report.read_text())))
-        return
+    report_or_run(args, lambda: experiment(args), report)
+
+
+def experiment(args: argparse.Namespace) -> dict:
+    """Both runs (or ``--only`` one) and their evaluations, resumed from ``--json-out``: the results."""
     args.home.mkdir(parents=True, exist_ok=True)
     env = dict(home_env(args.home), OMP_NUM_THREADS=str(args.threads), PYTHONUNBUFFERED="1")
     log = args.home / "experiment.log"
@@ -245,7 +246,7 @@ def main() -> None:
     if args.json_out:
         args.json_out.write_text(json.dumps(res, indent=1, default=str))
     store.close()
-    print(report(res))
+    return res
 
 
 if __name__ == "__main__":

@@ -30,8 +30,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from arms import (CLI, ROOT, eval_json, experiment_parser, home_env, new_results, output_options, report_or_run,
-                  run_logged, run_seeds, save, seed_curves, sql_rows, subplots)
+from arms import (CLI, ROOT, eval_json, experiment_parser, home_env, md_table, new_results, output_options,
+                  report_or_run, run_logged, run_seeds, save, seed_curves, sql_rows, subplots)
 
 CONFIG = ROOT / "examples" / "arithmetic-r3l.yaml"
 ARMS = {"r3l": [], "grpo": ["--set", "algorithm=grpo"], "opmd": ["--set", "algorithm=opmd"],
@@ -106,16 +106,17 @@ def _examples(env: dict) -> list[dict]:
 
 
 def report(res: dict) -> str:
-    out = ["| arm | seed | steps | training s | pass@1 (1 attempt): base → after | within 3 attempts: base → after | "
-           "reflections valid / all | retries improved / made |", "|---|---:|---:|---:|---|---|---|---|"]
+    rows = []
     for r in res["arms"]:
         b, a, f = r["base"], r["after"], r["reflections"]
         refl = "—" if f is None else f"{f['valid']:.0f} / {f['n']:.0f}"
         retr = "—" if f is None else f"{f['improved']:.0f} / {f['retries']:.0f}"
-        out.append(f"| {r['arm']} | {r['seed']} | {r['steps']} | {r['train_s']} | "
-                   f"{b['attempts_1']['pass_at_1']:.3f} → {a['attempts_1']['pass_at_1']:.3f} | "
-                   f"{b['attempts_3']['pass_at_1']:.3f} → {a['attempts_3']['pass_at_1']:.3f} | {refl} | {retr} |")
-    return "\n".join(out)
+        rows.append([r["arm"], r["seed"], r["steps"], r["train_s"],
+                     f"{b['attempts_1']['pass_at_1']:.3f} → {a['attempts_1']['pass_at_1']:.3f}",
+                     f"{b['attempts_3']['pass_at_1']:.3f} → {a['attempts_3']['pass_at_1']:.3f}", refl, retr])
+    header = ["arm", "seed", "steps", "training s", "pass@1 (1 attempt): base → after", "within 3 attempts: base → after",
+              "reflections valid / all", "retries improved / made"]
+    return "\n".join(md_table(header, rows, "lrrr"))
 
 
 def plot(res: dict, path: Path) -> None:

@@ -239,59 +239,69 @@ def markdown(data: dict) -> str:
     return "\n".join(out) + "\n"
 
 
+def _row(cells: list) -> str:
+    """A markdown table's line of ``cells``."""
+    return f"| {' | '.join(map(str, cells))} |"
+
+
+def _table(header: list[str], rows: list[str]) -> list[str]:
+    """A markdown table: the line of ``header``, its rule, then ``rows`` (lines of :func:`_row`)."""
+    return [_row(header), "|" + "---|" * len(header), *rows]
+
+
 def _md_correctness(r: dict) -> list[str]:
+    engine = [_row([e["dtype"], e["samples"], e["tokens"], _f(e["max_abs_diff"]), _f(e["mean_abs_diff"]),
+                    _f(e.get("tolerance")), "yes" if e.get("pass") else "no" if e.get("tolerance") else "–",
+                    _f(e["embedding_max_abs_diff"]), _f(e["embedding_min_cosine"], 5),
+                    _f(e["generate_tokens_per_s"], 1)]) for e in r["engine"]]
     out = ["**Correctness on the device.** Engine: behaviour log-probs against `score()` of the same tokens.", "",
-           "| dtype | samples | tokens | max \\|Δ logprob\\| | mean \\|Δ\\| | tolerance | pass | embedding max \\|Δ\\| | "
-           "min cosine | generate tokens/s |", "|---|---|---|---|---|---|---|---|---|---|"]
-    for e in r["engine"]:
-        out.append(f"| {e['dtype']} | {e['samples']} | {e['tokens']} | {_f(e['max_abs_diff'])} | {_f(e['mean_abs_diff'])} | "
-                   f"{_f(e.get('tolerance'))} | {'yes' if e.get('pass') else 'no' if e.get('tolerance') else '–'} | "
-                   f"{_f(e['embedding_max_abs_diff'])} | {_f(e['embedding_min_cosine'], 5)} | {_f(e['generate_tokens_per_s'], 1)} |")
+           *_table(["dtype", "samples", "tokens", "max \\|Δ logprob\\|", "mean \\|Δ\\|", "tolerance", "pass",
+                    "embedding max \\|Δ\\|", "min cosine", "generate tokens/s"], engine)]
     if r.get("bf16_vs_fp32"):
         b = r["bf16_vs_fp32"]
         out += ["", f"bfloat16 behaviour log-probs against float32 `score()`: max |Δ| {_f(b['max_abs_diff'])}, "
                 f"mean |Δ| {_f(b['mean_abs_diff'])}, p99 {_f(b['p99_abs_diff'])} (the tolerance bfloat16 collectors need)."]
-    out += ["", "Learner step (DeepSpeed, GRPO, one batch) against the CPU float32 ZeRO-0 step:", "",
-            "| device | dtype | ZeRO | optimizer (master dtype) | loss | \\|Δ loss\\| | grad norm | rel Δ grad norm | "
-            "update cosine | update rel err | peak GPU GiB | seconds | pass |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    learner = []
     for c in r["learner"]:
         if c.get("error"):
-            out.append(f"| {c['device']} | {c['dtype']} | {c['zero']} | error: {c['error'].splitlines()[-1][:80]} |"
-                       + " |" * 9)
+            learner.append(_row([c["device"], c["dtype"], c["zero"], f"error: {c['error'].splitlines()[-1][:80]}"])
+                           + " |" * 9)
             continue
-        out.append(f"| {c['device']} | {c['dtype']} | {c['zero']} | {c.get('optimizer', '–')} "
-                   f"({'/'.join(c.get('master_dtypes', []))}) | {_f(c['loss'], 5)} | {_f(c.get('loss_abs_diff'))} | "
-                   f"{_f(c['grad_norm'], 5)} | {_f(c.get('grad_norm_rel_diff'))} | {_f(c.get('update_cosine'), 5)} | "
-                   f"{_f(c.get('update_rel_err'))} | {_f(c.get('peak_gib'), 2)} | {_f(c['seconds'], 1)} | "
-                   f"{'ref' if c.get('reference') else 'yes' if c.get('pass') else 'no'} |")
+        learner.append(_row([c["device"], c["dtype"], c["zero"],
+                             f"{c.get('optimizer', '–')} ({'/'.join(c.get('master_dtypes', []))})", _f(c["loss"], 5),
+                             _f(c.get("loss_abs_diff")), _f(c["grad_norm"], 5), _f(c.get("grad_norm_rel_diff")),
+                             _f(c.get("update_cosine"), 5), _f(c.get("update_rel_err")), _f(c.get("peak_gib"), 2),
+                             _f(c["seconds"], 1), "ref" if c.get("reference") else "yes" if c.get("pass") else "no"]))
+    out += ["", "Learner step (DeepSpeed, GRPO, one batch) against the CPU float32 ZeRO-0 step:", "",
+            *_table(["device", "dtype", "ZeRO", "optimizer (master dtype)", "loss", "\\|Δ loss\\|", "grad norm",
+                     "rel Δ grad norm", "update cosine", "update rel err", "peak GPU GiB", "seconds", "pass"], learner)]
     return out
 
 
 def _md_faiss(r: dict) -> list[str]:
     if not r.get("gpu"):
         return [f"**FAISS on GPU**: not measured: {r['reason']}"]
-    rows = ["**FAISS** at {:,} vectors of {}:".format(r["n"], r["dim"]), "",
-            "| search | CPU p50 ms | GPU p50 ms | speed-up | recall@10 CPU | recall@10 GPU | same neighbours |",
-            "|---|---|---|---|---|---|---|"]
-    for k, v in r["searches"].items():
-        rows.append(f"| {k} | {_f(v['cpu_p50_ms'])} | {_f(v.get('gpu_p50_ms'))} | {_f(v.get('speedup'), 2)} | "
-                    f"{_f(v.get('cpu_recall'))} | {_f(v.get('gpu_recall'))} | {v.get('same', '–')} |")
-    return rows
+    rows = [_row([k, _f(v["cpu_p50_ms"]), _f(v.get("gpu_p50_ms")), _f(v.get("speedup"), 2), _f(v.get("cpu_recall")),
+                  _f(v.get("gpu_recall")), v.get("same", "–")]) for k, v in r["searches"].items()]
+    return ["**FAISS** at {:,} vectors of {}:".format(r["n"], r["dim"]), "",
+            *_table(["search", "CPU p50 ms", "GPU p50 ms", "speed-up", "recall@10 CPU", "recall@10 GPU",
+                     "same neighbours"], rows)]
 
 
 def _md_run(r: dict) -> list[str]:
+    row = _row([_f(r["wall_s"], 1), _f(r["trajectories_per_s"], 2),
+                f"{_f(r.get('collector_tokens_per_s'), 0)} ({_f(r.get('collector_tokens_per_gen_s'), 0)})",
+                _f(r["learner_tokens_per_s"], 0), _f(r["step_seconds_p50"], 3),
+                f"{_f(r.get('peak_gpu_gib'), 2)} ({_roles(r)})",
+                f"{_f(r.get('first_group_s'), 1)} / {_f(r.get('first_step_s'), 1)}", _f(r.get("pass_at_1_before")),
+                _f(r.get("pass_at_1_after"))])
     return ["**End to end** (`reflexdb run`, {} steps of {} groups x {}, collector `{}` {} / learner {} on {}):".format(
                 r["steps"], r["groups_per_step"], r["group_size"], r.get("engine", "hf"), r["collector_dtype"],
                 r["learner_dtype"], r["device"]),
-            "", "| wall s | trajectories/s | collector tokens/s (per s generating) | learner tokens/s (median step) | step s (median) | "
-            "peak GPU memory GiB (collector / learner / eval) | s to first group / first step | pass@1 before | "
-            "pass@1 after |", "|---|---|---|---|---|---|---|---|---|",
-            f"| {_f(r['wall_s'], 1)} | {_f(r['trajectories_per_s'], 2)} | {_f(r.get('collector_tokens_per_s'), 0)} "
-            f"({_f(r.get('collector_tokens_per_gen_s'), 0)}) | "
-            f"{_f(r['learner_tokens_per_s'], 0)} | "
-            f"{_f(r['step_seconds_p50'], 3)} | {_f(r.get('peak_gpu_gib'), 2)} ({_roles(r)}) | "
-            f"{_f(r.get('first_group_s'), 1)} / {_f(r.get('first_step_s'), 1)} | {_f(r.get('pass_at_1_before'))} | "
-            f"{_f(r.get('pass_at_1_after'))} |"]
+            "", *_table(["wall s", "trajectories/s", "collector tokens/s (per s generating)",
+                         "learner tokens/s (median step)", "step s (median)",
+                         "peak GPU memory GiB (collector / learner / eval)", "s to first group / first step",
+                         "pass@1 before", "pass@1 after"], [row])]
 
 
 def _roles(r: dict) -> str:
@@ -300,14 +310,13 @@ def _roles(r: dict) -> str:
 
 
 def _md_async(r: dict) -> list[str]:
-    out = [f"**Async against sync** ({r['steps']} steps or {_f(r['budget_seconds'], 0)} s each, same seed and batch):", "",
-           "| max_staleness | steps | s per step | speed-up vs 0 | learner busy | GPU idle while collecting | "
-           "GPU idle while learning | GPU idle overall | mean staleness |", "|---|---|---|---|---|---|---|---|---|"]
-    for row in r["runs"]:
-        out.append(f"| {row['max_staleness']} | {row['steps']} | {_f(row['seconds_per_step'], 3)} | "
-                   f"{_f(row.get('speedup'), 2)} | {_f(row.get('learner_busy'))} | {_f(row.get('gpu_idle_collector'))} | "
-                   f"{_f(row.get('gpu_idle_learner'))} | {_f(row.get('gpu_idle'))} | {_f(row.get('staleness_mean'), 2)} |")
-    return out
+    rows = [_row([row["max_staleness"], row["steps"], _f(row["seconds_per_step"], 3), _f(row.get("speedup"), 2),
+                  _f(row.get("learner_busy")), _f(row.get("gpu_idle_collector")), _f(row.get("gpu_idle_learner")),
+                  _f(row.get("gpu_idle")), _f(row.get("staleness_mean"), 2)]) for row in r["runs"]]
+    return [f"**Async against sync** ({r['steps']} steps or {_f(r['budget_seconds'], 0)} s each, same seed and batch):",
+            "", *_table(["max_staleness", "steps", "s per step", "speed-up vs 0", "learner busy",
+                         "GPU idle while collecting", "GPU idle while learning", "GPU idle overall", "mean staleness"],
+                        rows)]
 
 
 def _md_sglang(r: dict) -> list[str]:
@@ -315,34 +324,32 @@ def _md_sglang(r: dict) -> list[str]:
 
 
 def _md_engine(r: dict) -> list[str]:
-    out = [f"**Engines** ({r['model']}; {r['new_tokens']} new tokens a row; card measured: "
-           f"{_f(r['card']['copy_tb_s'], 2)} TB/s copy, {_f(r['card']['matmul_tflop_s'], 0)} bf16 TFLOP/s).", "",
-           "Equivalence, `fast` against `hf`, float32, same seeds:", "",
-           "| sampling | rows | same tokens | max \\|Δ logprob\\| | max \\|Δ embedding\\| | pass |", "|---|---|---|---|---|---|"]
-    for e in r["equivalence"]:
-        out.append(f"| {e['case']} | {e['rows']} | {e['same_rows']}/{e['rows']} | {_f(e['max_logprob_diff'])} | "
-                   f"{_f(e['max_embedding_diff'])} | {'yes' if e['pass'] else 'no'} |")
-    out += ["", f"Speed, {r.get('dtype', 'bfloat16')}:", "",
-            "| engine | rows | tokens | seconds | tokens/s | decode steps | ms/step | bandwidth used | FLOP/s used | "
-            "peak GPU GiB | first call s |", "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for e in r["sweep"]:
-        out.append(f"| {e['engine']} | {e['rows']} | {e['tokens']} | {_f(e['seconds'], 2)} | {_f(e['tokens_per_s'], 0)} | "
-                   f"{e.get('steps', '–')} | {_f(e.get('ms_per_step'), 3)} | {_f(e.get('bandwidth_share'))} | "
-                   f"{_f(e.get('flops_share'))} | {_f(e.get('peak_gib'), 2)} | {_f(e.get('first_call_s'), 1)} |")
-    return out
+    same = [_row([e["case"], e["rows"], f"{e['same_rows']}/{e['rows']}", _f(e["max_logprob_diff"]),
+                  _f(e["max_embedding_diff"]), "yes" if e["pass"] else "no"]) for e in r["equivalence"]]
+    speed = [_row([e["engine"], e["rows"], e["tokens"], _f(e["seconds"], 2), _f(e["tokens_per_s"], 0),
+                   e.get("steps", "–"), _f(e.get("ms_per_step"), 3), _f(e.get("bandwidth_share")),
+                   _f(e.get("flops_share")), _f(e.get("peak_gib"), 2), _f(e.get("first_call_s"), 1)])
+             for e in r["sweep"]]
+    return [f"**Engines** ({r['model']}; {r['new_tokens']} new tokens a row; card measured: "
+            f"{_f(r['card']['copy_tb_s'], 2)} TB/s copy, {_f(r['card']['matmul_tflop_s'], 0)} bf16 TFLOP/s).", "",
+            "Equivalence, `fast` against `hf`, float32, same seeds:", "",
+            *_table(["sampling", "rows", "same tokens", "max \\|Δ logprob\\|", "max \\|Δ embedding\\|", "pass"], same),
+            "", f"Speed, {r.get('dtype', 'bfloat16')}:", "",
+            *_table(["engine", "rows", "tokens", "seconds", "tokens/s", "decode steps", "ms/step", "bandwidth used",
+                     "FLOP/s used", "peak GPU GiB", "first call s"], speed)]
 
 
 def _md_learner(r: dict) -> list[str]:
-    out = [f"**Learner** (GRPO steps on {r['rows']} rows, {r['tokens_per_step']:,} tokens a step, DeepSpeed ZeRO-0):", "",
-           "| dtype | rows | micro-batch tokens | micro-batches | s/step | tokens/s | FLOP/s used | peak GPU GiB |",
-           "|---|---|---|---|---|---|---|---|"]
+    rows = []
     for c in r["configs"]:
         if c.get("error"):
-            out.append(f"| {c['label']} | error: {c['error'].strip().splitlines()[-1][:100]} |" + " |" * 6)
+            rows.append(_row([c["label"], f"error: {c['error'].strip().splitlines()[-1][:100]}"]) + " |" * 6)
             continue
-        out.append(f"| {c['label']} | {c['rows']} | {c['micro_tokens']} | {c['micro_batches']} | {_f(c['step_s'], 3)} | "
-                   f"{_f(c['tokens_per_s'], 0)} | {_f(c.get('flops_share'))} | {_f(c.get('peak_gib'), 2)} |")
-    return out
+        rows.append(_row([c["label"], c["rows"], c["micro_tokens"], c["micro_batches"], _f(c["step_s"], 3),
+                          _f(c["tokens_per_s"], 0), _f(c.get("flops_share")), _f(c.get("peak_gib"), 2)]))
+    return [f"**Learner** (GRPO steps on {r['rows']} rows, {r['tokens_per_step']:,} tokens a step, DeepSpeed ZeRO-0):",
+            "", *_table(["dtype", "rows", "micro-batch tokens", "micro-batches", "s/step", "tokens/s", "FLOP/s used",
+                         "peak GPU GiB"], rows)]
 
 
 RENDER = {"correctness": _md_correctness, "engine": _md_engine, "learner": _md_learner, "faiss": _md_faiss, "e2e": _md_run, "async": _md_async,
@@ -1127,16 +1134,23 @@ def _per(phases: dict, what: str, over: tuple[str, ...]) -> float:
     return float(phases.get(what) or 0.0) / busy if busy > 0 else float("nan")
 
 
+def sampled_run(plan: Plan, work: Path, name: str, cfg: dict, *, evaluate: bool,
+                timeout: float) -> tuple[float, str, dict, GpuSampler]:
+    """``reflexdb run`` of ``cfg`` in ``work / name`` with the GPU sampled: its wall seconds, its
+    stdout, what the database says of it (:func:`run_facts`) and the sampler (for its summary)."""
+    home = work / name
+    started = time.time()
+    with GpuSampler() as gpu:
+        wall, stdout = reflexdb_run(plan, home, cfg, evaluate=evaluate, timeout=timeout)
+    return wall, stdout, run_facts(home, name, started), gpu
+
+
 def stage_e2e(plan: Plan, work: Path, *, engine: str | None = None) -> dict:
     engine = engine or plan.collector_engine
     name = f"gpu-e2e-{engine}"
     cfg = plan.run_config(name, engine=engine)
     cfg["collector"]["tasks_per_batch"] = plan.collector_tasks
-    home = work / name
-    started = time.time()
-    with GpuSampler() as gpu:
-        wall, stdout = reflexdb_run(plan, home, cfg, evaluate=True, timeout=plan.e2e_seconds + 600)
-    facts = run_facts(home, name, started)
+    wall, stdout, facts, gpu = sampled_run(plan, work, name, cfg, evaluate=True, timeout=plan.e2e_seconds + 600)
     evals = facts.pop("evals")
     out = {"engine": engine, "device": plan.device, "model": plan.model, "wall_s": wall,
            "groups_per_step": plan.groups_per_step, "group_size": plan.group_size,
@@ -1155,11 +1169,7 @@ def stage_async(plan: Plan, work: Path) -> dict:
         name = f"gpu-async-{eta}"
         cfg = plan.run_config(name, staleness=eta, engine=plan.collector_engine)
         cfg["learner"].update(max_steps=plan.async_steps, max_seconds=plan.async_seconds)
-        home = work / name
-        started = time.time()
-        with GpuSampler() as gpu:
-            wall, _ = reflexdb_run(plan, home, cfg, evaluate=False, timeout=plan.async_seconds + 600)
-        facts = run_facts(home, name, started)
+        wall, _, facts, gpu = sampled_run(plan, work, name, cfg, evaluate=False, timeout=plan.async_seconds + 600)
         times = facts.pop("step_times")
         row = {"max_staleness": eta, "wall_s": wall, **{k: v for k, v in facts.items() if k != "evals"}}
         if len(times) > 1:
