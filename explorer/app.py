@@ -23,18 +23,20 @@ from typing import Any
 from urllib.parse import quote, urlencode
 
 import numpy as np
+from markupsafe import Markup
 from starlette.applications import Starlette
 from starlette.datastructures import MutableHeaders
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
-from starlette.responses import PlainTextResponse, Response
+from starlette.responses import PlainTextResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
 from reflexdb.errors import DatabaseUnavailable
 
+from .charts import RunCurves, run_charts
 from .data import FILTERS, GROUP_FILTERS, PAGE, BadFilter, Explorer, parse_filters
 from .tokens import MAX_SHADED, masked_out, shown, tokenizer_for, tokens
 
@@ -48,6 +50,8 @@ SECURITY_HEADERS = {
     "X-Content-Type-Options": "nosniff",
     "Referrer-Policy": "same-origin",
 }
+#: the most runs whose curves a run page draws beside its own (``?with=``)
+MAX_BESIDE = 4
 
 
 def _fmt(value: Any, digits: int = 3) -> str:
@@ -168,7 +172,51 @@ def create_app(db: Explorer, *, mlflow_url: str | None = None, tracking_uri: str
         before = _int(request.query_params.get("before"), "before")
         steps = db.steps(r["id"], before, PAGE + 1)
         return render(request, "run.html", title=f"run {r['name']}", run=r, steps=steps[:PAGE],
-                      next_page=_next(request, steps, "step"), mlflow=mlflow.run(r["name"]))
+                      next_page=_next(request, steps, "step"), mlflow=mlflow.run(r["name"]), **_curves(request, r))
+
+    def _curves(request: Request, r: dict[str, Any]) -> dict[str, Any]:
+        """The run page's curves (explorer/charts.py): the run's own, and those of each run named by a
+        ``with`` parameter drawn on the same charts (404 naming a run that does not exist)."""
+        others: list[dict[str, Any]] = []
+        names = _beside(request, r["name"])
+        if len(names) > MAX_BESIDE:
+            raise BadFilter(f"'with': at most {MAX_BESIDE} runs can be drawn beside run {r['name']!r}")
+        for name in names:
+            other = db.run(name)
+            if other is None:
+                raise HTTPException(404, f"no run named {name[:200]!r} to draw beside run {r['name']!r}")
+            others.append(other)
+        runs = [RunCurves(x["name"], db.curve_steps(x["id"]), db.curve_evaluations(x["id"])) for x in [r, *others]]
+        charts = [{"id": c.id, "title": c.title, "svg": Markup(c.svg), "keys": c.keys, "kind": c.kind}
+                  for c in run_charts(runs)]  # Markup: line_chart escaped every text it holds
+        return {"charts": [c for c in charts if c["kind"] == "main"],
+                "metric_charts": [c for c in charts if c["kind"] == "prefix"], "beside": [x["name"] for x in others],
+                "run_names": [n for n in db.run_names() if n != r["name"]]}
+
+    def _beside(request: Request, name: str) -> list[str]:
+        """The run names of the ``with`` parameters, once each, without ``name`` itself."""
+        found = []
+        for value in dict.fromkeys(v.strip() for v in request.query_params.getlist("with")):
+            if "\x00" in value:
+                raise BadFilter("'with': contains a NUL character")
+            if value and value != name:
+                found.append(value)
+        return found
+
+    def compare(request: Request) -> Response:
+        """The runs list's compare form: ``?run=a&with=b`` -> the run page of a with b's curves beside."""
+        name = (request.query_params.get("run") or "").strip()
+        if not name:
+            raise BadFilter("'run': choose the run whose page to open")
+        if "\x00" in name:
+            raise BadFilter("'run': contains a NUL character")
+        _run(name)
+        beside = _beside(request, name)
+        for other in beside:
+            if db.run(other) is None:
+                raise HTTPException(404, f"no run named {other[:200]!r} to draw beside run {name!r}")
+        query = urlencode([("with", v) for v in beside])
+        return RedirectResponse(f"/runs/{quote(name, safe='')}" + (f"?{query}" if query else "") + "#curves", 303)
 
     def trajectories(request: Request) -> Response:
         r = _run(request.path_params["name"])
@@ -262,6 +310,7 @@ def create_app(db: Explorer, *, mlflow_url: str | None = None, tracking_uri: str
         Route("/runs/{name:path}/steps/{step:int}", step),
         Route("/runs/{name:path}/tasks/{task:int}", task),
         Route("/runs/{name:path}", run),
+        Route("/compare", compare),
         Route("/groups/{id:int}", group),
         Route("/trajectories/{id:int}", trajectory),
         Route("/trajectories/{id:int}/raw", raw),

@@ -30,6 +30,8 @@ READER = "reflexdb_reader"
 STATEMENT_TIMEOUT_MS = 15_000
 #: rows per page of a list
 PAGE = 50
+#: the most learner steps a run's curves read (evenly spaced beyond it; explorer/charts.py decimates further)
+CURVE_ROWS = 2000
 
 #: The filters of the trajectory list: name -> (parse, SQL fragment). The fragment reads only its
 #: own parameter; ``t`` is the trajectory, ``g`` its group, ``k`` its task.
@@ -241,6 +243,17 @@ class Explorer:
 
     def steps(self, run_id: int, before: int | None, limit: int = PAGE) -> list[dict[str, Any]]:
         return self.named("steps", run_id=run_id, before=before, limit=limit)
+
+    def curve_steps(self, run_id: int, rows: int = CURVE_ROWS) -> list[dict[str, Any]]:
+        """A run's learner steps for its curves, oldest first: all of them up to ``rows``, else
+        ``rows`` evenly spaced ones (block ``curve_steps``)."""
+        return self.named("curve_steps", run_id=run_id, rows=rows)
+
+    def curve_evaluations(self, run_id: int) -> list[dict[str, Any]]:
+        return self.named("curve_evaluations", run_id=run_id)
+
+    def run_names(self) -> list[str]:
+        return [r["name"] for r in self.named("run_names")]
 
     def trajectories(self, run_id: int, filters: dict[str, Any], before: int | None,
                      limit: int = PAGE) -> list[dict[str, Any]]:

@@ -140,3 +140,43 @@ SELECT t.id, t.policy_version, t.reward, t.correct, t.extracted_answer, t.origin
        (SELECT string_agg(u.text, E'\n' ORDER BY u.turn_index) FROM turns u
         WHERE u.trajectory_id = t.id AND u.run_id = t.run_id AND u.role = 'assistant') AS response
 FROM trajectories t WHERE t.id = %(id)s AND t.run_id = %(run_id)s;
+
+-- name: curve_steps
+-- A run's learner steps for the run page's curves (explorer/charts.py), oldest first: every step
+-- when the run has at most %(rows)s, else %(rows)s steps evenly spaced over its range, each found by
+-- one probe of the index on (run_id, step), so a run of a million steps costs what one of
+-- %(rows)s does (its steps are counted only up to %(rows)s + 1, and that count gates each branch
+-- once; the LIMITs keep the planner's estimate, and so JIT, small). Reads learner_steps alone;
+-- metrics as JSON text (the page parses it, integers as floats).
+WITH r AS (SELECT (SELECT step FROM learner_steps WHERE run_id = %(run_id)s ORDER BY step LIMIT 1) AS lo,
+                  (SELECT step FROM learner_steps WHERE run_id = %(run_id)s ORDER BY step DESC LIMIT 1) AS hi,
+                  (SELECT count(*) FROM (SELECT 1 FROM learner_steps x WHERE x.run_id = %(run_id)s
+                                         ORDER BY x.step LIMIT %(rows)s + 1) c) AS n)
+(SELECT s.step, s.policy_version, s.loss, s.metrics::text AS metrics
+ FROM learner_steps s
+ WHERE s.run_id = %(run_id)s AND (SELECT n FROM r) <= %(rows)s ORDER BY s.step LIMIT %(rows)s)
+UNION ALL
+(SELECT DISTINCT ON (p.step) p.step, p.policy_version, p.loss, p.metrics::text
+ FROM r CROSS JOIN generate_series(0, %(rows)s - 1) i
+ CROSS JOIN LATERAL (SELECT s.step, s.policy_version, s.loss, s.metrics FROM learner_steps s
+                     WHERE s.run_id = %(run_id)s
+                       AND s.step >= r.lo + floor(i * (r.hi - r.lo)::float8 / (%(rows)s - 1))::bigint
+                     ORDER BY s.step LIMIT 1) p
+ WHERE (SELECT n FROM r) > %(rows)s ORDER BY p.step LIMIT %(rows)s)
+ORDER BY step;
+
+-- name: curve_evaluations
+-- A run's held-out evaluations by policy version (`reflexdb eval`, `reflexdb run`: groups of kind
+-- eval on eval-split tasks): pass@1 per version and attempts, the samples pooled when a version
+-- was evaluated more than once. An `attempts` that is not a small integer counts as 1.
+SELECT g.policy_version,
+       CASE WHEN g.meta ->> 'attempts' ~ '^[0-9]{1,6}$' THEN (g.meta ->> 'attempts')::int ELSE 1 END AS attempts,
+       avg(t.correct::int)::float8 AS pass_at_1, count(*) AS samples, count(DISTINCT g.task_id) AS tasks
+FROM groups g JOIN tasks k ON k.id = g.task_id
+JOIN trajectories t ON t.group_id = g.id AND t.run_id = g.run_id
+WHERE g.run_id = %(run_id)s AND g.kind = 'eval' AND k.split = 'eval'
+GROUP BY 1, 2 ORDER BY 1, 2;
+
+-- name: run_names
+-- The runs a run page offers to draw beside its own curves, newest first.
+SELECT r.name FROM runs r ORDER BY r.id DESC LIMIT 500;
