@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 
-from reflexdb import Store, work
+from reflexdb import Store, storage, work
 from reflexdb.config import Config
 from reflexdb.errors import NotFound, ReflexdbError
 
@@ -40,8 +40,12 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - math.comb(n - c, k) / math.comb(n, k)
 
 
-def resolve_checkpoint(store: Store, run_id: int, spec: str, base_model) -> tuple[str, Path | str, int | None]:
-    """``base``, ``latest``, ``vN`` (a published version of the run) or a directory → (label, path, version)."""
+def resolve_checkpoint(store: Store, run_id: int, spec: str, base_model, cfg: Config | None = None,
+                       ) -> tuple[str, Path | str, int | None]:
+    """``base``, ``latest``, ``vN`` (a published version of the run) or a directory → (label, path, version).
+
+    A version in storage (``learner.checkpoint_url``) is fetched into ``$REFLEXDB_HOME/cache/<run>/``
+    with ``cfg``'s storage options and checked against its recorded sha256."""
     from reflexdb.collector.engines.base import checkpoint_path
 
     if spec == "base":
@@ -50,6 +54,8 @@ def resolve_checkpoint(store: Store, run_id: int, spec: str, base_model) -> tupl
         policy = store.latest_policy(run_id) if spec == "latest" else store.get_policy(run_id, int(spec[1:]))
         if policy is None:
             raise NotFound("the run has no published policy yet")
+        if storage.is_remote(policy.checkpoint_uri):  # learner.checkpoint_url: fetched into the cache, verified
+            return f"v{policy.version}", _fetch(cfg, policy), policy.version
         path = checkpoint_path(policy.checkpoint_uri)
         if not path.is_dir():
             raise NotFound(f"the weights of policy v{policy.version} ({path}) are gone: the learner keeps only the "
@@ -60,6 +66,21 @@ def resolve_checkpoint(store: Store, run_id: int, spec: str, base_model) -> tupl
     if not path.is_dir():
         raise NotFound(f"checkpoint {spec} is not a directory (give base, latest, vN or a model directory)")
     return path.name, path, None
+
+
+def _fetch(cfg: Config | None, policy) -> Path:
+    """A version in storage, downloaded (or found) in ``$REFLEXDB_HOME/cache/<run>/`` and checked
+    against its recorded sha256; storage errors are retried for a minute."""
+    run = cfg.run if cfg is not None else f"run-{policy.run_id}"
+    options = cfg.learner.checkpoint_storage_options if cfg is not None else {}
+    # every version evaluated is kept: a collector sharing this home keeps its own newest few
+    cache = storage.CheckpointCache(storage.cache_root(run), options, keep=1_000_000)
+    try:
+        return storage.fetch_with_retries(cache, policy.checkpoint_uri, policy.version, policy.sha256, limit_s=60)
+    except NotFound:
+        raise NotFound(f"the weights of policy v{policy.version} ({storage.mask(policy.checkpoint_uri)}) are gone: "
+                       "the learner keeps only the newest learner.keep_policies versions; evaluate a newer one, or "
+                       "set keep_policies: null to keep them all") from None
 
 
 @dataclass
@@ -112,7 +133,7 @@ def evaluate(cfg: Config, store: Store, checkpoint: str = "latest", *, split: st
     tasks = [EvalTask(*row) for row in work.split_tasks(store, run_id, split, max_tasks)]
     if not tasks:
         raise ReflexdbError(f"run {cfg.run!r} has no tasks in split {split!r} (tasks.eval_size is 0?)")
-    label, path, version = resolve_checkpoint(store, run_id, checkpoint, resolve_model(cfg.model))
+    label, path, version = resolve_checkpoint(store, run_id, checkpoint, resolve_model(cfg.model), cfg)
     reward = Deadline(get_reward(cfg.collector.reward), cfg.collector.reward_timeout_s)  # forked before the engine
     engine = make_engine(cfg.collector.engine, model=path, device=cfg.collector.device,
                          **cfg.collector.engine_options)

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import psycopg
 
-from reflexdb import GroupIn, Store, TrajectoryIn, drill, work
+from reflexdb import GroupIn, Store, TrajectoryIn, drill, storage, work
 from reflexdb.config import Config
 from reflexdb.errors import ClaimLost, InvalidGroup
 from reflexdb.retry import TRANSIENT, DbRetry
@@ -43,6 +43,7 @@ from reflexdb.timing import PhaseTimer
 from .engines import Engine, Sample, SamplingParams, make_engine
 from .engines.base import checkpoint_path
 from .environments import EnvTask
+from .fetch import Fetcher
 from .episodes import Episode, Rollout, RolloutStats, Start, environment_factory
 from reflexdb.models import model_display_name, resolve_model
 from .deadline import Deadline
@@ -100,6 +101,7 @@ class Stats:
     unverified_rewards: int = 0  # scored 0 for want of a verdict: past the deadline, or unverifiable
     skipped_rows: int = 0
     rejected: int = 0  # groups the store refused for their content: counted, skipped, never a crash
+    fetch_failures: int = 0  # tries to fetch a published version from storage that failed (collector/fetch.py)
     kinds: Counter = field(default_factory=Counter)  # groups of each kind other than 'fresh'
     fresh_samples: int = 0  # trajectories of the policy on the plain prompt (origins counted in pass@1)
     started: float = field(default_factory=time.monotonic)
@@ -118,6 +120,8 @@ class Stats:
         rejected = f" | {self.rejected} refused by the store" if self.rejected else ""
         if self.unverified_rewards:
             rejected += f" | {self.unverified_rewards} rewards unverified (scored 0)"
+        if self.fetch_failures:
+            rejected += f" | {self.fetch_failures} checkpoint fetches failed"
         return (f"policy v{version} | groups {self.groups}{by_kind} | trajectories {self.trajectories} "
                 f"({self.trajectories / dt:.2f}/s) | tokens/s {self.tokens / dt:.1f} | pass@1 {recent}{pass1:.3f} "
                 f"overall{rejected}" + (f" | {phases}" if phases else ""))
@@ -151,6 +155,7 @@ class Collector:
         self.rollout_stats = RolloutStats()
         self._said_waiting = float("-inf")  # when the admission wait was last reported
         self.version = 0
+        self.fetcher: Fetcher | None = None  # made when a version lies in storage (learner.checkpoint_url)
         self.stopping = False
         self.stats = Stats()
         self.rng = np.random.default_rng([cfg.seed, os.getpid()])
@@ -170,7 +175,7 @@ class Collector:
         self.stats.skipped_rows = skipped
         latest = self.store.latest_policy(self.run_id)
         if latest is not None and latest.version > 0:
-            self._load(latest)
+            self._load(latest, wait=True)
         self.collector_id = work.register_collector(
             self.store, self.run_id, self.name, engine=self.c.engine, model=model_display_name(self.model_location),
             policy_version=self.version,
@@ -254,12 +259,29 @@ class Collector:
         if latest is not None and latest.version > self.version:
             self._load(latest)
 
-    def _load(self, policy) -> None:
+    def _load(self, policy, *, wait: bool = False) -> None:
+        """Load ``policy``'s weights. A version in storage is fetched first, in the background
+        (``wait``: here); until it is whole and verified the collector samples with its current
+        version, and a fetch that fails is reported and tried again (collector/fetch.py)."""
+        path, fetched = checkpoint_path(policy.checkpoint_uri), ""
+        if storage.is_remote(policy.checkpoint_uri):
+            if self.fetcher is None:
+                cache = storage.CheckpointCache(storage.cache_root(self.cfg.run),
+                                                self.cfg.learner.checkpoint_storage_options,
+                                                keep=self.c.checkpoint_cache_versions)
+                self.fetcher = Fetcher(cache, self.echo)
+            path = self.fetcher.ready(policy, self.version, wait=wait)
+            self.stats.fetch_failures = self.fetcher.failures
+            if path is None:
+                return
+            fetched = (f" (sha256 {policy.sha256[:12]}… verified" if policy.sha256 else " (checked against its manifest") \
+                + f", cached in {path})"
         drill.phase("reload")
         t0 = time.monotonic()
-        self.engine.load_weights(checkpoint_path(policy.checkpoint_uri))
+        self.engine.load_weights(path)
         self.version = policy.version
-        self.echo(f"loaded policy v{policy.version} from {policy.checkpoint_uri} in {time.monotonic() - t0:.1f}s")
+        self.echo(f"loaded policy v{policy.version} from {storage.mask(policy.checkpoint_uri)}{fetched} in "
+                  f"{time.monotonic() - t0:.1f}s")
 
     def _claim_and_collect(self, workflows: list[Workflow], want: int) -> bool:
         """Ask ``workflows`` for work in priority order; the first with work wins. Whether one had any."""
@@ -422,6 +444,9 @@ class Collector:
         out = {phase: round(m[f"collector/seconds_{phase}"], 3) for phase in PHASES}
         out["wall"] = round(m["collector/wall_seconds"], 3)
         out["tokens"] = int(m["collector/generated_tokens"])
+        if self.fetcher is not None:  # versions in storage: time fetching them (in the background), failed tries
+            out["fetch"] = round(self.fetcher.seconds, 3)
+            out["fetch_failures"] = self.fetcher.failures
         return out
 
     def _report(self, reported: Stats) -> None:

@@ -87,6 +87,7 @@ class CollectorConfig(_Section):
     progress_every_s: float = Field(10.0, gt=0, description="Seconds between progress lines and heartbeats.")
     db_retry_s: float = Field(120.0, ge=0, description="How long a write is retried (with backoff) while the database is unreachable.")
     poll_interval_s: float = Field(2.0, gt=0, description="Polling period of waits (NOTIFY wakes them earlier).")
+    checkpoint_cache_versions: int = Field(2, ge=1, le=1000, description="Versions fetched from learner.checkpoint_url kept in $REFLEXDB_HOME/cache/<run>/ (the newest N; older ones are deleted after each fetch). Unused for a local checkpoint directory, read in place.")
 
     @model_validator(mode="after")
     def _engine_options(self) -> CollectorConfig:
@@ -157,6 +158,9 @@ class LearnerConfig(_Section):
     max_seconds: float | None = Field(None, gt=0, description="Time budget: start no new step once this many seconds have passed since the learner was ready (model loaded, DeepSpeed up), even with groups waiting (None = no limit).")
     max_bad_steps: int = Field(3, ge=1, le=1000, description="Stop after this many consecutive steps with a non-finite loss.")
     checkpoint_dir: Path | None = Field(None, description="Where published weights and learner state go (default: $REFLEXDB_HOME/checkpoints/<run>).")
+    checkpoint_url: str | None = Field(None, description="Where collectors fetch published weights from. Unset, a path or file://: the local checkpoint_dir, as always (the path, if given, is checkpoint_dir; collectors read it in place: a shared filesystem for other machines). s3://bucket/prefix/ or gs://bucket/prefix/ (extras s3, gcs): each version is written locally, uploaded to <url>/vK/ and only then recorded, so collectors on any machine download it into $REFLEXDB_HOME/cache/ and check its sha256 (docs/operations.md, \"A remote collector in two commands\"). Credentials come from the environment, never from here: a URL holding one is refused.")
+    checkpoint_storage_options: dict[str, Any] = Field(default_factory=dict, description="Non-secret options of the checkpoint_url's fsspec filesystem, read by the learner and the collectors, e.g. {endpoint_url: http://minio:9000, client_kwargs: {region_name: eu-west-1}, profile: NAME, config_kwargs: {connect_timeout: 5}}. A key that looks like a credential (key, secret, token, password, ...) is refused: credentials come from the environment (AWS_ACCESS_KEY_ID, AWS_PROFILE, AWS_ENDPOINT_URL, ...).")
+    upload_retry_s: float = Field(600.0, ge=0, description="How long the upload of one version to checkpoint_url is retried (with backoff) while storage fails before the learner stops (exit 8, naming the URL and the cause); meanwhile the learner waits at its next publish. Nothing is recorded for a version until its upload is whole.")
     publish_in_background: bool = Field(True, description="Write a version's weights in a background thread while the next step trains: the learner copies them to host memory (tied weights once) and goes on; files, then the row, then pruning, in the same order as in the foreground, one write at a time (the next publish waits for it). Publishes with the learner state, ZeRO-3 and a clean stop stay in the foreground. On an H200 the foreground publish was 27-53% of a quickstart-sized step (docs/benchmarks.md).")
     fsync_publish: bool = Field(True, description="Flush each version's files to disk before recording it, so a recorded version survives a power loss (SmolLM2 on this project's machine: 4.7 s a publish instead of 1.3 s; docs/benchmarks.md). Off, a kill still never leaves a partial version; an operating-system crash may.")
     state_every: int = Field(1, ge=1, le=100_000, description="Write the learner state (DeepSpeed weights and AdamW moments, about 3x the weights, for resume) at every k-th publish; the others write only the weights collectors load. Version 0 and the publish at a clean stop always write it. Resume starts from the newest state and rolls back the steps after it: their groups become trainable again.")
@@ -167,6 +171,19 @@ class LearnerConfig(_Section):
     poll_interval_s: float = Field(2.0, gt=0, description="Polling period while waiting for groups (NOTIFY wakes it earlier).")
     db_retry_s: float = Field(300.0, ge=0, description="How long one database call is retried (with backoff) while the database is unreachable before the learner stops; a step whose consumption could not be recorded is never published.")
     eval_samples: int = Field(8, ge=1, le=1024, description="k of pass@k in `reflexdb eval` (samples per eval task).")
+
+    @model_validator(mode="after")
+    def _storage(self) -> LearnerConfig:
+        from .storage import check_options, check_url, is_remote, local_path
+
+        if self.checkpoint_url is not None:
+            check_url(self.checkpoint_url)
+            if not is_remote(self.checkpoint_url) and self.checkpoint_dir is not None and \
+                    local_path(self.checkpoint_url).expanduser().resolve() != Path(self.checkpoint_dir).expanduser().resolve():
+                raise ValueError(f"learner.checkpoint_url {self.checkpoint_url!r} is a local directory other than "
+                                 f"learner.checkpoint_dir {str(self.checkpoint_dir)!r}: give one of them")
+        check_options(self.checkpoint_storage_options)
+        return self
 
     @model_validator(mode="after")
     def _imported_share(self) -> LearnerConfig:

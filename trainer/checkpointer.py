@@ -18,6 +18,13 @@ thread writes the files, records the row and prunes, in the same order, while th
 trains. One write is in flight at a time: the next publish, a publish with the state, a clean
 stop and :meth:`Checkpointer.wait` wait for it first, and raise its error there
 (:class:`PublishFailed`, or the database's).
+
+With a remote ``learner.checkpoint_url`` (``url``: ``s3://...``), the version's files are written
+locally as always, then uploaded to ``<url>/vK/`` (reflexdb/storage.py, retried for
+``upload_retry_s``; in the writer thread when in the background), and only then is the row
+recorded, naming ``<url>/vK``: a collector never sees a version that is not wholly uploaded.
+Storage that stays down past ``upload_retry_s`` is a :class:`PublishFailed` naming the URL and the
+cause. Pruning deletes old versions in storage too.
 """
 
 from __future__ import annotations
@@ -30,7 +37,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from reflexdb import Store, drill
+from reflexdb import Store, drill, storage
 from reflexdb.errors import ReflexdbError
 from reflexdb.records import PolicyVersion
 from reflexdb.settings import make_dirs
@@ -89,8 +96,11 @@ class Checkpointer:
 
     def __init__(self, store: Store, run_id: int, run: str, directory: Path, engine: TrainingEngine, *,
                  state_every: int, keep_states: int, keep_policies: int | None, main: bool,
-                 db: Callable[[Callable[[], Any]], Any], echo: Callable[[str], None], background: bool = False):
+                 db: Callable[[Callable[[], Any]], Any], echo: Callable[[str], None], background: bool = False,
+                 url: str | None = None, storage_options: dict | None = None, upload_retry_s: float = 600.0):
         self.store, self.run_id, self.run, self.dir, self.engine = store, run_id, run, directory, engine
+        # where versions are uploaded before they are recorded (None: the local directory, read in place)
+        self.url, self.storage_options, self.upload_retry_s = url, storage_options or {}, upload_retry_s
         self.state_every, self.keep_states, self.keep_policies = state_every, keep_states, keep_policies
         self.main, self.db, self.echo = main, db, echo
         # weights-only publishes written by a thread (ZeRO-3 gathers the weights collectively: never)
@@ -109,6 +119,11 @@ class Checkpointer:
             make_dirs(self.dir)
             for path in clean_partial_files(self.dir):
                 self.echo(f"removed {path}, left by a publish that did not finish")
+            if self.url is not None:
+                try:  # a missing extra (s3fs) stops here, before any step
+                    storage.filesystem(self.url, self.storage_options)
+                except storage.StorageError as exc:
+                    raise PublishFailed(f"learner.checkpoint_url: {exc}") from None
 
     def restore(self, latest: PolicyVersion, stateful: PolicyVersion) -> tuple[int, int]:
         """Load ``stateful``'s learner state into the engine and roll back the steps recorded after
@@ -197,11 +212,14 @@ class Checkpointer:
             if state:
                 self.engine.save_state(states, tag, {"step": step, "version": version})
             sha = self.engine.export_hf(weights, state_dict=snapshot)
+        uri = f"file://{weights}"
         if self.main:
+            if self.url is not None:  # uploaded whole before the row names it
+                uri = self._upload(weights, version, step, previous)
             meta = {"mlflow_run_id": getattr(tracker, "run_id", None)}
             if state:
                 meta.update(learner_state=str(states), state_tag=tag)
-            self.db(lambda: self.store.publish_policy(self.run_id, version, f"file://{weights}", sha256=sha,
+            self.db(lambda: self.store.publish_policy(self.run_id, version, uri, sha256=sha,
                                                       step=step, meta=meta))
             if state:
                 self._prune_states(states)
@@ -209,8 +227,24 @@ class Checkpointer:
         drill.phase("published")
         if tracker is not None:
             tracker.log_metrics({"perf/publish_seconds": time.monotonic() - t0, "policy/version": version}, step)
-        self.echo(f"published policy v{version} at step {step} ({weights})"
+        self.echo(f"published policy v{version} at step {step} ({storage.mask(uri) if self.url else weights})"
                   + (" in the background" if snapshot is not None else ""))
+
+    def _upload(self, weights: Path, version: int, step: int, previous: tuple[int, int]) -> str:
+        """Upload version ``version``'s weights to ``<url>/vK`` (retried for ``upload_retry_s``); its URI.
+
+        Raises:
+            PublishFailed: storage kept failing; nothing was recorded for the version.
+        """
+        uri = storage.version_uri(self.url, version)
+        drill.phase("upload")
+        try:
+            storage.upload(weights, uri, self.storage_options, limit_s=self.upload_retry_s, echo=self.echo)
+        except storage.StorageError as exc:
+            raise PublishFailed(f"publishing policy v{version} at step {step} failed: {exc}. Nothing was recorded "
+                                f"for v{version}. When the storage answers again, run the same command: the learner "
+                                f"resumes from policy v{previous[0]} (step {previous[1]}).") from None
+        return uri
 
     def finish(self, step: int, *, tracker=None) -> None:
         """On a clean stop: publish the steps trained since the last publish, with the learner
@@ -269,3 +303,5 @@ class Checkpointer:
         for d in self.dir.glob("v*"):
             if d.is_dir() and d.name[1:].isdigit() and int(d.name[1:]) <= newest - self.keep_policies:
                 shutil.rmtree(d, ignore_errors=True)
+        if self.url is not None:  # and in storage (a failure there is reported; the next publish prunes again)
+            storage.prune(self.url, self.storage_options, newest, self.keep_policies, echo=self.echo)

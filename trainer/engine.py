@@ -21,7 +21,6 @@ never written again (:func:`clean_partial_files` removes what a killed or failed
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import io
 import logging
 import os
@@ -35,6 +34,7 @@ from typing import Callable, Literal
 import torch
 
 from reflexdb.logprobs import hidden_response_logprobs, response_logprobs
+from reflexdb.storage import weights_sha256 as _weights_sha256
 
 from .batch import concat_rows
 
@@ -428,11 +428,6 @@ class _Null:
         return False
 
 
-def weights_sha256(directory: str | Path) -> str:
-    """sha256 over the directory's ``*.safetensors`` files, in name order."""
-    h = hashlib.sha256()
-    for f in sorted(Path(directory).glob("*.safetensors")):
-        with open(f, "rb") as fh:
-            for chunk in iter(lambda: fh.read(1 << 20), b""):
-                h.update(chunk)
-    return h.hexdigest()
+#: sha256 over a directory's ``*.safetensors`` files, in name order (reflexdb/storage.py: collectors
+#: verify fetched versions with it, without importing the trainer)
+weights_sha256 = _weights_sha256

@@ -42,7 +42,7 @@ from pathlib import Path
 
 import torch
 
-from reflexdb import Store, drill
+from reflexdb import Store, drill, storage
 from reflexdb.config import Config
 from reflexdb.errors import ReflexdbError
 from reflexdb.retry import DbRetry
@@ -120,7 +120,8 @@ class Learner:
         # Every database call below goes through db(): an outage of up to db_retry_s is waited out.
         self.db = DbRetry(self.L.db_retry_s, lambda msg: self.echo(msg), who="the learner")
         self.run_id = self.db(lambda: store.create_run(cfg.run, algorithm=cfg.algorithm, config=cfg.masked()))
-        self.ckpt_dir = Path(self.L.checkpoint_dir or home() / "checkpoints" / cfg.run).expanduser().resolve()
+        self.ckpt_dir = Path(self.L.checkpoint_dir or storage.local_dir(self.L.checkpoint_url)
+                             or home() / "checkpoints" / cfg.run).expanduser().resolve()
         self.step_no = 0
         self.checkpoints: Checkpointer | None = None  # built in setup(), with the engine
         self.bad_in_row = 0
@@ -158,7 +159,9 @@ class Learner:
         self.checkpoints = Checkpointer(
             self.store, self.run_id, self.cfg.run, self.ckpt_dir, self.engine, state_every=self.L.state_every,
             keep_states=self.L.keep_states, keep_policies=self.L.keep_policies, main=self.main, db=self.db,
-            echo=lambda msg: self.echo(msg), background=self.L.publish_in_background)
+            echo=lambda msg: self.echo(msg), background=self.L.publish_in_background,
+            url=storage.remote_url(self.L.checkpoint_url), storage_options=self.L.checkpoint_storage_options,
+            upload_retry_s=self.L.upload_retry_s)
         self.update = PolicyUpdate(self.engine, self.terms, self.specs, ref=self.ref, rank=self.rank, world=self.world,
                                    n_micro=self.n_micro, lr=self.L.lr, pi_old=self.L.pi_old, temperature=self.temperature,
                                    max_tokens=self.L.micro_batch_tokens, packed=self.engine.packed,
@@ -398,7 +401,9 @@ class Learner:
         totals = self.db(lambda: work.collector_phases(self.store, self.run_id))
         if not totals:
             return {}
-        m = {f"collector/seconds_{k}": v for k, v in totals.items() if k not in ("wall", "tokens")}
+        m = {f"collector/seconds_{k}": v for k, v in totals.items() if k not in ("wall", "tokens", "fetch_failures")}
+        if "fetch_failures" in totals:  # versions fetched from learner.checkpoint_url (collector/fetch.py)
+            m["collector/checkpoint_fetch_failures"] = totals["fetch_failures"]
         m["collector/wall_seconds"] = totals.get("wall", 0.0)
         generating = totals.get("generate", 0.0)
         m["collector/generated_tokens_per_s"] = totals.get("tokens", 0.0) / generating if generating > 0 else float("nan")

@@ -1,0 +1,100 @@
+"""Fetching published versions from object storage while the collector keeps sampling.
+
+A version whose ``checkpoint_uri`` is remote (``s3://...``: ``learner.checkpoint_url``) is
+downloaded into the collector's cache (:class:`reflexdb.storage.CheckpointCache`: resumed if broken
+off, checked against the recorded sha256) by a background thread, so generation goes on with the
+current policy meanwhile. The collector asks :meth:`Fetcher.ready` between groups; once the
+download is whole it loads it. A fetch that fails is reported (a log line, the counter
+``fetch_failures``) and tried again after a backoff (2 s doubling to 60 s); the collector never
+stops for it: admission control keeps what it samples within the staleness bound.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from reflexdb import storage
+from reflexdb.records import PolicyVersion
+
+log = logging.getLogger("reflexdb.collect")
+
+BACKOFF_S = (2.0, 60.0)  # the first retry's wait, and the longest
+
+
+class _Job:
+    """One download in a daemon thread (a stop never waits for it: a broken download resumes)."""
+
+    def __init__(self, fn: Callable[[], Path]):
+        self.path: Path | None = None
+        self.error: BaseException | None = None
+        self.seconds = 0.0
+        self.done = threading.Event()
+        threading.Thread(target=self._run, args=(fn,), name="fetch", daemon=True).start()
+
+    def _run(self, fn: Callable[[], Path]) -> None:
+        t0 = time.monotonic()
+        try:
+            self.path = fn()
+        except BaseException as exc:  # noqa: BLE001 - reported by the collector's thread
+            self.error = exc
+        finally:
+            self.seconds = time.monotonic() - t0
+            self.done.set()
+
+
+class Fetcher:
+    """The collector's downloads of remote versions: one at a time, in the background.
+
+    ``failures``: fetches that failed so far; ``seconds``: time spent fetching (in the background,
+    overlapping generation).
+    """
+
+    def __init__(self, cache: storage.CheckpointCache, echo: Callable[[str], None]):
+        self.cache, self.echo = cache, echo
+        self.failures = 0
+        self.seconds = 0.0
+        self._job: tuple[PolicyVersion, _Job] | None = None
+        self._retry_at = 0.0
+        self._backoff = BACKOFF_S[0]
+
+    def ready(self, policy: PolicyVersion, current: int, *, wait: bool = False) -> Path | None:
+        """The local directory of ``policy`` once it is fetched and verified; ``None`` while it
+        downloads or after a failure (reported; tried again after the backoff). ``current``: the
+        version the collector samples with meanwhile (for the report). ``wait``: block until this
+        try ends (start-up)."""
+        if self._job is not None and self._job[0].version != policy.version and not self._job[1].done.is_set():
+            return None  # an older version is still downloading: its files are on their way, let it finish
+        if self._job is None or self._job[0].version != policy.version:
+            if self._job is not None:
+                self._finish()  # an older version's result, superseded
+            if time.monotonic() < self._retry_at:
+                return None
+            self._job = (policy, _Job(lambda: self.cache.fetch(policy.checkpoint_uri, policy.version, policy.sha256)))
+        policy, job = self._job
+        if wait:
+            job.done.wait()
+        if not job.done.is_set():
+            return None
+        return self._finish(current)
+
+    def _finish(self, current: int | None = None) -> Path | None:
+        policy, job = self._job
+        self._job = None
+        self.seconds += job.seconds
+        if job.error is None:
+            self._backoff = BACKOFF_S[0]
+            return job.path
+        self.failures += 1
+        wait_s = self._backoff
+        self._retry_at = time.monotonic() + wait_s
+        self._backoff = min(self._backoff * 2, BACKOFF_S[1])
+        why = storage.reason(job.error, policy.checkpoint_uri)
+        meanwhile = f"; sampling with policy v{current} meanwhile" if current is not None else ""
+        self.echo(f"could not fetch policy v{policy.version} from {storage.mask(policy.checkpoint_uri)} ({why})"
+                  f"{meanwhile}, retrying in {wait_s:.0f} s ({self.failures} failed fetch(es) so far)")
+        log.warning("fetching policy v%s failed: %s", policy.version, why)
+        return None

@@ -1,0 +1,276 @@
+"""Published weights in object storage (reflexdb/storage.py, collector/fetch.py), on fsspec's
+in-memory filesystem: URLs and masking, credentials refused in the config, upload then fetch,
+a broken download resumed with ranged reads, sha256 mismatches, pruning, retries."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+import uuid
+
+import fsspec
+import numpy as np
+import pytest
+
+from reflexdb import storage
+from reflexdb.config import ConfigError, parse_config
+from reflexdb.errors import NotFound
+from reflexdb.records import PolicyVersion
+
+SECRET = "wJalrXUtnFEMI-s3cret"
+
+
+def version_dir(tmp_path, name="v1", size=200_000, seed=0):
+    """A published version as export_hf writes one: weights, config, tokenizer files."""
+    d = tmp_path / name
+    d.mkdir(parents=True)
+    (d / "model.safetensors").write_bytes(np.random.default_rng(seed).bytes(size))
+    (d / "config.json").write_text(json.dumps({"seed": seed}))
+    (d / "tokenizer.json").write_text("{}" * 100)
+    return d
+
+
+@pytest.fixture
+def base():
+    """A fresh prefix of the in-memory filesystem (shared by the process: one per test)."""
+    url = f"memory://bucket-{uuid.uuid4().hex[:8]}/run"
+    yield url
+    fs = fsspec.filesystem("memory")
+    if fs.exists(url.removeprefix("memory://")):
+        fs.rm(url.removeprefix("memory://"), recursive=True)
+
+
+# ---------------------------------------------------------------------- URLs, masking, config
+
+@pytest.mark.parametrize("url", [
+    f"https://alice:{SECRET}@ckpt.example.com/run/v3",
+    f"https://bucket.s3.amazonaws.com/run/v3/model.safetensors?X-Amz-Credential=AKIA%2F{SECRET}&X-Amz-Signature={SECRET}&X-Amz-Expires=3600",
+    f"https://acct.blob.core.windows.net/c/run?sv=2024&sig={SECRET}",
+    f"s3://bucket/run/?token={SECRET}",
+])
+def test_mask_hides_credentials_in_storage_urls(url):
+    masked = storage.mask(url)
+    assert SECRET not in masked and "***" in masked
+    assert "X-Amz-Expires=3600" in storage.mask(url) or "Expires" not in url  # the rest stays
+
+
+def test_plain_urls_are_unchanged_by_mask():
+    for url in ("s3://bucket/run/v3", "gs://b/p", "/tmp/x", "file:///tmp/x", "memory://b/r"):
+        assert storage.mask(url) == url
+
+
+def test_remote_and_local():
+    assert storage.is_remote("s3://b/run/v1") and storage.is_remote("gs://b/x") and storage.is_remote("memory://b")
+    assert not storage.is_remote("file:///tmp/ckpt/v1") and not storage.is_remote("/tmp/ckpt")
+    assert storage.version_uri("s3://b/run/", 3) == storage.version_uri("s3://b/run", 3) == "s3://b/run/v3"
+    assert storage.local_dir("file:///tmp/c") == storage.local_dir("/tmp/c") and storage.local_dir("s3://b") is None
+
+
+@pytest.mark.parametrize("url,problem", [
+    (f"https://alice:{SECRET}@host/run", "credentials in the URL are refused"),
+    (f"s3://bucket/run?X-Amz-Signature={SECRET}", "credentials in the URL are refused"),
+    ("https://host/run/", "read-only"),
+    ("nosuchscheme://b/run", "fsspec knows no filesystem"),
+])
+def test_a_checkpoint_url_with_credentials_or_unwritable_is_refused(url, problem):
+    with pytest.raises(ConfigError, match=problem) as err:
+        parse_config({"run": "r", "learner": {"checkpoint_url": url}})
+    assert SECRET not in str(err.value)
+
+
+@pytest.mark.parametrize("options", [
+    {"key": SECRET}, {"secret": SECRET}, {"token": SECRET}, {"aws_secret_access_key": SECRET},
+    {"client_kwargs": {"aws_access_key_id": "AKIA", "region_name": "eu-west-1"}},
+    {"storage_options": {"password": SECRET}}, {"session_token": SECRET},
+])
+def test_storage_options_that_look_like_credentials_are_refused(options):
+    with pytest.raises(ConfigError, match="looks like a credential") as err:
+        parse_config({"run": "r", "learner": {"checkpoint_url": "s3://b/run/", "checkpoint_storage_options": options}})
+    assert SECRET not in str(err.value)
+
+
+def test_non_secret_storage_options_are_accepted():
+    options = {"endpoint_url": "http://127.0.0.1:9000", "client_kwargs": {"region_name": "eu-west-1"},
+               "profile": "training", "config_kwargs": {"connect_timeout": 5, "retries": {"max_attempts": 2}}}
+    cfg = parse_config({"run": "r", "learner": {"checkpoint_url": "s3://b/run/", "checkpoint_storage_options": options}})
+    assert cfg.learner.checkpoint_storage_options == options and cfg.masked()["learner"]["checkpoint_url"] == "s3://b/run/"
+
+
+def test_a_local_checkpoint_url_is_the_checkpoint_dir(tmp_path):
+    cfg = parse_config({"run": "r", "learner": {"checkpoint_url": f"file://{tmp_path}"}})
+    assert storage.local_dir(cfg.learner.checkpoint_url) == tmp_path and storage.remote_url(cfg.learner.checkpoint_url) is None
+    with pytest.raises(ConfigError, match="give one of them"):
+        parse_config({"run": "r", "learner": {"checkpoint_url": str(tmp_path / "a"), "checkpoint_dir": str(tmp_path / "b")}})
+
+
+# ---------------------------------------------------------------------- upload and fetch
+
+def test_upload_then_fetch_gives_the_same_files_verified(tmp_path, base):
+    src = version_dir(tmp_path / "learner")
+    sha = storage.weights_sha256(src)
+    uri = storage.version_uri(base, 1)
+    storage.upload(src, uri, None, limit_s=5)
+    fs, root = storage.filesystem(uri)
+    man = json.loads(fs.cat_file(f"{root}/manifest.json"))
+    assert man["weights_sha256"] == sha and {f["name"] for f in man["files"]} == {
+        "model.safetensors", "config.json", "tokenizer.json"}
+    cache = storage.CheckpointCache(tmp_path / "cache", keep=2)
+    got = cache.fetch(uri, 1, sha)
+    assert got == tmp_path / "cache" / "v1"
+    for f in src.iterdir():
+        assert (got / f.name).read_bytes() == f.read_bytes()
+    assert storage.weights_sha256(got) == sha and not list(got.glob("*.part"))
+    assert not (tmp_path / "cache" / "v1.partial").exists()
+    # found in the cache the next time: nothing is read from storage
+    fs.rm(root, recursive=True)
+    assert cache.fetch(uri, 1, sha) == got
+
+
+def test_a_broken_download_resumes_from_its_part_file_with_ranged_reads(tmp_path, base, monkeypatch):
+    src = version_dir(tmp_path / "learner", size=3_000_000)
+    sha = storage.weights_sha256(src)
+    uri = storage.version_uri(base, 2)
+    storage.upload(src, uri, None, limit_s=5)
+    monkeypatch.setattr(storage, "CHUNK", 1_000_000)
+    fs, _ = storage.filesystem(uri)
+    reads: list[tuple[str, int, int]] = []
+    real = type(fs).cat_file
+    drops = [1]
+
+    def broken(self, path, start=None, end=None, **kw):
+        if path.endswith("model.safetensors"):
+            reads.append((path, start, end))
+            if len(reads) == 2 and drops[0]:
+                drops[0] = 0
+                raise ConnectionResetError("the connection dropped")
+        return real(self, path, start=start, end=end, **kw)
+
+    monkeypatch.setattr(type(fs), "cat_file", broken)
+    cache = storage.CheckpointCache(tmp_path / "cache")
+    with pytest.raises(ConnectionResetError):
+        cache.fetch(uri, 2, sha)
+    part = tmp_path / "cache" / "v2.partial" / "model.safetensors.part"
+    assert part.stat().st_size == 1_000_000  # the first range; the second broke off
+    reads.clear()
+    got = cache.fetch(uri, 2, sha)
+    # the next try asked only for what was missing, from where the part file ended
+    assert [(s, e) for _, s, e in reads] == [(1_000_000, 2_000_000), (2_000_000, 3_000_000)]
+    assert storage.weights_sha256(got) == sha and (got / "model.safetensors").read_bytes() == \
+        (src / "model.safetensors").read_bytes()
+
+
+def test_a_file_that_differs_from_the_manifest_is_refused_and_fetched_again(tmp_path, base):
+    src = version_dir(tmp_path / "learner")
+    sha = storage.weights_sha256(src)
+    uri = storage.version_uri(base, 1)
+    storage.upload(src, uri, None, limit_s=5)
+    fs, root = storage.filesystem(uri)
+    good = fs.cat_file(f"{root}/tokenizer.json")
+    fs.pipe_file(f"{root}/tokenizer.json", b"[" + good[1:])  # same size, other bytes
+    cache = storage.CheckpointCache(tmp_path / "cache")
+    with pytest.raises(storage.FetchFailed, match=r"tokenizer.json: sha256 .* is not the manifest's"):
+        cache.fetch(uri, 1, sha)
+    assert not (tmp_path / "cache" / "v1").exists()
+    assert not (tmp_path / "cache" / "v1.partial" / "tokenizer.json").exists()  # removed: fetched again
+    fs.pipe_file(f"{root}/tokenizer.json", good)
+    assert storage.weights_sha256(cache.fetch(uri, 1, sha)) == sha
+
+
+def test_weights_that_are_not_the_recorded_version_are_refused(tmp_path, base):
+    src = version_dir(tmp_path / "learner")
+    uri = storage.version_uri(base, 1)
+    storage.upload(src, uri, None, limit_s=5)  # a consistent manifest, but not what the row recorded
+    recorded = hashlib.sha256(b"the version the learner recorded").hexdigest()
+    cache = storage.CheckpointCache(tmp_path / "cache")
+    with pytest.raises(storage.FetchFailed, match=r"not the recorded .*policy_versions.sha256"):
+        cache.fetch(uri, 1, recorded)
+    assert not (tmp_path / "cache" / "v1").exists()
+    assert not list((tmp_path / "cache" / "v1.partial").glob("*.safetensors"))
+
+
+def test_a_version_that_is_not_there_is_not_found_and_an_unfinished_one_fails(tmp_path, base):
+    cache = storage.CheckpointCache(tmp_path / "cache")
+    with pytest.raises(NotFound, match="nothing is published at"):
+        cache.fetch(storage.version_uri(base, 9), 9, None)
+    fs, root = storage.filesystem(base)
+    fs.pipe_file(f"{root}/v8/model.safetensors", b"x")  # its upload never reached the manifest
+    with pytest.raises(storage.FetchFailed, match="has no manifest.json"):
+        cache.fetch(storage.version_uri(base, 8), 8, None)
+
+
+def test_the_cache_keeps_the_newest_versions(tmp_path, base):
+    cache = storage.CheckpointCache(tmp_path / "cache", keep=2)
+    for v in range(1, 5):
+        src = version_dir(tmp_path / "learner", f"v{v}", size=1000, seed=v)
+        storage.upload(src, storage.version_uri(base, v), None, limit_s=5)
+        cache.fetch(storage.version_uri(base, v), v, storage.weights_sha256(src))
+    assert sorted(p.name for p in (tmp_path / "cache").iterdir() if not p.name.startswith(".")) == ["v3", "v4"]
+
+
+def test_a_cached_version_of_another_url_is_fetched_anew(tmp_path, base):
+    """A run deleted and made again under the same name: its v1 is another version."""
+    cache = storage.CheckpointCache(tmp_path / "cache")
+    a = version_dir(tmp_path / "a", seed=1)
+    b = version_dir(tmp_path / "b", seed=2)
+    storage.upload(a, storage.version_uri(base, 1), None, limit_s=5)
+    storage.upload(b, storage.version_uri(base + "-again", 1), None, limit_s=5)
+    cache.fetch(storage.version_uri(base, 1), 1, storage.weights_sha256(a))
+    got = cache.fetch(storage.version_uri(base + "-again", 1), 1, storage.weights_sha256(b))
+    assert storage.weights_sha256(got) == storage.weights_sha256(b)
+
+
+def test_storage_pruning_keeps_the_newest(tmp_path, base):
+    for v in range(5):
+        storage.upload(version_dir(tmp_path / "l", f"v{v}", size=100), storage.version_uri(base, v), None, limit_s=5)
+    assert storage.prune(base, None, newest=4, keep=2) == [0, 1, 2]
+    assert sorted(storage.versions_in(base, None)) == [3, 4]
+
+
+def test_upload_retries_then_names_the_url_and_cause(tmp_path, base, monkeypatch):
+    src = version_dir(tmp_path / "learner")
+    fs, _ = storage.filesystem(base)
+    real = type(fs).put_file
+    failures = [2]
+
+    def flaky(self, lpath, rpath, **kw):
+        if failures[0]:
+            failures[0] -= 1
+            raise ConnectionError("storage went away")
+        return real(self, lpath, rpath, **kw)
+
+    monkeypatch.setattr(type(fs), "put_file", flaky)
+    said = []
+    storage.upload(src, storage.version_uri(base, 1), None, limit_s=30, echo=said.append)
+    assert len(said) == 2 and all("storage went away" in s and "retrying in" in s for s in said)
+    assert sorted(storage.versions_in(base, None)) == [1]
+    failures[0] = 10**6
+    t0 = time.monotonic()
+    with pytest.raises(storage.StorageError, match=r"uploading v1 to memory://.*/v2 failed for \d+ s \(learner.upload_retry_s 1\): .*storage went away"):
+        storage.upload(src, storage.version_uri(base, 2), None, limit_s=1, echo=said.append)
+    assert time.monotonic() - t0 < 10
+
+
+# ---------------------------------------------------------------------- the collector's fetcher
+
+def test_the_fetcher_reports_a_failure_and_retries_after_a_backoff(tmp_path, base, monkeypatch):
+    from reflexdb.collector import fetch
+
+    monkeypatch.setattr(fetch, "BACKOFF_S", (0.2, 1.0))
+    src = version_dir(tmp_path / "learner")
+    sha = storage.weights_sha256(src)
+    uri = storage.version_uri(base, 3)
+    policy = PolicyVersion(1, 3, uri, sha, 3, {}, None)
+    said = []
+    fetcher = fetch.Fetcher(storage.CheckpointCache(tmp_path / "cache"), said.append)
+    assert fetcher.ready(policy, 2, wait=True) is None  # not uploaded yet
+    assert fetcher.failures == 1 and "could not fetch policy v3 from memory://" in said[0]
+    assert "sampling with policy v2 meanwhile, retrying in 0 s (1 failed fetch(es) so far)" in said[0]
+    storage.upload(src, uri, None, limit_s=5)
+    assert fetcher.ready(policy, 2, wait=True) is None  # within the backoff: not tried
+    time.sleep(0.25)
+    fetcher.ready(policy, 2)
+    deadline = time.monotonic() + 10
+    while (path := fetcher.ready(policy, 2)) is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert path is not None and storage.weights_sha256(path) == sha and fetcher.failures == 1
