@@ -1,4 +1,4 @@
-"""``reflexdb export``: a view, table or query to Parquet or JSONL (reflexdb/ops/export.py)."""
+"""``reflexdb export``: a view, table or query to Parquet, JSONL or CSV (reflexdb/ops/export.py)."""
 
 from __future__ import annotations
 
@@ -12,14 +12,15 @@ from .query import READ_URL_OPTION
 
 def export(
     source: str = typer.Argument(..., help="A view or table name (failures, episode_turns, ...) or a query (quote it)."),
-    out: Path = typer.Option(..., "--out", "-o", help="Output file: .parquet or .jsonl."),
-    fmt: str = typer.Option(None, "--format", help="parquet or jsonl (default: from the suffix)."),
+    out: Path = typer.Option(..., "--out", "-o", help="Output file: .parquet, .jsonl or .csv."),
+    fmt: str = typer.Option(None, "--format", help="parquet, jsonl or csv (default: from the suffix)."),
     chat: bool = typer.Option(False, "--chat", help="Trajectory rows: a 'messages' column instead of 'prompt'/'completion'."),
     batch_size: int = typer.Option(1000, "--batch-size", min=1, help="Rows read and written at a time (bounds memory)."),
     url: str = READ_URL_OPTION,
 ) -> None:
-    """Export a view, table or query to Parquet or JSONL, streamed in batches. Rows with a
-    trajectory_id also get prompt/completion (or messages), token ids and log-probs."""
+    """Export a view, table or query to Parquet, JSONL or CSV, streamed in batches. Rows with a
+    trajectory_id also get prompt/completion (or messages), token ids and log-probs. In CSV, a text
+    cell a spreadsheet would run as a formula (starting with = + - @, a tab or CR) gets a ' first."""
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),

@@ -1,4 +1,4 @@
-"""``reflexdb export``: any view, table or query to Parquet or JSONL, streamed in bounded memory.
+"""``reflexdb export``: any view, table or query to Parquet, JSONL or CSV, streamed in bounded memory.
 
 Rows are read through a server-side cursor in batches of ``batch_size`` inside one read-only
 transaction (one consistent snapshot), and each batch is written before the next is read, so
@@ -16,14 +16,25 @@ column names Hugging Face ``datasets`` and TRL use:
 
 Column types come from PostgreSQL's (so every batch has the same Parquet schema): integers, floats,
 booleans, text, timestamps and arrays map to their Arrow types; JSON and anything else is text.
+
+CSV is for spreadsheets, so a text cell that a spreadsheet would read as a formula (one starting
+with ``=``, ``+``, ``-``, ``@``, a tab or a carriage return: OWASP's "CSV injection") is written
+with a ``'`` before it (:func:`csv_cell`): model text is hostile input. Numbers, booleans and
+timestamps are written as they are; arrays and JSON as JSON text; NULL as an empty cell.
+
+The explorer's downloads (``/runs/<run>/trajectories.csv`` and ``.parquet``) run the same code
+on their own read-only session: :func:`query_batches` reads, :class:`Encoder` writes to any
+binary file object.
 """
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import re
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import date, datetime
 from decimal import Decimal
@@ -32,7 +43,12 @@ from typing import Any
 
 from ..errors import ReflexdbError
 
-FORMATS = {".parquet": "parquet", ".jsonl": "jsonl"}
+FORMATS = {".parquet": "parquet", ".jsonl": "jsonl", ".csv": "csv"}
+#: each format's media type (the explorer's downloads)
+MEDIA_TYPES = {"parquet": "application/vnd.apache.parquet", "jsonl": "application/x-ndjson",
+               "csv": "text/csv; charset=utf-8"}
+#: what a spreadsheet reads as the start of a formula: a text cell starting so gets a ' before it
+FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)?$")
 _SQL = re.compile(r"^\s*(select|with|values|table)\b", re.IGNORECASE)
 
@@ -73,8 +89,8 @@ def output_format(path: Path, fmt: str | None = None) -> str:
             raise ExportError(f"export: format {fmt!r} is not one of {', '.join(FORMATS.values())}")
         return fmt
     if path.suffix.lower() not in FORMATS:
-        raise ExportError(f"export: cannot tell the format of {path} from its suffix; use .parquet or .jsonl "
-                          "(or --format)")
+        raise ExportError(f"export: cannot tell the format of {path} from its suffix; use .parquet, .jsonl or "
+                          ".csv (or --format)")
     return FORMATS[path.suffix.lower()]
 
 
@@ -104,17 +120,20 @@ def _arrow_type(oid: int):
     return pa.string()
 
 
-def _trajectory_columns(chat: bool):
+def _trajectory_columns(chat: bool, tokens: bool = True):
     import pyarrow as pa
 
     text = [("messages", pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())])))] if chat else \
         [("prompt", pa.string()), ("completion", pa.string())]
+    if not tokens:
+        return text
     return text + [("prompt_ids", pa.list_(pa.int64())), ("completion_ids", pa.list_(pa.int64())),
                    ("logprobs", pa.list_(pa.float32()))]
 
 
-def _add_trajectories(conn, rows: list[dict], chat: bool) -> None:
-    """Add each row's trajectory texts and tokens (rows with a NULL trajectory_id get NULLs)."""
+def _add_trajectories(conn, rows: list[dict], chat: bool, tokens: bool = True) -> None:
+    """Add each row's trajectory texts and, with ``tokens``, its token ids and log-probs (rows with
+    a NULL trajectory_id get NULLs)."""
     ids = sorted({int(r["trajectory_id"]) for r in rows if r.get("trajectory_id") is not None})
     payloads, turns = {}, {}
     if ids:
@@ -122,10 +141,11 @@ def _add_trajectories(conn, rows: list[dict], chat: bool) -> None:
 
         # token_bytes, not the view token_payloads: numpy decodes the little-endian bytes at memory
         # speed, where the view would decode every element in SQL.
-        for tid, *raw in conn.execute(
-                "SELECT trajectory_id, prompt_ids, response_ids, logprobs FROM token_bytes "
-                "WHERE trajectory_id = ANY(%s)", (ids,), binary=True).fetchall():
-            payloads[int(tid)] = tuple(_plain(a) for a in payload_arrays(raw))
+        if tokens:
+            for tid, *raw in conn.execute(
+                    "SELECT trajectory_id, prompt_ids, response_ids, logprobs FROM token_bytes "
+                    "WHERE trajectory_id = ANY(%s)", (ids,), binary=True).fetchall():
+                payloads[int(tid)] = tuple(_plain(a) for a in payload_arrays(raw))
         for tid, role, text, start in conn.execute(
                 "SELECT trajectory_id, role, text, token_start FROM turns WHERE trajectory_id = ANY(%s) "
                 "ORDER BY trajectory_id, turn_index", (ids,)).fetchall():
@@ -133,42 +153,150 @@ def _add_trajectories(conn, rows: list[dict], chat: bool) -> None:
     for r in rows:
         tid = r.get("trajectory_id")
         tid = None if tid is None else int(tid)
-        p, c, lp = payloads.get(tid, (None, None, None))
         ts = turns.get(tid, [])
         if chat:
             r["messages"] = [{"role": role, "content": text} for role, text, _ in ts] if tid in turns else None
         else:
             r["prompt"] = "\n\n".join(t for _, t, s in ts if s is None) if tid in turns else None
             r["completion"] = "".join(t for _, t, s in ts if s is not None) if tid in turns else None
-        r["prompt_ids"], r["completion_ids"], r["logprobs"] = p, c, lp
+        if tokens:
+            r["prompt_ids"], r["completion_ids"], r["logprobs"] = payloads.get(tid, (None, None, None))
 
 
-class _Writer:
-    def __init__(self, path: Path, fmt: str, schema):
-        self.path, self.fmt, self.schema = path, fmt, schema
-        self.tmp = path.with_name(f".{path.name}.partial")
+def csv_cell(value: Any) -> str:
+    """``value`` as a CSV cell: NULL empty, booleans ``true``/``false``, numbers and timestamps as
+    written, arrays and JSON as JSON text; text as it is, except that a text cell starting with
+    one of :data:`FORMULA_START` gets a ``'`` before it, so a spreadsheet shows it instead of
+    running it as a formula (``=HYPERLINK(...)`` a model wrote; an answer ``-5`` reads ``'-5``)."""
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value) if isinstance(value, float) else str(value)
+    if isinstance(value, (datetime, date)):
+        return value.isoformat()
+    if isinstance(value, (bytes, bytearray)):
+        return "\\x" + bytes(value).hex()
+    if isinstance(value, (list, tuple, dict)):
+        return json.dumps(value, ensure_ascii=False, default=_json_default)
+    text = str(value)
+    return "'" + text if text.startswith(FORMULA_START) else text
+
+
+class Encoder:
+    """Rows of one schema written as Parquet (a row group per :meth:`write`), JSONL or CSV (a
+    header, then a line per row) to ``out``: a path or a binary file object (only ``write`` is
+    needed, and ``tell`` for Parquet). :meth:`close` ends the file (Parquet's footer); it does not
+    close ``out``."""
+
+    def __init__(self, out: Any, fmt: str, schema):
+        self.fmt, self.schema, self.out = fmt, schema, out
         if fmt == "parquet":
             import pyarrow.parquet as pq
 
-            self.out = pq.ParquetWriter(str(self.tmp), schema)
-        else:
-            self.out = open(self.tmp, "w", encoding="utf-8")
+            self.parquet = pq.ParquetWriter(out if hasattr(out, "write") else str(out), schema)
+        elif fmt == "csv":
+            self._csv([csv_cell(name) for name in schema.names])
+
+    def _csv(self, *lines: list[str]) -> None:
+        buf = io.StringIO()
+        w = csv.writer(buf, lineterminator="\r\n")
+        w.writerows(lines)
+        self.out.write(buf.getvalue().encode("utf-8"))
 
     def write(self, rows: list[dict]) -> None:
         if self.fmt == "parquet":
             import pyarrow as pa
 
-            self.out.write_table(pa.Table.from_pylist(rows, schema=self.schema))
+            self.parquet.write_table(pa.Table.from_pylist(rows, schema=self.schema))
+        elif self.fmt == "csv":
+            self._csv(*([csv_cell(r.get(name)) for name in self.schema.names] for r in rows))
         else:
-            for r in rows:
-                self.out.write(json.dumps(r, ensure_ascii=False, default=_json_default) + "\n")
+            self.out.write("".join(json.dumps(r, ensure_ascii=False, default=_json_default) + "\n"
+                                   for r in rows).encode("utf-8"))
+
+    def close(self) -> None:
+        if self.fmt == "parquet":
+            self.parquet.close()
+
+
+class _Writer:
+    """An :class:`Encoder` to a file that appears complete or not at all (``.<name>.partial`` first)."""
+
+    def __init__(self, path: Path, fmt: str, schema):
+        self.path = path
+        self.tmp = path.with_name(f".{path.name}.partial")
+        self.file = None if fmt == "parquet" else open(self.tmp, "wb")
+        self.encoder = Encoder(self.tmp if self.file is None else self.file, fmt, schema)
+
+    def write(self, rows: list[dict]) -> None:
+        self.encoder.write(rows)
 
     def close(self, ok: bool) -> None:
-        self.out.close()
+        try:
+            self.encoder.close()
+        finally:
+            if self.file is not None:
+                self.file.close()
         if ok:
             self.tmp.replace(self.path)  # the file appears complete or not at all
         else:
             self.tmp.unlink(missing_ok=True)
+
+
+@dataclass
+class Batches:
+    """A query's result being read: its Arrow ``schema`` and ``rows``, an iterator of batches."""
+
+    schema: Any
+    columns: list[str]
+    rows: Iterator[list[dict]]
+
+
+def query_batches(conn, query: str, params: dict | None = None, *, batch_size: int = 1000, chat: bool = False,
+                  with_trajectories: bool = True, tokens: bool = True, json_as_text: bool = False,
+                  cursor_name: str = "reflexdb_export") -> Batches:
+    """Run ``query`` through a server-side cursor on ``conn`` (a psycopg connection, inside a
+    transaction the caller holds open while it reads) and read its rows ``batch_size`` at a time.
+
+    Args:
+        with_trajectories: a result with a ``trajectory_id`` column gets each trajectory's texts
+            (and, with ``tokens``, its token ids and log-probs) as the module docstring says.
+        json_as_text: JSON columns as JSON text (Parquet's and CSV's type for them).
+
+    Raises:
+        ExportError: the query returns no rows to export (not a SELECT).
+    """
+    cur = conn.cursor(name=cursor_name)
+    cur.execute(query, params)
+    first = cur.fetchmany(batch_size)
+    if cur.description is None:
+        raise ExportError("export: the query returns no rows to export (not a SELECT?)")
+    import pyarrow as pa
+
+    columns = [d.name for d in cur.description]
+    with_traj = with_trajectories and "trajectory_id" in columns
+    fields = [(d.name, _arrow_type(d.type_code)) for d in cur.description]
+    if with_traj:
+        fields += [f for f in _trajectory_columns(chat, tokens) if f[0] not in columns]
+    as_text = [d.name for d in cur.description if _SCALARS.get(d.type_code) == "json"] if json_as_text else []
+
+    def rows() -> Iterator[list[dict]]:
+        chunk = first
+        while chunk:
+            batch = [{c: _plain(v) for c, v in zip(columns, r)} for r in chunk]
+            for r in batch:
+                for name in as_text:
+                    if r[name] is not None:
+                        r[name] = json.dumps(r[name])
+            if with_traj:
+                _add_trajectories(conn, batch, chat, tokens)
+            yield batch
+            chunk = cur.fetchmany(batch_size)
+        cur.close()
+
+    return Batches(pa.schema(fields), columns, rows())
 
 
 def _json_default(value: Any) -> Any:
@@ -207,46 +335,24 @@ def export(url: str | None, source: str, path: Path, *, fmt: str | None = None, 
     if not path.parent.is_dir():
         raise ExportError(f"export: directory {path.parent} does not exist")
     engine = _engine(url)
-    writer, n, batches, ok = None, 0, 0, False
+    writer, n, batches, ok, schema = None, 0, 0, False, None
     try:
         with engine.connect() as sa_conn:
             conn = sa_conn.connection.driver_connection
             try:
                 with conn.transaction():
                     conn.execute("SET TRANSACTION READ ONLY")
-                    cur = conn.cursor(name="reflexdb_export")
-                    cur.execute(query)
-                    first = cur.fetchmany(batch_size)
-                    if cur.description is None:
-                        raise ExportError("export: the query returns no rows to export (not a SELECT?)")
-                    columns = [d.name for d in cur.description]
-                    with_traj = with_trajectories and "trajectory_id" in columns
-                    import pyarrow as pa
-
-                    fields = [(d.name, _arrow_type(d.type_code)) for d in cur.description]
-                    if with_traj:
-                        fields += [f for f in _trajectory_columns(chat) if f[0] not in columns]
-                    schema = pa.schema(fields)
+                    # JSON columns become text in Parquet and CSV (their Arrow type); JSONL keeps the objects.
+                    result = query_batches(conn, query, batch_size=batch_size, chat=chat,
+                                           with_trajectories=with_trajectories, json_as_text=fmt != "jsonl")
+                    schema = result.schema
                     writer = _Writer(path, fmt, schema)
-                    # JSON columns become text in Parquet (their Arrow type); JSONL keeps the objects.
-                    as_text = [d.name for d in cur.description if _SCALARS.get(d.type_code) == "json"] \
-                        if fmt == "parquet" else []
-                    chunk = first
-                    while chunk:
-                        rows = [{c: _plain(v) for c, v in zip(columns, r)} for r in chunk]
-                        for r in rows:
-                            for name in as_text:
-                                if r[name] is not None:
-                                    r[name] = json.dumps(r[name])
-                        if with_traj:
-                            _add_trajectories(conn, rows, chat)
+                    for rows in result.rows:
                         writer.write(rows)
                         n += len(rows)
                         batches += 1
                         if on_batch:
                             on_batch(n)
-                        chunk = cur.fetchmany(batch_size)
-                    cur.close()
                     ok = True
             except psycopg.Error as exc:
                 msg = (exc.diag.message_primary if getattr(exc, "diag", None) else None) or str(exc)
@@ -258,4 +364,5 @@ def export(url: str | None, source: str, path: Path, *, fmt: str | None = None, 
     return ExportStats(n, batches, path, list(schema.names))
 
 
-__all__ = ["ExportError", "ExportStats", "export", "output_format", "source_query"]
+__all__ = ["FORMATS", "FORMULA_START", "MEDIA_TYPES", "Batches", "Encoder", "ExportError", "ExportStats", "csv_cell",
+           "export", "output_format", "query_batches", "source_query"]

@@ -78,8 +78,8 @@ def test_best_trajectory_per_task_loads_with_datasets_as_an_sft_set(store, db_ur
 def test_bad_sources_and_paths_are_refused_and_leave_nothing(store, db_url, tmp_path):
     with pytest.raises(ExportError, match="neither a view or table name nor a query"):
         export(db_url, "failures; DROP TABLE runs", tmp_path / "x.parquet")
-    with pytest.raises(ExportError, match="use .parquet or .jsonl"):
-        export(db_url, "failures", tmp_path / "x.csv")
+    with pytest.raises(ExportError, match="use .parquet, .jsonl or .csv"):
+        export(db_url, "failures", tmp_path / "x.xlsx")
     with pytest.raises(ExportError, match="does not exist"):
         export(db_url, "failures", tmp_path / "nope" / "x.jsonl")
     with pytest.raises(ExportError, match='relation "no_such_view" does not exist'):
@@ -87,3 +87,23 @@ def test_bad_sources_and_paths_are_refused_and_leave_nothing(store, db_url, tmp_
     with pytest.raises(ExportError, match="data-modifying"):  # a cursor refuses it; the transaction is read-only too
         export(db_url, "WITH d AS (DELETE FROM runs RETURNING id) SELECT * FROM d", tmp_path / "x.jsonl")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_csv_cells_a_spreadsheet_would_run_get_a_quote_first(store, db_url, tmp_path):
+    import csv
+
+    from reflexdb.ops.export import csv_cell
+
+    assert [csv_cell(v) for v in ("=1+1", "+1", "-5", "@SUM(A1)", "\tx", "\rx", "plain", "a=b")] == \
+        ["'=1+1", "'+1", "'-5", "'@SUM(A1)", "'\tx", "'\rx", "plain", "a=b"]
+    assert [csv_cell(v) for v in (None, True, -0.5, -3, [1, 2], {"a": "=x"})] == \
+        ["", "true", "-0.5", "-3", "[1, 2]", '{"a": "=x"}']  # numbers stay numbers; JSON starts with [ or {
+    _fill(store)
+    out = tmp_path / "rows.csv"
+    stats = export(db_url, "SELECT id AS trajectory_id, reward, '=HYPERLINK(\"http://x/\")' AS note, "
+                           "ARRAY[-1, 2] AS xs FROM trajectories ORDER BY id", out, batch_size=5)
+    with out.open(newline="", encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))
+    assert stats.rows == len(rows) == 12 and "prompt_ids" in rows[0]
+    assert rows[0]["note"] == "'=HYPERLINK(\"http://x/\")" and rows[0]["xs"] == "[-1, 2]"
+    assert rows[0]["completion"] == "answer 0.0" and rows[0]["reward"] == "1.0"
