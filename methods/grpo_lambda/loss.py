@@ -46,6 +46,7 @@ from reflexdb.trainer.losses.common import (
     masked_mean,
 )
 from reflexdb.trainer.losses.registry import LossSpec
+from reflexdb.trainer.losses.signals import TokenSignals, token_signals
 
 if TYPE_CHECKING:  # annotations only: torch itself may be imported lazily (reflexdb check)
     from torch import Tensor
@@ -283,6 +284,58 @@ def soft_clamp(logprobs: Tensor) -> Tensor:
     return 1.0 + torch.sigmoid(logprobs - 1.0)
 
 
+class LambdaTokens(NamedTuple):
+    """GRPO-λ's per-token pieces (``lambda_tokens``), ``[B, T]`` (advantages ``[B, 1]`` or ``[B, T]``)."""
+
+    log_ratio: Tensor  # d_j: log π_θ − log π_old on the mask, 0 elsewhere
+    ratio: Tensor  # the ratio inside the clip: exp(S_t) (ε-trace), r_t = exp(d_t) (ε-weight)
+    adv_raw: Tensor  # A as given, broadcast
+    adv: Tensor  # Â = max(A, min_advantage)
+    token_loss: Tensor  # ℓ_t
+    clipped: Tensor  # bool: the clipped branch is the active one
+    trace: Tensor  # S_t (ε-trace) or the weight w_t (ε-weight)
+
+
+def lambda_tokens(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    lam: float,
+    gamma: float,
+    trace_style: TraceStyle,
+    trace_floor: float,
+    update_style: UpdateStyle,
+    weight_grad: bool,
+    clip_eps_low: float,
+    clip_eps_high: float,
+    min_advantage: float | None,
+) -> LambdaTokens:
+    """The per-token surrogate of ``grpo_lambda_loss`` (the module docstring's ε-trace and
+    ε-weight), shared by the loss and its signals; ``mask`` bool."""
+    if update_style not in ("trace", "weight"):
+        raise ValueError(f"update_style must be 'trace' or 'weight', got {update_style!r}")
+    trace_kw = dict(lam=lam, gamma=gamma, style=trace_style, floor=trace_floor)
+    log_ratio = masked_log_ratio(logprobs, old_logprobs, mask)  # [B, T]  d_j
+    adv_raw = broadcast_advantages(advantages, log_ratio)  # [B, 1]
+    adv = adv_raw if min_advantage is None else adv_raw.clamp(min=min_advantage)  # Alg. 1: Â = max(A, −0.1)
+    if update_style == "trace":
+        traced = trace_sum(log_ratio, **trace_kw)  # [B, T]  Σ_{j≤t} W[t, j] d_j  (Eq. 1/2)
+        ratio = torch.exp(traced)  # [B, T]  π_ratio^GAE(s_t)  (Eq. 1/2)
+        token_loss, clipped = clipped_surrogate(ratio, adv, clip_eps_low, clip_eps_high)  # Alg. 1: −min(ρ Â, clip(ρ) Â)
+        trace_stat = traced
+    else:
+        ratio = torch.exp(log_ratio)  # [B, T]  plain token ratio
+        source = logprobs if weight_grad else logprobs.detach()
+        f = torch.where(mask, soft_clamp(source), torch.zeros((), dtype=log_ratio.dtype))  # [B, T]  App. A.3: 1 + σ(log π − 1)
+        weights = trace_sum(f, **trace_kw)  # [B, T]  ε^w_t = Σ_{j≤t} W[t, j] f(log π_j)
+        surrogate, clipped = clipped_surrogate(ratio, adv, clip_eps_low, clip_eps_high)  # [B, T]  δ^V from the PPO clip
+        token_loss = weights * surrogate  # [B, T]  Sec. 3.2: weight ℓ_NAE(s_t) by its trace
+        trace_stat = weights
+    return LambdaTokens(log_ratio, ratio, adv_raw, adv, token_loss, clipped, trace_stat)
+
+
 def grpo_lambda_loss(
     logprobs: Tensor,
     old_logprobs: Tensor,
@@ -330,26 +383,11 @@ def grpo_lambda_loss(
         ``trace_floor=0`` and ``update_style="trace"`` the loss and its gradient equal
         ``grpo_loss`` exactly (tested).
     """
-    if update_style not in ("trace", "weight"):
-        raise ValueError(f"update_style must be 'trace' or 'weight', got {update_style!r}")
     mask = as_bool_mask(mask)
-    trace_kw = dict(lam=lam, gamma=gamma, style=trace_style, floor=trace_floor)
-    log_ratio = masked_log_ratio(logprobs, old_logprobs, mask)  # [B, T]  d_j
-    adv_raw = broadcast_advantages(advantages, log_ratio)  # [B, 1]
-    adv = adv_raw if min_advantage is None else adv_raw.clamp(min=min_advantage)  # Alg. 1: Â = max(A, −0.1)
-    if update_style == "trace":
-        traced = trace_sum(log_ratio, **trace_kw)  # [B, T]  Σ_{j≤t} W[t, j] d_j  (Eq. 1/2)
-        ratio = torch.exp(traced)  # [B, T]  π_ratio^GAE(s_t)  (Eq. 1/2)
-        token_loss, clipped = clipped_surrogate(ratio, adv, clip_eps_low, clip_eps_high)  # Alg. 1: −min(ρ Â, clip(ρ) Â)
-        trace_stat = traced
-    else:
-        ratio = torch.exp(log_ratio)  # [B, T]  plain token ratio
-        source = logprobs if weight_grad else logprobs.detach()
-        f = torch.where(mask, soft_clamp(source), torch.zeros((), dtype=log_ratio.dtype))  # [B, T]  App. A.3: 1 + σ(log π − 1)
-        weights = trace_sum(f, **trace_kw)  # [B, T]  ε^w_t = Σ_{j≤t} W[t, j] f(log π_j)
-        surrogate, clipped = clipped_surrogate(ratio, adv, clip_eps_low, clip_eps_high)  # [B, T]  δ^V from the PPO clip
-        token_loss = weights * surrogate  # [B, T]  Sec. 3.2: weight ℓ_NAE(s_t) by its trace
-        trace_stat = weights
+    log_ratio, ratio, adv_raw, adv, token_loss, clipped, trace_stat = lambda_tokens(
+        logprobs, old_logprobs, advantages, mask, lam=lam, gamma=gamma, trace_style=trace_style,
+        trace_floor=trace_floor, update_style=update_style, weight_grad=weight_grad, clip_eps_low=clip_eps_low,
+        clip_eps_high=clip_eps_high, min_advantage=min_advantage)
     policy_loss = aggregate(token_loss, mask, agg, max_len=max_len)
     kl = kl_term(logprobs, ref_logprobs, mask, beta, agg, max_len)
     loss = policy_loss + beta * kl  # Alg. 1: ℓ + β · ℓ_KL
@@ -362,6 +400,37 @@ def grpo_lambda_loss(
         trace_mean=masked_mean(trace_stat.detach(), mask),
         adv_clamped_frac=(adv_raw < adv).float().mean(),
     )
+
+
+def grpo_lambda_signals(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    lam: float = 0.99,
+    gamma: float = 1.0,
+    trace_style: TraceStyle = "recent",
+    trace_floor: float = 0.0,
+    update_style: UpdateStyle = "trace",
+    clip_eps_low: float = 0.2,
+    clip_eps_high: float = 0.2,
+    min_advantage: float | None = -0.1,
+) -> TokenSignals:
+    """What ``grpo_lambda_loss`` used per token (reflexdb.trainer.losses.signals): ε-trace: the
+    clamped advantage Â, the traced log-ratio S_t (``log ρ_t``, the ratio inside the clip) and its
+    clip; ε-weight: the per-token advantage ``w_t · Â`` (``ℓ_t = −w_t min(r_t Â, clip(r_t) Â)
+    = −min(r_t w_t Â, clip(r_t) w_t Â)``, the weights being positive), the plain log-ratio and its clip."""
+    with torch.no_grad():
+        mask = as_bool_mask(mask)
+        parts = lambda_tokens(logprobs.detach(), old_logprobs, advantages, mask, lam=lam, gamma=gamma,
+                              trace_style=trace_style, trace_floor=trace_floor, update_style=update_style,
+                              weight_grad=False, clip_eps_low=clip_eps_low, clip_eps_high=clip_eps_high,
+                              min_advantage=min_advantage)
+        if update_style == "trace":
+            return token_signals(mask, advantage=parts.adv, log_ratio=parts.trace, clipped=parts.clipped)
+        return token_signals(mask, advantage=parts.trace * parts.adv, log_ratio=parts.log_ratio,
+                             clipped=parts.clipped)
 
 
 class GRPOLambdaParams(P.LossParams):
@@ -385,4 +454,4 @@ class GRPOLambdaParams(P.LossParams):
     max_len: int | None = P.max_len()
 
 
-SPEC = LossSpec("grpo_lambda", grpo_lambda_loss, GRPOLambdaParams)
+SPEC = LossSpec("grpo_lambda", grpo_lambda_loss, GRPOLambdaParams, signals=grpo_lambda_signals)

@@ -15,6 +15,7 @@ from .opmd import OPMDParams, PGLossOutput, opmd_loss
 from .params import LossParams
 from .registry import LOSSES, LossSpec, get_loss, get_loss_spec, loss_names, register_loss, register_loss_spec
 from .sft import SFTLossOutput, SFTParams, sft_loss
+from .signals import TokenSignals, token_signals
 
 __all__ = [
     "AGG_MODES",
@@ -32,6 +33,7 @@ __all__ = [
     "PolicyLossOutput",
     "SFTLossOutput",
     "SFTParams",
+    "TokenSignals",
     "aggregate",
     "clip_stats",
     "clipped_surrogate",
@@ -49,4 +51,5 @@ __all__ = [
     "register_loss",
     "register_loss_spec",
     "sft_loss",
+    "token_signals",
 ]

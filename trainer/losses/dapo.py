@@ -17,7 +17,8 @@ from pydantic import Field
 
 from . import params as P
 from .common import AggMode, PolicyLossOutput, as_bool_mask
-from .grpo import grpo_loss
+from .grpo import grpo_loss, grpo_signals
+from .signals import TokenSignals
 
 if TYPE_CHECKING:  # annotations only: torch itself may be imported lazily (reflexdb check)
     from torch import Tensor
@@ -72,6 +73,24 @@ def dapo_loss(
         agg=agg,  # Sec. 3.3 token-level loss
         max_len=max_len,
     )
+
+
+def dapo_signals(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    truncated: Tensor | None = None,
+    clip_eps_low: float = 0.2,
+    clip_eps_high: float = 0.28,
+) -> TokenSignals:
+    """What ``dapo_loss`` used per token: GRPO's signals after the overlong filter (a truncated
+    row has no loss token, so no signal)."""
+    if truncated is not None:
+        mask = overlong_filter(mask, truncated)  # Sec. 3.4
+    return grpo_signals(logprobs, old_logprobs, advantages, mask, clip_eps_low=clip_eps_low,
+                        clip_eps_high=clip_eps_high)
 
 
 class DAPOParams(P.LossParams):

@@ -10,7 +10,7 @@ clip-higher and overlong filter): ``dr_grpo.py``, ``dapo.py``.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from reflexdb.lazy import torch  # imported on first use (reflexdb check never computes)
 
@@ -26,9 +26,30 @@ from .common import (
     kl_term,
     masked_log_ratio,
 )
+from .signals import TokenSignals, token_signals
 
 if TYPE_CHECKING:  # annotations only: torch itself may be imported lazily (reflexdb check)
     from torch import Tensor
+
+
+class ClippedTokens(NamedTuple):
+    """The per-token pieces of the clipped surrogate (``clipped_tokens``), ``[B, T]`` unless said."""
+
+    log_ratio: Tensor  # log π_θ − log π_old on the mask, 0 elsewhere
+    ratio: Tensor  # ρ = exp(log_ratio)
+    advantages: Tensor  # A broadcast: [B, 1] (or [B, T])
+    token_loss: Tensor  # −min(ρA, clip(ρ)A)
+    clipped: Tensor  # bool: the clipped branch is the active one
+
+
+def clipped_tokens(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor,
+                   clip_eps_low: float, clip_eps_high: float) -> ClippedTokens:
+    """GRPO's per-token surrogate (Eq. 3 inside the sum), shared by the loss and its signals."""
+    log_ratio = masked_log_ratio(logprobs, old_logprobs, mask)  # [B, T]
+    ratio = torch.exp(log_ratio)  # [B, T]
+    adv = broadcast_advantages(advantages, ratio)  # [B, 1]
+    token_loss, clipped = clipped_surrogate(ratio, adv, clip_eps_low, clip_eps_high)  # [B, T]  Eq. 3
+    return ClippedTokens(log_ratio, ratio, adv, token_loss, clipped)
 
 
 def grpo_loss(
@@ -62,15 +83,30 @@ def grpo_loss(
         ``PolicyLossOutput``.
     """
     mask = as_bool_mask(mask)
-    log_ratio = masked_log_ratio(logprobs, old_logprobs, mask)  # [B, T]
-    ratio = torch.exp(log_ratio)  # [B, T]
-    adv = broadcast_advantages(advantages, ratio)  # [B, 1]
-    token_loss, clipped = clipped_surrogate(ratio, adv, clip_eps_low, clip_eps_high)  # [B, T]  Eq. 3
+    log_ratio, ratio, _, token_loss, clipped = clipped_tokens(logprobs, old_logprobs, advantages, mask,
+                                                              clip_eps_low, clip_eps_high)  # Eq. 3
     policy_loss = aggregate(token_loss, mask, agg, max_len=max_len)
     kl = kl_term(logprobs, ref_logprobs, mask, beta, agg, max_len)
     loss = policy_loss + beta * kl  # Eq. 3: − β D_KL inside J
     stats = clip_stats(ratio, clipped, mask, log_ratio, mask)  # per token, over valid tokens
     return PolicyLossOutput(loss=loss, policy_loss=policy_loss.detach(), kl=kl.detach(), **stats._asdict())
+
+
+def grpo_signals(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    clip_eps_low: float = 0.2,
+    clip_eps_high: float = 0.2,
+) -> TokenSignals:
+    """What ``grpo_loss`` (and Dr.GRPO's, DAPO's: the same surrogate) used per token: A_i, the
+    token's log-ratio and whether the clip was active, on the loss tokens (``signals.py``)."""
+    with torch.no_grad():
+        mask = as_bool_mask(mask)
+        parts = clipped_tokens(logprobs.detach(), old_logprobs, advantages, mask, clip_eps_low, clip_eps_high)
+        return token_signals(mask, advantage=parts.advantages, log_ratio=parts.log_ratio, clipped=parts.clipped)
 
 
 class GRPOParams(P.LossParams):

@@ -23,6 +23,7 @@ from .common import (
     masked_log_ratio,
     policy_ratio_stats,
 )
+from .signals import TokenSignals, token_signals
 
 if TYPE_CHECKING:  # annotations only: torch itself may be imported lazily (reflexdb check)
     from torch import Tensor
@@ -84,6 +85,16 @@ def opmd_loss(
         approx_kl=approx_kl,
         num_tokens=num_tokens,
     )
+
+
+def opmd_signals(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor) -> TokenSignals:
+    """What ``opmd_loss`` used per token: A_i; no clip (never clipped). The log-ratio
+    log π_θ − log π_old is recorded as the metric ``approx_kl`` reads it: the loss itself has no
+    ratio."""
+    with torch.no_grad():
+        mask = as_bool_mask(mask)
+        adv = broadcast_advantages(advantages, logprobs)  # [B, 1]
+        return token_signals(mask, advantage=adv, log_ratio=masked_log_ratio(logprobs.detach(), old_logprobs, mask))
 
 
 class OPMDParams(P.LossParams):

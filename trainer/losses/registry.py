@@ -39,13 +39,14 @@ from pydantic import BaseModel, ValidationError, create_model
 from reflexdb.plugins import LOSSES as SPECS
 
 from .common import AGG_MODES, as_bool_mask
-from .dapo import DAPOParams, dapo_loss, overlong_filter
+from .dapo import DAPOParams, dapo_loss, dapo_signals, overlong_filter
 from .dr_grpo import DrGRPOParams, dr_grpo_loss
-from .grpo import GRPOParams, grpo_loss
-from .gspo import GSPOParams, gspo_loss
-from .opmd import OPMDParams, opmd_loss
+from .grpo import GRPOParams, grpo_loss, grpo_signals
+from .gspo import GSPOParams, gspo_loss, gspo_signals
+from .opmd import OPMDParams, opmd_loss, opmd_signals
 from .params import LossParams
-from .sft import SFTParams, sft_loss
+from .sft import SFTParams, sft_loss, sft_signals
+from .signals import TokenSignals, given_advantage_signals
 
 if TYPE_CHECKING:  # annotations only: torch itself may be imported lazily (reflexdb check)
     from torch import Tensor
@@ -72,6 +73,10 @@ class LossSpec:
         overlong_filter: name of the bool parameter that switches the family's overlong filter on
             (DAPO: ``"overlong_filter"``): with it on, ``truncated`` reaches the function and
             truncated rows carry no loss. A spec-level parameter, not passed to ``fn``.
+        signals: what the loss used per token (``signals.TokenSignals``: advantage, log-ratio,
+            clipped), ``signals(logprobs, old_logprobs, advantages, mask, **params)`` taking the
+            parameters it names (``truncated`` as ``fn`` gets it); ``None``: the advantage the
+            loss was given, no ratio, no clip (``signals.given_advantage_signals``).
     """
 
     name: str
@@ -79,6 +84,7 @@ class LossSpec:
     params: type[BaseModel]
     agg: str | None = None
     overlong_filter: str | None = None
+    signals: Callable[..., TokenSignals] | None = None
 
     def __post_init__(self) -> None:
         fields = self.params.model_fields
@@ -167,6 +173,27 @@ class LossSpec:
         if truncated is not None and self.filters_truncated(params):
             kwargs["truncated"] = truncated
         return self.fn(logprobs, old_logprobs, advantages, mask, **kwargs)
+
+    def token_signals(
+        self,
+        logprobs: Tensor,
+        old_logprobs: Tensor | None,
+        advantages: Tensor | None,
+        mask: Tensor,
+        params: BaseModel,
+        *,
+        truncated: Tensor | None = None,
+    ) -> TokenSignals:
+        """What the loss used at each token of these rows, detached (``LossSpec.signals``), called
+        with the arguments :meth:`call` gives ``fn`` and the parameters the signals function names."""
+        self._check(params)
+        if self.signals is None:
+            return given_advantage_signals(logprobs, old_logprobs, advantages, mask)
+        accepted = inspect.signature(self.signals).parameters
+        kwargs = {k: v for k, v in self._fn_kwargs(params).items() if k in accepted}
+        if truncated is not None and self.filters_truncated(params) and "truncated" in accepted:
+            kwargs["truncated"] = truncated
+        return self.signals(logprobs.detach(), old_logprobs, advantages, mask, **kwargs)
 
     def effective_mask(self, mask: Tensor, params: BaseModel, *, truncated: Tensor | None = None) -> Tensor:
         """The tokens that carry loss after the family's own filters, bool ``[B, T]``."""
@@ -260,6 +287,7 @@ def register_loss(
     *,
     agg: str | None = None,
     overlong_filter: str | None = None,
+    signals: Callable[..., TokenSignals] | None = None,
 ) -> LossFn:
     """Add a loss family under ``name`` (e.g. LTE's shaped off-policy term, a plug-in's loss).
 
@@ -268,16 +296,16 @@ def register_loss(
         fn: ``fn(logprobs, old_logprobs, advantages, mask, **params) -> NamedTuple`` (first field ``loss``).
         params: its typed parameters; ``None`` derives them from ``fn``'s keyword arguments with
             defaults (every value accepted as given, no bounds).
-        agg, overlong_filter: as in ``LossSpec`` (``agg`` is needed when the parameters have none).
+        agg, overlong_filter, signals: as in ``LossSpec`` (``agg`` is needed when the parameters have none).
 
     Returns:
         ``fn``, so that it can be used as a plain call after the definition.
     """
     known = SPECS._items.get(name)
     if (known is not None and known.fn is fn and params in (None, known.params)
-            and (agg, overlong_filter) == (known.agg, known.overlong_filter)):
+            and (agg, overlong_filter, signals) == (known.agg, known.overlong_filter, known.signals)):
         return fn  # the same registration again (a module imported twice)
-    register_loss_spec(LossSpec(name, fn, params or _params_from_signature(name, fn), agg, overlong_filter))
+    register_loss_spec(LossSpec(name, fn, params or _params_from_signature(name, fn), agg, overlong_filter, signals))
     return fn
 
 
@@ -315,11 +343,13 @@ def get_loss(name: str) -> LossFn:
 
 
 for _spec in (
-    LossSpec("grpo", grpo_loss, GRPOParams),
-    LossSpec("dr_grpo", dr_grpo_loss, DrGRPOParams, agg="seq-mean-token-sum-norm"),  # Dr.GRPO: constant L_max
-    LossSpec("dapo", dapo_loss, DAPOParams, overlong_filter="overlong_filter"),  # DAPO Sec. 3.4
-    LossSpec("gspo", gspo_loss, GSPOParams, agg="seq-mean-token-mean"),  # 1/G Σ_i over non-empty sequences
-    LossSpec("opmd", opmd_loss, OPMDParams),
-    LossSpec("sft", sft_loss, SFTParams),
+    LossSpec("grpo", grpo_loss, GRPOParams, signals=grpo_signals),
+    LossSpec("dr_grpo", dr_grpo_loss, DrGRPOParams, agg="seq-mean-token-sum-norm",  # Dr.GRPO: constant L_max
+             signals=grpo_signals),  # the same surrogate
+    LossSpec("dapo", dapo_loss, DAPOParams, overlong_filter="overlong_filter", signals=dapo_signals),  # Sec. 3.4
+    LossSpec("gspo", gspo_loss, GSPOParams, agg="seq-mean-token-mean",  # 1/G Σ_i over non-empty sequences
+             signals=gspo_signals),
+    LossSpec("opmd", opmd_loss, OPMDParams, signals=opmd_signals),
+    LossSpec("sft", sft_loss, SFTParams, signals=sft_signals),
 ):
     register_loss_spec(_spec)

@@ -13,6 +13,7 @@ from reflexdb.lazy import torch  # imported on first use (reflexdb check never c
 
 from . import params as P
 from .common import AggMode, aggregate, as_bool_mask
+from .signals import TokenSignals, token_signals
 
 if TYPE_CHECKING:  # annotations only: torch itself may be imported lazily (reflexdb check)
     from torch import Tensor
@@ -56,6 +57,12 @@ def sft_loss(
     lp = torch.where(mask, logprobs, torch.zeros((), dtype=logprobs.dtype))  # [B, T]
     loss = aggregate(-lp, mask, agg, max_len=max_len)  # mean of −log π_θ
     return SFTLossOutput(loss=loss, nll=loss.detach(), num_tokens=mask.sum())
+
+
+def sft_signals(logprobs: Tensor, old_logprobs: Tensor | None, advantages: Tensor | None,
+                mask: Tensor) -> TokenSignals:
+    """What ``sft_loss`` used per token: no advantage, no ratio, no clip (NaN, NaN, false)."""
+    return token_signals(as_bool_mask(mask))
 
 
 class SFTParams(P.LossParams):
