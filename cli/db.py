@@ -54,7 +54,8 @@ def status(url: str = URL_OPTION) -> None:
         for table, n in info.counts.items():
             typer.echo(f"  {table:<{width}} {n:>12,}")
     if info.runs:
-        typer.echo("size per run (its partitions: trajectories, turns, token_bytes, embeddings, consumption):")
+        typer.echo("size per run (its partitions: trajectories, turns, token_bytes, embeddings, consumption, "
+                   "token_signals):")
         width = max(len(name) for name, *_ in info.runs)
         for name, _, size, trajectories in info.runs:
             typer.echo(f"  {name:<{width}} {size / 2**20:>10,.1f} MiB {trajectories:>12,} trajectories")

@@ -234,3 +234,24 @@ class PolicyVersion:
     step: int
     meta: dict[str, Any]
     created_at: datetime
+
+
+@dataclass(frozen=True)
+class TokenSignals:
+    """What a learner step's loss used at each response token of one consumed row (table
+    ``token_signals``, revision 0028; trainer/losses/signals.py). Every array has the row's ``T``
+    response tokens; the store keeps the floats as float16.
+
+    Args:
+        advantage: ``[T]`` float, the advantage that multiplied each token's term, NaN where the
+            loss gave the token none; ``None`` when it gave the row none at all (SFT).
+        log_ratio: ``[T]`` float, log of the importance ratio that entered the clip, NaN where
+            none; ``None`` when the loss has no ratio.
+        clipped: ``[T]`` bool, where the clipped branch of the surrogate was active.
+        entropy: ``[T]`` float, the entropy (nats) of the policy's distribution at each token.
+    """
+
+    advantage: np.ndarray | None
+    log_ratio: np.ndarray | None
+    clipped: np.ndarray
+    entropy: np.ndarray

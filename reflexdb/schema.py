@@ -179,11 +179,11 @@ groups = Table(
 )
 
 # Partitioned by run (0015): trajectories and the per-trajectory tables (turns, token_bytes,
-# embeddings, consumption) have one partition per run, named <table>_r<run id>, created when the run
+# embeddings, consumption, and token_signals since 0028) have one partition per run, named <table>_r<run id>, created when the run
 # is (the trigger on runs; sql/functions/create_run_partitions.sql) and dropped with it
 # (drop_run_partitions.sql): a run's rows are scanned, vacuumed and dropped on their own. A key of
 # a partitioned table includes run_id, so the tables that refer to a trajectory carry its run_id.
-PARTITIONED = ("trajectories", "turns", "token_bytes", "embeddings", "consumption")
+PARTITIONED = ("trajectories", "turns", "token_bytes", "embeddings", "consumption", "token_signals")
 _BY_RUN = {"postgresql_partition_by": "LIST (run_id)"}
 
 # Where a trajectory may come from, and what that means downstream (0018; reflexdb/origins.py): a
@@ -379,6 +379,37 @@ consumption = Table(
     **_BY_RUN,
 )
 
+# What a learner step's loss used at each response token of a row it consumed (0028;
+# trainer/losses/signals.py), one row beside the row's consumption record, written when
+# learner.record_token_signals is on. Arrays of the row's response length, little-endian bytea like
+# token_bytes: float16 (read as real[] with the SQL function float2_array; NaN where the loss gave the
+# token no value), flags one byte each (bool_array).
+token_signals = Table(
+    "token_signals",
+    metadata,
+    Column("step_id", BigInteger, nullable=False),
+    Column("trajectory_id", BigInteger, nullable=False),
+    Column("run_id", BigInteger, nullable=False),  # the trajectory's (the partition key)
+    # The advantage that multiplied each token's term (the row's, or per token: GRPO-λ's ε-weight),
+    # float16; NULL when the loss gave the row none (SFT, or no loss token).
+    Column("advantage", BYTEA),
+    # log of the importance ratio that entered the clip: log π_θ − log π_old per token (GSPO: the
+    # sequence's; GRPO-λ's ε-trace: the traced one), float16; NULL when the loss has no ratio.
+    Column("log_ratio", BYTEA),
+    # 1 where the clipped branch of the surrogate was the active one (its gradient removed), else 0.
+    Column("clipped", BYTEA, nullable=False),
+    # Entropy of the policy's distribution at each token at the step (nats, the sampling
+    # temperature applied), float16.
+    Column("entropy", BYTEA, nullable=False),
+    CheckConstraint("length(entropy) = 2 * length(clipped)", name="entropy_length"),
+    CheckConstraint("advantage IS NULL OR length(advantage) = length(entropy)", name="advantage_length"),
+    CheckConstraint("log_ratio IS NULL OR length(log_ratio) = length(entropy)", name="log_ratio_length"),
+    PrimaryKeyConstraint("trajectory_id", "step_id", "run_id"),
+    ForeignKeyConstraint(["step_id", "trajectory_id", "run_id"],
+                         ["consumption.step_id", "consumption.trajectory_id", "consumption.run_id"], ondelete="CASCADE"),
+    **_BY_RUN,  # each partition is created WITH (toast_tuple_target = TOAST_TUPLE_TARGET)
+)
+
 # One row per collector process: liveness (heartbeat) and the run's collection statistics.
 collectors = Table(
     "collectors",
@@ -446,6 +477,6 @@ def full_metadata() -> MetaData:
 
 #: SQL functions created by migrations from ``reflexdb/sql/functions/<name>.sql`` (the views call them).
 FUNCTIONS = ("run_setting", "int4_array", "float4_array", "bool_array", "create_run_partitions", "drop_run_partitions",
-             "runs_create_partitions", "run_partitions_size", "compose_view")
+             "runs_create_partitions", "run_partitions_size", "compose_view", "float2_array")
 #: Views made by the function compose_view from the parts methods contribute (``<method>_<name>``).
 COMPOSED_VIEWS = ("group_holds", "failure_notes", "group_hold_ends")

@@ -51,6 +51,7 @@ from .records import (
     PolicyVersion,
     Sibling,
     TaskIn,
+    TokenSignals,
     Trajectory,
     Turn,
     WrittenGroup,
@@ -125,6 +126,27 @@ def _lock_not_available(exc: BaseException) -> bool:
 def payload_bytes(array: np.ndarray | None, dtype: np.dtype) -> bytes | None:
     """A per-token array as stored in ``token_bytes``: its values as ``dtype`` (little-endian), raw."""
     return None if array is None else np.ascontiguousarray(array, dtype=dtype).tobytes()
+
+
+#: ``token_signals``' arrays (advantage, log_ratio, clipped, entropy) as stored (revision 0028).
+_SIGNAL_DTYPES = (np.dtype("<f2"), np.dtype("<f2"), np.dtype(np.bool_), np.dtype("<f2"))
+
+
+def signal_bytes(signals: TokenSignals) -> tuple[bytes | None, ...]:
+    """A row's :class:`TokenSignals` as ``token_signals`` stores them: float16 and one byte per flag,
+    little-endian. A float past float16's range (±65504) is stored as ±inf."""
+    values = (signals.advantage, signals.log_ratio, signals.clipped, signals.entropy)
+    with np.errstate(over="ignore"):
+        return tuple(None if v is None else np.ascontiguousarray(v, dtype=d).tobytes()
+                     for v, d in zip(values, _SIGNAL_DTYPES))
+
+
+def signal_arrays(values: Sequence) -> TokenSignals:
+    """``token_signals``' four columns (bytes-like, or None) as a :class:`TokenSignals` of float32
+    and bool arrays."""
+    a, r, c, e = (None if v is None else np.frombuffer(v, dtype=d) for v, d in zip(values, _SIGNAL_DTYPES))
+    as32 = (lambda x: None if x is None else x.astype(np.float32))
+    return TokenSignals(advantage=as32(a), log_ratio=as32(r), clipped=c, entropy=as32(e))
 
 
 def payload_arrays(values: Sequence) -> tuple[np.ndarray | None, ...]:
@@ -752,6 +774,7 @@ class Store:
         self, run_id: int, step: int, policy_version: int, trajectory_ids: Sequence[int], *,
         loss: float | None = None, metrics: dict[str, float] | None = None, batch_snapshot: str | None = None,
         advantages: Mapping[int, Sequence[float]] | None = None, advantage_stages: Sequence[str] | None = None,
+        token_signals: Mapping[int, TokenSignals] | None = None,
     ) -> int:
         """Record learner step ``step`` and the trajectories it consumed; return the step's row id.
 
@@ -764,19 +787,24 @@ class Store:
                 stored as a NULL element.
             advantage_stages: the stages' names in order (``learner_steps.advantage_stages``),
                 e.g. ``["group", "clamp_negative"]``; required with ``advantages``.
+            token_signals: trajectory id -> what the step's loss used at each of its response
+                tokens (table ``token_signals``, revision 0028), written in the same transaction;
+                a consumed trajectory left out gets no row.
 
         Recording the same step with the same trajectories again returns the recorded row: a
         retry after a commit whose acknowledgement was lost is not an error.
 
         Raises:
             ValueError: ``advantages`` without ``advantage_stages``, for a trajectory not consumed,
-                or with a number of values other than the number of stages.
+                or with a number of values other than the number of stages; ``token_signals`` for
+                a trajectory not consumed, or with arrays of different lengths.
             NotFound: a trajectory id does not exist (nothing is recorded).
             ReflexdbError: the run already has this step, with other trajectories.
         """
         ids = sorted({int(i) for i in trajectory_ids})
         stages = None if advantage_stages is None else [str(n) for n in advantage_stages]
         adv_ids, adv_values = _flat_advantages(advantages or {}, stages, set(ids))
+        signals = _signal_columns(token_signals or {}, set(ids))
         try:
             with self.transaction() as conn:
                 step_id, n = conn.execute(
@@ -787,6 +815,8 @@ class Store:
                 ).fetchone()
                 if n != len(ids):
                     raise NotFound(f"{len(ids) - n} of the {len(ids)} consumed trajectory ids do not exist")
+                if signals["ids"]:
+                    conn.execute(Q["record_token_signals"], {"step_id": step_id, **signals})
         except psycopg.errors.UniqueViolation:
             with self.transaction() as conn:
                 row = conn.execute(Q["step_consumption"], {"run_id": run_id, "step": step}).fetchone()
@@ -884,6 +914,21 @@ def _fk_field(exc: psycopg.errors.ForeignKeyViolation) -> str:
         if f"({name})" in detail:
             return name if name in ("task_id", "run_id") else f"trajectories[].{name}"
     return exc.diag.constraint_name or "foreign key"
+
+
+def _signal_columns(signals: Mapping[int, TokenSignals], consumed: set[int]) -> dict[str, list]:
+    """``record_step``'s token signals as the query takes them: one list per column, aligned."""
+    cols: dict[str, list] = {"ids": [], "advantage": [], "log_ratio": [], "clipped": [], "entropy": []}
+    for tid, sig in sorted(signals.items()):
+        if int(tid) not in consumed:
+            raise ValueError(f"token signals for trajectory {tid}, which the step does not consume")
+        n = len(sig.entropy)
+        if any(v is not None and len(v) != n for v in (sig.advantage, sig.log_ratio, sig.clipped)):
+            raise ValueError(f"token signals of trajectory {tid}: arrays of different lengths")
+        cols["ids"].append(int(tid))
+        for name, value in zip(("advantage", "log_ratio", "clipped", "entropy"), signal_bytes(sig)):
+            cols[name].append(value)
+    return cols
 
 
 def _flat_advantages(advantages: Mapping[int, Sequence[float]], stages: list[str] | None,

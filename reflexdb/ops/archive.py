@@ -50,6 +50,7 @@ CORE: tuple[tuple[str, str, str], ...] = (
     ("embeddings", "run_id = %(run)s", "trajectory_id"),
     ("learner_steps", "run_id = %(run)s", "id"),
     ("consumption", "step_id IN (SELECT id FROM learner_steps WHERE run_id = %(run)s)", "step_id, trajectory_id"),
+    ("token_signals", "step_id IN (SELECT id FROM learner_steps WHERE run_id = %(run)s)", "step_id, trajectory_id"),
     ("collectors", "run_id = %(run)s", "id"),
 )
 

@@ -162,6 +162,15 @@ WITH s AS (
 )
 SELECT s.id, (SELECT count(*) FROM u) FROM s;
 
+-- name: record_token_signals
+-- What step %(step_id)s's loss used at each token of the rows it consumed (revision 0028), one row
+-- beside each consumption row (its run_id from there); the arrays come aligned with %(ids)s.
+INSERT INTO token_signals (step_id, trajectory_id, run_id, advantage, log_ratio, clipped, entropy)
+SELECT c.step_id, c.trajectory_id, c.run_id, x.advantage, x.log_ratio, x.clipped, x.entropy
+FROM unnest(%(ids)s::int8[], %(advantage)s::bytea[], %(log_ratio)s::bytea[], %(clipped)s::bytea[],
+            %(entropy)s::bytea[]) AS x(id, advantage, log_ratio, clipped, entropy)
+JOIN consumption c ON c.step_id = %(step_id)s AND c.trajectory_id = x.id;
+
 -- name: step_consumption
 -- A recorded step's row id and the trajectory ids it consumed (is a retried record the same step?).
 SELECT s.id, coalesce(array_agg(c.trajectory_id ORDER BY c.trajectory_id)

@@ -54,14 +54,14 @@ GRANT USAGE ON ALL SEQUENCES IN SCHEMA public TO reflexdb_collector;
 
 -- name: learner
 -- The learner (and `reflexdb eval` on its machine): read everything; record steps and their
--- consumption (and delete unpublished ones on resume); publish versions; set run settings; post
+-- consumption and token signals (and delete unpublished ones on resume); publish versions; set run settings; post
 -- replay requests; write evaluation groups. Never DELETE or UPDATE collected data beyond the
 -- times_sampled counter its own records keep.
 GRANT SELECT ON ALL TABLES IN SCHEMA public TO reflexdb_learner;
 GRANT INSERT (name, algorithm, config) ON runs TO reflexdb_learner;
 GRANT UPDATE (embedding_dim, embedding_model) ON runs TO reflexdb_learner;
 GRANT INSERT, UPDATE ON run_settings TO reflexdb_learner;
-GRANT INSERT, UPDATE, DELETE ON learner_steps, consumption TO reflexdb_learner;
+GRANT INSERT, UPDATE, DELETE ON learner_steps, consumption, token_signals TO reflexdb_learner;
 GRANT UPDATE (times_sampled) ON trajectories TO reflexdb_learner;
 GRANT INSERT ON policy_versions TO reflexdb_learner;
 GRANT INSERT ON tasks, groups, trajectories, turns, token_bytes, embeddings TO reflexdb_learner;

@@ -33,8 +33,14 @@ def _a_run(store, name="busy"):
     store.publish_policy(run, 1, "file:///ckpt/v1", step=1, meta={"learner_state": True})
     # advantages by stage (revision 0023): one value not finite (a NULL element), a row left out (NULL)
     advantages = {t: [0.5, -0.1] for t in written[0].trajectory_ids} | {written[1].trajectory_ids[0]: [float("nan"), 0.0]}
+    # per-token signals (revision 0028): one row with every array, one without an advantage or ratio (SFT)
+    from reflexdb.records import TokenSignals
+
+    signals = {written[0].trajectory_ids[0]: TokenSignals(np.array([0.5, np.nan]), np.array([0.01, np.nan]),
+                                                          np.array([True, False]), np.array([1.5, 2.0])),
+               written[0].trajectory_ids[1]: TokenSignals(None, None, np.zeros(3, bool), np.ones(3))}
     store.record_step(run, 1, 0, written[0].trajectory_ids + written[1].trajectory_ids, advantages=advantages,
-                      advantage_stages=["group", "clamp_negative"])
+                      advantage_stages=["group", "clamp_negative"], token_signals=signals)
     tid, gid = written[0].trajectory_ids[1], written[0].group_id
     with store.transaction() as conn:
         conn.execute("INSERT INTO hints (group_id, task_id, kind, wrong_answers, hinted_prompt) "

@@ -2,7 +2,7 @@
 --
 -- Dropping a partition frees its disk at once and leaves nothing to vacuum, where a DELETE of
 -- millions of rows would scan, mark and later vacuum every one. The per-trajectory partitions go
--- first (nothing refers to them), then the rows of every other table that refers to the run's
+-- first (token_signals before the consumption it refers to, 0028; nothing else refers to them), then the rows of every other table that refers to the run's
 -- trajectories by a foreign key (a method's: R3L's reflections, CLEANER's rollbacks, NexGRPO's
 -- replay requests, a plug-in's), found in the catalogue by the column that refers to
 -- trajectories.run_id, so a method's table needs nothing here (revision 0019); then the
@@ -18,7 +18,14 @@ DECLARE
     t text;
     ref record;
 BEGIN
-    FOREACH t IN ARRAY ARRAY['consumption', 'turns', 'token_bytes', 'embeddings'] LOOP
+    EXECUTE format('DROP TABLE IF EXISTS %I', 'token_signals_r' || run_id);
+    -- token_signals refers to consumption (0028): its partition is detached before it is dropped,
+    -- as the trajectories partition is below
+    IF to_regclass('consumption_r' || run_id) IS NOT NULL THEN
+        EXECUTE format('ALTER TABLE consumption DETACH PARTITION %I', 'consumption_r' || run_id);
+        EXECUTE format('DROP TABLE %I', 'consumption_r' || run_id);
+    END IF;
+    FOREACH t IN ARRAY ARRAY['turns', 'token_bytes', 'embeddings'] LOOP
         EXECUTE format('DROP TABLE IF EXISTS %I', t || '_r' || run_id);
     END LOOP;
     FOR ref IN

@@ -1,5 +1,5 @@
 -- run_partitions_size: bytes on disk of a run's partitions (trajectories, turns, token_bytes,
--- embeddings, consumption), with their indexes and TOAST; 0 for a run without partitions.
+-- embeddings, consumption, token_signals), with their indexes and TOAST; 0 for a run without partitions.
 --
 -- Read from the catalog (pg_total_relation_size), so it costs nothing however large the run is.
 -- The run's rows in the shared tables (groups, tasks, steps, reflections, ...) are small and not
@@ -10,5 +10,5 @@ CREATE OR REPLACE FUNCTION run_partitions_size(run_id bigint) RETURNS bigint
 LANGUAGE sql STABLE PARALLEL SAFE
 AS $$
     SELECT coalesce(sum(pg_total_relation_size(to_regclass(t || '_r' || run_id))), 0)::bigint
-    FROM unnest(ARRAY['trajectories', 'turns', 'token_bytes', 'embeddings', 'consumption']) AS t
+    FROM unnest(ARRAY['trajectories', 'turns', 'token_bytes', 'embeddings', 'consumption', 'token_signals']) AS t
 $$;
