@@ -13,7 +13,8 @@ One step reads top to bottom (:meth:`Learner.step`)::
     loss    = the method's loss terms over micro-batches (gradient accumulation), each micro-batch
               weighted by its share of each term's normaliser; backward, optimizer step
     record  = learner_steps row + the trajectories consumed, each with its advantage after every
-              stage (one transaction)
+              stage and what the loss used at each token (learner.record_token_signals; one
+              transaction)
     publish = every k steps: DeepSpeed state, HF safetensors, policy_versions row + NOTIFY
     after   = the method's hooks (trainer/method_api/), if any
 
@@ -45,6 +46,7 @@ import torch
 from reflexdb import Store, drill, storage
 from reflexdb.config import Config
 from reflexdb.errors import ReflexdbError
+from reflexdb.records import TokenSignals
 from reflexdb.retry import DbRetry
 from reflexdb.settings import home
 from reflexdb.timing import PhaseTimer
@@ -57,7 +59,7 @@ from .engine import EngineSettings, TrainingEngine
 from .losses.registry import get_loss_spec
 from .scoring import Scorer
 from .sources import BatchSource, ImportedGroups, MethodGroups, choose
-from .update import PolicyUpdate
+from .update import PolicyUpdate, signal_rows
 
 log = logging.getLogger("reflexdb.learn")
 
@@ -165,7 +167,7 @@ class Learner:
         self.update = PolicyUpdate(self.engine, self.terms, self.specs, ref=self.ref, rank=self.rank, world=self.world,
                                    n_micro=self.n_micro, lr=self.L.lr, pi_old=self.L.pi_old, temperature=self.temperature,
                                    max_tokens=self.L.micro_batch_tokens, packed=self.engine.packed,
-                                   timer=self.timer)
+                                   timer=self.timer, record_signals=self.L.record_token_signals)
         self.scorer = Scorer(self.engine, world=self.world, micro_batch_size=self.L.micro_batch_size,
                              temperature=self.temperature)
         if self.main:
@@ -312,6 +314,7 @@ class Learner:
         adv = stages[-1][1]  # [B]  after the group normalisation and every transform
         with self.timer("forward_backward"):  # the optimizer step inside is phase "optimizer"
             stats, grad_norm, entropy = self.update.run(batch, adv)                   # π_old, loss, step
+        signals = self.token_signals()
         skipped = not math.isfinite(stats["loss"])
         self.bad_in_row = self.bad_in_row + 1 if skipped else 0
         self.step_no += 1
@@ -329,7 +332,7 @@ class Learner:
             self.db(lambda: self.store.record_step(                                   # record
                 self.run_id, self.step_no, self.version, batch.trajectory_ids, loss=None if skipped else stats["loss"],
                 metrics={k: v for k, v in metrics.items() if math.isfinite(v)}, batch_snapshot=snapshot,
-                advantages=by_stage, advantage_stages=[name for name, _ in stages]))
+                advantages=by_stage, advantage_stages=[name for name, _ in stages], token_signals=signals))
             self.tracker.log_metrics(metrics, self.step_no)
         if self.bad_in_row >= self.L.max_bad_steps:
             raise LearnerStopped(
@@ -337,6 +340,23 @@ class Learner:
                 f"policy is v{self.version}; lower learner.lr or check the data (reflexdb sql) before resuming."
             )
         return StepResult(self.step_no, stats["loss"], skipped, metrics)
+
+    def token_signals(self) -> dict[int, TokenSignals] | None:
+        """What the step's loss used at each token of each row, by trajectory id (rank 0; every
+        rank's rows gathered there), or None when ``learner.record_token_signals`` is off. A
+        trajectory in the batch twice (a group's row and a method's auxiliary row) keeps its
+        group row's."""
+        if self.update.signals is None:
+            return None
+        rows = signal_rows(self.update.rows_of_step, self.update.signals)
+        if self.world > 1:
+            gathered = [None] * self.world if self.main else None
+            torch.distributed.gather_object(rows, gathered, dst=0)
+            rows = [r for part in gathered or [] for r in part]
+        out: dict[int, TokenSignals] = {}
+        for tid, auxiliary, sig in sorted(rows, key=lambda r: r[1]):  # group rows first
+            out.setdefault(tid, sig)
+        return out
 
     # ------------------------------------------------------------------ what a method's hooks use
 

@@ -11,12 +11,15 @@ the accumulated gradient equals the full batch's whatever ``micro_batch_size``
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
+import numpy as np
 import torch
 
+from reflexdb.records import TokenSignals
 from reflexdb.timing import PhaseTimer
 
-from .batch import Batch
+from .batch import AUXILIARY, Batch
 from .engine import TrainingEngine, hidden_logprobs
 
 
@@ -46,17 +49,81 @@ def token_slices(lengths: torch.Tensor, n_micro: int, max_tokens: int | None, *,
     return out
 
 
+class StepSignals(NamedTuple):
+    """The per-token learner signals of a step's rows (``TokenSignals`` of every term, merged;
+    trainer/losses/signals.py) and the entropy of the policy at each token, ``[B, T]`` on the host."""
+
+    advantage: torch.Tensor  # float32, NaN where no term gave the token an advantage
+    log_ratio: torch.Tensor  # float32, NaN where no term has a ratio
+    clipped: torch.Tensor  # bool
+    entropy: torch.Tensor  # float32 (nats)
+
+
+class SignalRecorder:
+    """Collects a step's :class:`StepSignals` micro-batch by micro-batch, on the device (no host
+    synchronisation inside the loop); a token covered by several terms keeps the first term's."""
+
+    def __init__(self, n_rows: int, n_tokens: int, device):
+        shape = (n_rows, n_tokens)
+        self.device = device
+        self.advantage = torch.full(shape, float("nan"), device=device)
+        self.log_ratio = torch.full(shape, float("nan"), device=device)
+        self.clipped = torch.zeros(shape, dtype=torch.bool, device=device)
+        self.entropy = torch.full(shape, float("nan"), device=device)
+        self.covered = torch.zeros(shape, dtype=torch.bool, device=device)
+
+    def add_entropy(self, sl: slice, entropy: torch.Tensor) -> None:
+        """The entropies ``[n, T]`` of rows ``sl`` (every response token, whatever the terms)."""
+        self.entropy[sl, :entropy.shape[1]] = entropy.detach().float()
+
+    def add(self, sl: slice, idx: torch.Tensor, signals: TokenSignals, mask: torch.Tensor) -> None:
+        """A term's signals on rows ``idx`` of the micro-batch ``sl``, where ``mask`` (its loss tokens,
+        ``[len(idx), T]``) holds a token no earlier term did."""
+        rows = (idx.to(self.device) + sl.start)  # [n]
+        T = mask.shape[1]
+        new = mask.to(self.device) & ~self.covered[rows, :T]  # [n, T]
+        for buf, value in ((self.advantage, signals.advantage), (self.log_ratio, signals.log_ratio),
+                           (self.clipped, signals.clipped)):
+            buf[rows, :T] = torch.where(new, value.to(self.device), buf[rows, :T])
+        self.covered[rows, :T] |= new
+
+    def result(self) -> StepSignals:
+        return StepSignals(self.advantage.cpu(), self.log_ratio.cpu(), self.clipped.cpu(), self.entropy.cpu())
+
+
+def signal_rows(batch: Batch, signals: StepSignals) -> list[tuple[int, bool, TokenSignals]]:
+    """Each row of ``batch`` (the rows ``signals`` holds) as ``(trajectory id, auxiliary,
+    TokenSignals)``: its response tokens' values; an advantage or ratio that is NaN at every token
+    is ``None`` (the loss gave the row none)."""
+    kinds = [batch.group_kinds[g] for g in batch.group_index.tolist()]
+    out = []
+    for i, (tid, n) in enumerate(zip(batch.trajectory_ids, batch.response_lengths.tolist())):
+        adv, ratio = signals.advantage[i, :n].numpy(), signals.log_ratio[i, :n].numpy()
+        out.append((int(tid), kinds[i] == AUXILIARY, TokenSignals(
+            advantage=None if np.isnan(adv).all() else adv, log_ratio=None if np.isnan(ratio).all() else ratio,
+            clipped=signals.clipped[i, :n].numpy(), entropy=signals.entropy[i, :n].numpy())))
+    return out
+
+
 class PolicyUpdate:
-    """The step computation of one rank: ``run(batch, adv)`` → ``(stats, grad_norm, entropy)``."""
+    """The step computation of one rank: ``run(batch, adv)`` → ``(stats, grad_norm, entropy)``.
+
+    With ``record_signals`` (``learner.record_token_signals``), :attr:`signals` holds the last
+    step's per-token learner signals of this rank's rows (:class:`StepSignals`, rows as
+    :attr:`rows_of_step`), else None.
+    """
 
     def __init__(self, engine: TrainingEngine, terms: list, specs: list, *, ref, rank: int, world: int,
                  n_micro: int, lr: float, pi_old: str, temperature: float, max_tokens: int | None = None,
-                 packed: bool = False, timer: PhaseTimer | None = None):
+                 packed: bool = False, timer: PhaseTimer | None = None, record_signals: bool = False):
         self.engine, self.terms, self.specs, self.ref = engine, terms, specs, ref
         self.rank, self.world, self.n_micro, self.max_tokens = rank, world, n_micro, max_tokens
         self.packed = packed  # the engine feeds rows packed (TrainingEngine.packed): budget by their sum
         self.lr, self.pi_old, self.temperature = lr, pi_old, temperature
         self.timer = timer or PhaseTimer()  # the optimizer step is phase "optimizer" (the learner's timer)
+        self.record_signals = record_signals
+        self.signals: StepSignals | None = None
+        self.rows_of_step: Batch | None = None  # this rank's rows of the last step (run())
 
     def run(self, batch: Batch, adv: torch.Tensor):
         """The step on ``batch`` (all ranks' rows; ``adv`` ``[B]``): each term's rows and tokens,
@@ -65,6 +132,7 @@ class PolicyUpdate:
         masks = [t.mask(batch) if t.mask is not None else None for t in self.terms]   # ... and tokens
         mine = self.shard(batch.size)                                                 # this rank's rows
         part = batch.rows(mine)
+        self.rows_of_step = part
         old, fresh = self.old_logprobs(part)                                          # π_old
         ref = self.ref_logprobs(part)
         return self.optimize(part, old, ref, adv[mine], full=batch, rows=rows, mine=mine, fresh=fresh, masks=masks)
@@ -180,6 +248,8 @@ class PolicyUpdate:
         entropy_sum: torch.Tensor | float = 0.0
         bad = False
         slices = self.slices(batch)
+        record = SignalRecorder(batch.size, batch.response_mask.shape[1], self.engine.device) \
+            if self.record_signals else None
         for i, sl in enumerate(slices):
             last = i == len(slices) - 1
             # The slice count varies with the rows' lengths: tell DeepSpeed which pass ends the step.
@@ -190,6 +260,8 @@ class PolicyUpdate:
                 logprobs, entropy = self.engine.token_logprobs(
                     mb.input_ids, mb.attention_mask, mb.prompt_lengths, mb.response_lengths,
                     temperature=self.temperature, with_entropy=True)
+                if record is not None:
+                    record.add_entropy(sl, entropy)
                 loss = logprobs.sum() * 0.0  # a micro-batch without rows of any term still joins the accumulation
                 mb_old = old[sl][:, :T].to(logprobs.device)
                 if fresh is not None:  # π_old = π_θ at the step's start = this forward, no gradient
@@ -203,6 +275,11 @@ class PolicyUpdate:
                     out = spec.call(logprobs[idx.to(dev)], mb_old[idx.to(dev)], adv[sl][idx].to(dev),
                                     mask.to(dev), term.params, truncated=truncated.to(dev),
                                     ref_logprobs=ref[sl][idx, :T].to(dev) if ref is not None else None)
+                    if record is not None:  # what this term's loss used per token (trainer/losses/signals.py)
+                        record.add(sl, idx, spec.token_signals(
+                            logprobs[idx.to(dev)], mb_old[idx.to(dev)], adv[sl][idx].to(dev), mask.to(dev),
+                            term.params, truncated=truncated.to(dev)),
+                            spec.effective_mask(mask.to(dev), term.params, truncated=truncated.to(dev)))
                     share = spec.normaliser(mask, term.params, truncated=truncated) / total
                     loss = loss + out.loss * (term.weight * share)
                     for name, value in out._asdict().items():
@@ -232,6 +309,7 @@ class PolicyUpdate:
         if bad:
             self.set_lr(self.lr)
             sums["loss"] = float("nan")
+        self.signals = record.result() if record is not None else None
         return sums, grad_norm, entropy_sum / total_tokens
 
     def set_lr(self, lr: float) -> None:
