@@ -36,7 +36,7 @@ from starlette.templating import Jinja2Templates
 
 from reflexdb.errors import DatabaseUnavailable
 
-from .charts import RunCurves, run_charts
+from .charts import ChartCache, RunCurves, run_charts
 from .data import FILTERS, GROUP_FILTERS, PAGE, BadFilter, Explorer, parse_filters
 from .tokens import MAX_SHADED, masked_out, shown, tokenizer_for, tokens
 
@@ -129,6 +129,7 @@ def create_app(db: Explorer, *, mlflow_url: str | None = None, tracking_uri: str
     env.filters["origin_class"] = origin_class
     env.globals["PAGE"] = PAGE
     mlflow = MlflowLinks(mlflow_url, tracking_uri)
+    curve_cache = ChartCache()  # the run pages' charts, by the steps and evaluations they were drawn from
 
     def render(request: Request, name: str, status: int = 200, **context: Any) -> Response:
         context.setdefault("title", "reflexdb explorer")
@@ -186,9 +187,18 @@ def create_app(db: Explorer, *, mlflow_url: str | None = None, tracking_uri: str
             if other is None:
                 raise HTTPException(404, f"no run named {name[:200]!r} to draw beside run {r['name']!r}")
             others.append(other)
-        runs = [RunCurves(x["name"], db.curve_steps(x["id"]), db.curve_evaluations(x["id"])) for x in [r, *others]]
-        charts = [{"id": c.id, "title": c.title, "svg": Markup(c.svg), "keys": c.keys, "kind": c.kind}
-                  for c in run_charts(runs)]  # Markup: line_chart escaped every text it holds
+        drawn = [r, *others]
+        evaluations = [db.curve_evaluations(x["id"]) for x in drawn]
+        # the same runs with the same steps and evaluations: the charts drawn last time (a few index
+        # probes instead of reading and drawing every step again)
+        key = tuple((x["id"], x["name"], db.curve_mark(x["id"]), tuple(tuple(e.values()) for e in ev))
+                    for x, ev in zip(drawn, evaluations))
+        charts = curve_cache.get(key)
+        if charts is None:
+            runs = [RunCurves(x["name"], db.curve_steps(x["id"]), ev) for x, ev in zip(drawn, evaluations)]
+            charts = [{"id": c.id, "title": c.title, "svg": Markup(c.svg), "keys": c.keys, "kind": c.kind}
+                      for c in run_charts(runs)]  # Markup: line_chart escaped every text it holds
+            curve_cache.put(key, charts)
         return {"charts": [c for c in charts if c["kind"] == "main"],
                 "metric_charts": [c for c in charts if c["kind"] == "prefix"], "beside": [x["name"] for x in others],
                 "run_names": [n for n in db.run_names() if n != r["name"]]}

@@ -483,5 +483,33 @@ def _evaluations(runs: Sequence[RunCurves], max_points: int) -> Chart:
                                                   chart_id="chart-evaluations"), ["evaluations"])
 
 
-__all__ = ["MAX_POINTS", "Chart", "RunCurves", "Series", "decimate", "line_chart", "nice_ticks", "run_charts",
+class ChartCache:
+    """The charts last drawn, by what they were drawn from (a key the caller makes of its runs' marks):
+    at most ``size`` entries, each kept for ``ttl`` seconds; safe across the server's threads."""
+
+    def __init__(self, size: int = 16, ttl: float = 60.0, clock: Any = None):
+        import threading
+        import time
+
+        self.size, self.ttl, self.clock = size, ttl, clock or time.monotonic
+        self._items: dict[Any, tuple[float, Any]] = {}
+        self._lock = threading.Lock()
+
+    def get(self, key: Any) -> Any:
+        with self._lock:
+            hit = self._items.pop(key, None)
+            if hit is None or self.clock() - hit[0] > self.ttl:
+                return None
+            self._items[key] = hit  # the newest use last
+            return hit[1]
+
+    def put(self, key: Any, value: Any) -> None:
+        with self._lock:
+            self._items.pop(key, None)
+            self._items[key] = (self.clock(), value)
+            while len(self._items) > self.size:
+                del self._items[next(iter(self._items))]
+
+
+__all__ = ["MAX_POINTS", "Chart", "ChartCache", "RunCurves", "Series", "decimate", "line_chart", "nice_ticks", "run_charts",
            "text", "tick_label"]

@@ -249,6 +249,10 @@ class Explorer:
         ``rows`` evenly spaced ones (block ``curve_steps``)."""
         return self.named("curve_steps", run_id=run_id, rows=rows)
 
+    def curve_mark(self, run_id: int, rows: int = CURVE_ROWS) -> tuple[Any, ...]:
+        """What a run's curves would be read from now (block ``curve_mark``): equal marks, equal curves."""
+        return tuple((self.one(self.q["curve_mark"], {"run_id": run_id, "rows": rows}) or {}).values())
+
     def curve_evaluations(self, run_id: int) -> list[dict[str, Any]]:
         return self.named("curve_evaluations", run_id=run_id)
 

@@ -165,6 +165,18 @@ UNION ALL
  WHERE (SELECT n FROM r) > %(rows)s ORDER BY p.step LIMIT %(rows)s)
 ORDER BY step;
 
+-- name: curve_mark
+-- What a run's cached curves were drawn from (explorer/app.py): its steps counted up to %(rows)s + 1,
+-- its first and last step, and the last step's row id and row version (xmin: a method's metrics
+-- merged into the step after it was recorded change it). A few index probes.
+SELECT (SELECT count(*) FROM (SELECT 1 FROM learner_steps x WHERE x.run_id = %(run_id)s
+                              ORDER BY x.step LIMIT %(rows)s + 1) c) AS n,
+       (SELECT step FROM learner_steps WHERE run_id = %(run_id)s ORDER BY step LIMIT 1) AS lo,
+       l.step AS hi, l.id AS last_id, l.xmin::text AS last_xmin
+FROM (SELECT 1) one
+LEFT JOIN LATERAL (SELECT s.step, s.id, s.xmin FROM learner_steps s WHERE s.run_id = %(run_id)s
+                   ORDER BY s.step DESC LIMIT 1) l ON true;
+
 -- name: curve_evaluations
 -- A run's held-out evaluations by policy version (`reflexdb eval`, `reflexdb run`: groups of kind
 -- eval on eval-split tasks): pass@1 per version and attempts, the samples pooled when a version

@@ -230,3 +230,23 @@ def test_thousands_of_steps_are_read_evenly_spaced_and_drawn_bounded(curves):
     # the decimated reward curve keeps the first and the last value read (min and max per bucket)
     reward = _svgs(body)["chart-reward"]
     assert any(t.text == "reward/mean: last 5000" for t in reward.iter(f"{NS}title"))
+
+
+def test_a_new_step_or_metrics_merged_into_the_last_show_at_once(curves):
+    """The charts are kept by what they were drawn from: a step recorded since, a method's metrics
+    merged into the last step, or a new evaluation draws them again."""
+    store, base = curves["store"], curves["base"]
+    series = lambda: _series(_svgs(_get(base + "/runs/curves-b")[1])["chart-reward"])  # noqa: E731
+    assert series() == {"reward/mean": [("1", "0"), ("2", "1")]}
+    assert series() == {"reward/mean": [("1", "0"), ("2", "1")]}  # drawn again from the cache
+    store.add_step_metrics(curves["b"], 2, {"reward/mean": 0.5})
+    assert series() == {"reward/mean": [("1", "0"), ("2", "0.5")]}
+    rng = np.random.default_rng(3)
+    [task] = store.add_tasks(curves["b"], [TaskIn(prompt="What is 1+1?", ground_truth="2")])
+    ids = store.write_group(make_group(rng, curves["b"], task, size=2)).trajectory_ids
+    store.record_step(curves["b"], 3, 2, ids, loss=0.3, metrics={"reward/mean": 0.75})
+    assert series() == {"reward/mean": [("1", "0"), ("2", "0.5"), ("3", "0.75")]}
+    assert not _series(_svgs(_get(base + "/runs/curves-b")[1])["chart-evaluations"])
+    [held_out] = store.add_tasks(curves["b"], [TaskIn(prompt="What is 7+7?", ground_truth="14", split="eval")])
+    _eval_group(store, rng, curves["b"], held_out, 2, 2)
+    assert _series(_svgs(_get(base + "/runs/curves-b")[1])["chart-evaluations"]) == {"pass@1": [("2", "0.5")]}

@@ -12,7 +12,7 @@ from decimal import Decimal
 import numpy as np
 import pytest
 
-from reflexdb.explorer.charts import (MAX_POINTS, MAX_SERIES, RunCurves, Series, decimate, line_chart, nice_ticks,
+from reflexdb.explorer.charts import (MAX_POINTS, MAX_SERIES, ChartCache, RunCurves, Series, decimate, line_chart, nice_ticks,
                                       number, run_charts, tick_label)
 
 NS = "{http://www.w3.org/2000/svg}"
@@ -200,3 +200,15 @@ def test_metrics_as_stored_json_text_even_hostile():
     assert "1 value not drawn" in " ".join(_texts(reward, "note"))
     other = next(svg for svg in charts.values() if "other metrics" in _texts(svg, "chart-title"))
     assert [c.find(f"{NS}title").text for c in other.iter(f"{NS}circle")] == ["n: step 1, 3", "n: step 2, 4"]
+
+
+def test_the_chart_cache_keeps_the_newest_for_a_while():
+    now = [0.0]
+    cache = ChartCache(size=2, ttl=60, clock=lambda: now[0])
+    cache.put("a", 1)
+    cache.put("b", 2)
+    assert cache.get("a") == 1  # a is now the newest used
+    cache.put("c", 3)  # b goes
+    assert (cache.get("a"), cache.get("b"), cache.get("c")) == (1, None, 3)
+    now[0] = 61.0
+    assert cache.get("a") is None and cache.get("c") is None
