@@ -101,6 +101,14 @@ def _console_errors(browser) -> list[str]:
             if e["level"] in ("SEVERE", "WARNING") and "/favicon.ico" not in e["message"]]
 
 
+def _wait_for(browser, url_part: str) -> None:
+    """Until the page the browser shows is one whose address holds ``url_part`` (a form's GET)."""
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    WebDriverWait(browser, 30).until(lambda b: url_part in b.current_url
+                                      and b.execute_script("return document.readyState") == "complete")
+
+
 def _series(chart) -> list[str]:
     return [g.get_attribute("data-name") for g in chart.find_elements("css selector", "g.series")]
 
@@ -147,7 +155,7 @@ def test_another_runs_curves_on_the_same_charts_from_the_run_page(browser, site,
     _open(browser, site, f"/runs/{a}")
     Select(browser.find_element("css selector", "#curves form.beside select[name=with]")).select_by_value(b)
     browser.find_element("css selector", "#curves form.beside button").click()
-    assert f"with={b}" in browser.current_url
+    _wait_for(browser, f"with={b}")
     reward = browser.find_element("css selector", "svg#chart-reward")
     assert _series(reward) == [f"{a} · reward/mean", f"{b} · reward/mean"]
     assert len(reward.find_elements("css selector", "polyline")) == 2
@@ -159,6 +167,7 @@ def test_another_runs_curves_on_the_same_charts_from_the_run_page(browser, site,
     _shot(browser, "explorer-run-compare.png", 900)
     # back to the run alone
     browser.find_element("link text", "this run alone").click()
+    _wait_for(browser, f"/runs/{a}#curves")
     assert _series(browser.find_element("css selector", "svg#chart-reward")) == ["reward/mean"]
 
 
@@ -171,7 +180,7 @@ def test_the_runs_list_opens_two_runs_curves(browser, site, runs):
     Select(form.find_element("css selector", "select[name=run]")).select_by_value(b)
     Select(form.find_element("css selector", "select[name=with]")).select_by_value(a)
     form.find_element("css selector", "button").click()
-    assert browser.current_url.split("#")[0].endswith(f"/runs/{b}?with={a}")
+    _wait_for(browser, f"/runs/{b}?with={a}")
     assert _series(browser.find_element("css selector", "svg#chart-reward")) == [f"{b} · reward/mean",
                                                                                     f"{a} · reward/mean"]
     # an unknown run is refused by name
