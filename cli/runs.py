@@ -116,6 +116,7 @@ def delete(
     from reflexdb.ops import admin
     from reflexdb.index import default_directory
     from reflexdb.settings import home
+    from reflexdb.storage import local_dir, mask, remote_url
     from reflexdb import runs
 
     with Store.open(url) as store:
@@ -125,7 +126,10 @@ def delete(
             raise ReflexdbError(f"run {name!r} is in use: {', '.join(live)}; stop it first (Ctrl-C or SIGTERM stops "
                                 "cleanly)")
         cfg = r["config"] or {}
-        ckpt = Path((cfg.get("learner") or {}).get("checkpoint_dir") or home() / "checkpoints" / name).expanduser()
+        learner = cfg.get("learner") or {}
+        remote = remote_url(learner.get("checkpoint_url"))  # objects in storage stay: said below
+        ckpt = Path(learner.get("checkpoint_dir") or local_dir(learner.get("checkpoint_url"))
+                    or home() / "checkpoints" / name).expanduser()
         index_files = sorted(default_directory(store).glob(f"run-{r['id']}.*"))
         what = (f"run {name!r}: {r['trajectories']:,} trajectories, {r['steps'] or 0} steps"
                 + ("" if keep_files else f", {ckpt}" if ckpt.exists() else ""))
@@ -137,4 +141,5 @@ def delete(
             shutil.rmtree(ckpt)
         for f in index_files:
             f.unlink(missing_ok=True)
-    typer.echo(f"deleted {what}" + ("; files kept" if keep_files else ""))
+    typer.echo(f"deleted {what}" + ("; files kept" if keep_files else "")
+               + (f"; the versions in {mask(remote)} are not deleted: remove that prefix yourself" if remote else ""))

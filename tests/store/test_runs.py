@@ -97,3 +97,15 @@ def test_a_collector_heartbeat_keeps_a_run(store, db_url, tmp_path):
 def test_no_runs_says_how_to_make_one(store, db_url, tmp_path):
     out = _runs([], db_url, tmp_path)
     assert out.returncode == 0 and "no runs yet" in out.stdout
+
+
+def test_delete_of_a_run_publishing_to_storage_says_the_objects_stay(store, db_url, tmp_path):
+    """learner.checkpoint_url in object storage (issue 54): the rows and the learner's local
+    directory go; the objects in storage are not touched, and the message says so."""
+    run = store.create_run("remote", config={"run": "remote", "learner": {"checkpoint_url": "s3://bucket/remote/"}})
+    ckpt = tmp_path / "checkpoints" / "remote"
+    (ckpt / "v1").mkdir(parents=True)
+    done = _runs(["delete", "remote", "--yes"], db_url, tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "the versions in s3://bucket/remote/ are not deleted: remove that prefix yourself" in done.stdout
+    assert rows(store, "SELECT count(*) FROM runs WHERE id = :r", r=run) == [(0,)] and not ckpt.exists()
