@@ -192,3 +192,22 @@ GROUP BY 1, 2 ORDER BY 1, 2;
 -- name: run_names
 -- The runs a run page offers to draw beside its own curves, newest first.
 SELECT r.name FROM runs r ORDER BY r.id DESC LIMIT 500;
+
+-- name: episode_turns
+-- A trajectory's first %(limit)s turns for the side-by-side and trace pages: each text's first
+-- %(chars)s characters and its whole length, its span of response tokens, its tool call's record.
+SELECT turn_index, role, left(text, %(chars)s) AS text, length(text) AS chars, token_start, token_end, tool_error,
+       attempt, answer, correct, reward, tool_call
+FROM turns WHERE trajectory_id = %(id)s AND run_id = %(run_id)s ORDER BY turn_index LIMIT %(limit)s;
+
+-- name: turn_totals
+-- All of a trajectory's turns counted, and the sandbox time of its tool calls (turns.tool_call's
+-- wall_s and cpu_s, collector/sandbox.py ToolResult.record): JSON numbers only, each clamped to
+-- [0, 1e9] s, so that no stored record can fail the cast.
+SELECT count(*) AS turns, count(tool_call) AS calls, count(*) FILTER (WHERE tool_error) AS errors,
+       sum(CASE WHEN jsonb_typeof(tool_call -> 'wall_s') = 'number'
+                THEN least(greatest((tool_call ->> 'wall_s')::numeric, 0), 1e9) END)::float8 AS wall_s,
+       sum(CASE WHEN jsonb_typeof(tool_call -> 'cpu_s') = 'number'
+                THEN least(greatest((tool_call ->> 'cpu_s')::numeric, 0), 1e9) END)::float8 AS cpu_s,
+       count(*) FILTER (WHERE jsonb_typeof(tool_call -> 'wall_s') = 'number') AS timed
+FROM turns WHERE trajectory_id = %(id)s AND run_id = %(run_id)s;
