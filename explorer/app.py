@@ -36,6 +36,7 @@ from starlette.templating import Jinja2Templates
 
 from reflexdb.errors import DatabaseUnavailable
 
+from . import side
 from .charts import ChartCache, RunCurves, run_charts
 from .data import FILTERS, GROUP_FILTERS, PAGE, BadFilter, Explorer, parse_filters
 from .tokens import MAX_SHADED, masked_out, shown, tokenizer_for, tokens
@@ -324,6 +325,7 @@ def create_app(db: Explorer, *, mlflow_url: str | None = None, tracking_uri: str
         Route("/groups/{id:int}", group),
         Route("/trajectories/{id:int}", trajectory),
         Route("/trajectories/{id:int}/raw", raw),
+        *side.routes(db, render),  # /trajectories/<a>/vs/<b>, /diff, /trajectories/<id>/trace
         Mount("/static", StaticFiles(directory=str(HERE / "static")), name="static"),
     ]
     app = Starlette(routes=routes, middleware=[Middleware(SecurityHeaders)],
