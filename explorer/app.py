@@ -18,6 +18,7 @@ import math
 import time
 import zlib
 from datetime import datetime
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlencode
@@ -56,15 +57,35 @@ MAX_BESIDE = 4
 
 
 def _fmt(value: Any, digits: int = 3) -> str:
+    """A value as a page shows it: numbers with ``digits`` decimals (a NUMERIC from SQL, a Decimal,
+    too: ``avg()`` of integers gives one with 20 of them), None as a dash, booleans as yes/no."""
     if value is None:
         return "—"
     if isinstance(value, bool):
         return "yes" if value else "no"
+    if isinstance(value, (Decimal, np.floating)):
+        value = float(value)
     if isinstance(value, float):
         return "nan" if not math.isfinite(value) else f"{value:.{digits}f}"
     if isinstance(value, datetime):
         return value.strftime("%Y-%m-%d %H:%M:%S")
     return str(value)
+
+
+def _sig(value: Any, digits: int = 4) -> str:
+    """A loss or a metric with ``digits`` significant digits: ``-3.2e-06``, ``0.2500``, ``41.33``
+    (fixed decimals printed a GRPO step's loss as ``-0.0000``). Anything not a number as :func:`_fmt`."""
+    if isinstance(value, (Decimal, np.floating)):
+        value = float(value)
+    if not isinstance(value, float) or not math.isfinite(value):
+        return _fmt(value)
+    if value == 0:
+        return "0"
+    text = f"{value:#.{digits}g}"
+    if "e" in text:  # 3.200e-06 -> 3.2e-06: the trailing zeros say nothing beside an exponent
+        mantissa, exponent = text.split("e")
+        text = f"{mantissa.rstrip('0').rstrip('.')}e{exponent}"
+    return text.removesuffix(".")  # 12346. -> 12346
 
 
 def _json(value: Any) -> str:
@@ -125,6 +146,7 @@ def create_app(db: Explorer, *, mlflow_url: str | None = None, tracking_uri: str
                              undefined=jinja2.StrictUndefined)
     templates = Jinja2Templates(env=env)
     env.filters["fmt"] = _fmt
+    env.filters["sig"] = _sig
     env.filters["json"] = _json
     env.filters["q"] = lambda s: quote(str(s), safe="")
     env.filters["origin_class"] = origin_class
