@@ -100,15 +100,32 @@ def _json(value: Any) -> str:
 
 
 class MlflowLinks:
-    """Links into the MLflow UI: a reflexdb run's learner run (found by its experiment, cached)."""
+    """Links into the MLflow UI: a reflexdb run's learner run (found by its experiment, cached).
+
+    The pages never call it: they link to ``/runs/<run>/mlflow``, which finds the run when
+    clicked and redirects. Importing MLflow and opening its store took the first run page 6-8 s."""
 
     def __init__(self, ui_url: str | None, tracking_uri: str | None):
         self.ui_url = ui_url.rstrip("/") if ui_url else None
         self.tracking_uri = tracking_uri
         self._cache: dict[str, tuple[float, str | None]] = {}
 
+    @property
+    def enabled(self) -> bool:
+        """Whether this server knows an MLflow UI and its store (``reflexdb ui`` passes both)."""
+        return bool(self.ui_url and self.tracking_uri)
+
+    def warm(self) -> None:
+        """Import MLflow's client (seconds), so that the first click on a run's MLflow link is quick."""
+        if not self.enabled:
+            return
+        try:
+            from mlflow.tracking import MlflowClient  # noqa: F401
+        except Exception as exc:  # the link says so when clicked
+            log.debug("MLflow not warmed: %s", exc)
+
     def run(self, name: str) -> str | None:
-        if not self.ui_url or not self.tracking_uri:
+        if not self.enabled:
             return None
         hit = self._cache.get(name)
         if hit and time.monotonic() - hit[0] < 60:
@@ -152,11 +169,11 @@ def create_app(db: Explorer, *, mlflow_url: str | None = None, tracking_uri: str
     env.filters["origin_class"] = origin_class
     env.globals["PAGE"] = PAGE
     mlflow = MlflowLinks(mlflow_url, tracking_uri)
+    env.globals["mlflow_links"] = mlflow.enabled  # each run's pages link to /runs/<run>/mlflow
     curve_cache = ChartCache()  # the run pages' charts, by the steps and evaluations they were drawn from
 
     def render(request: Request, name: str, status: int = 200, **context: Any) -> Response:
         context.setdefault("title", "reflexdb explorer")
-        context.setdefault("mlflow", None)
         context["role_note"] = None if db.role_taken else (
             "not under the read-only role (reflexdb_reader does not exist or this login may not take it: "
             "run `reflexdb db roles`); sessions are still read-only")
@@ -196,7 +213,7 @@ def create_app(db: Explorer, *, mlflow_url: str | None = None, tracking_uri: str
         before = _int(request.query_params.get("before"), "before")
         steps = db.steps(r["id"], before, PAGE + 1)
         return render(request, "run.html", title=f"run {r['name']}", run=r, steps=steps[:PAGE],
-                      next_page=_next(request, steps, "step"), mlflow=mlflow.run(r["name"]), **_curves(request, r))
+                      next_page=_next(request, steps, "step"), **_curves(request, r))
 
     def _curves(request: Request, r: dict[str, Any]) -> dict[str, Any]:
         """The run page's curves (explorer/charts.py): the run's own, and those of each run named by a
@@ -283,9 +300,21 @@ def create_app(db: Explorer, *, mlflow_url: str | None = None, tracking_uri: str
             by_group.setdefault(row["group_id"], []).append(row)
         stale = [row["staleness"] for row in s["rows"] if row["staleness"] is not None]
         return render(request, "step.html", title=f"step {s['step']} of {r['name']}", run=r, step=s,
-                      loss_terms=loss_terms, metrics=other, by_group=by_group, mlflow=mlflow.run(r["name"]),
+                      loss_terms=loss_terms, metrics=other, by_group=by_group,
                       staleness={"min": min(stale, default=None), "max": max(stale, default=None),
                                  "mean": (sum(stale) / len(stale)) if stale else None})
+
+    def mlflow_run(request: Request) -> Response:
+        """The run's MLflow run, found when the link is clicked (never while a page renders)."""
+        r = _run(request.path_params["name"])
+        if not mlflow.enabled:
+            raise HTTPException(404, "this explorer was started without MLflow to link to (`reflexdb ui` starts "
+                                     "both and links them)")
+        link = mlflow.run(r["name"])
+        if link is None:
+            raise HTTPException(404, f"no MLflow experiment 'reflexdb/{r['name']}' in the MLflow store "
+                                     f"{mlflow.tracking_uri} (its learner has not started?)")
+        return RedirectResponse(link, status_code=302)
 
     def group(request: Request) -> Response:
         g = db.group(request.path_params["id"])
@@ -317,6 +346,25 @@ def create_app(db: Explorer, *, mlflow_url: str | None = None, tracking_uri: str
             raise HTTPException(404, f"run {r['name']!r} has no task {request.path_params['task']}")
         return render(request, "task.html", title=f"task {k['id']} of {r['name']}", run=r, task=k)
 
+    def not_a_number(what: str, key: str):
+        """``/runs/<run>/steps/-1`` and the like: the number routes take digits only, so without this
+        the run's own route took the whole path as a run's name ("no run named 'x/steps/-1'")."""
+
+        def page(request: Request) -> Response:
+            name, value = request.path_params["name"], request.path_params[key]
+            if db.run(f"{name}/{key}s/{value}") is not None:  # a run whose name reads like that
+                request.scope["path_params"] = {"name": f"{name}/{key}s/{value}"}
+                return run(request)
+            r = _run(name)
+            try:
+                int(value)
+            except ValueError:
+                raise BadFilter(f"{value[:80]!r} is not a {what} of run {r['name']!r}: a {what} is a whole "
+                                f"number, as in /runs/{quote(r['name'], safe='')}/{key}s/1") from None
+            raise HTTPException(404, f"run {r['name']!r} has no {what} {value[:80]}")
+
+        return page
+
     async def on_http(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
         return render(request, "error.html", status=exc.status_code, title="not found" if exc.status_code == 404
@@ -342,6 +390,9 @@ def create_app(db: Explorer, *, mlflow_url: str | None = None, tracking_uri: str
         Route("/runs/{name:path}/groups", groups),
         Route("/runs/{name:path}/steps/{step:int}", step),
         Route("/runs/{name:path}/tasks/{task:int}", task),
+        Route("/runs/{name:path}/steps/{step}", not_a_number("learner step", "step")),
+        Route("/runs/{name:path}/tasks/{task}", not_a_number("task", "task")),
+        Route("/runs/{name:path}/mlflow", mlflow_run),
         Route("/runs/{name:path}", run),
         Route("/compare", compare),
         Route("/groups/{id:int}", group),
@@ -354,6 +405,7 @@ def create_app(db: Explorer, *, mlflow_url: str | None = None, tracking_uri: str
                     exception_handlers={HTTPException: on_http, BadFilter: on_bad_filter,
                                         DatabaseUnavailable: on_database, Exception: on_error})
     app.state.db = db
+    app.state.mlflow = mlflow
     return app
 
 

@@ -21,6 +21,23 @@ def warm_tokenizers(db) -> None:
         logging.getLogger(__name__).debug("tokenizers not warmed: %s", exc)
 
 
+def warm_choices(db) -> None:
+    """Each run's filter options read once (a scan of the run), so that no list page waits for it."""
+    try:
+        for run in db.runs():
+            db.choices(run)
+    except Exception as exc:  # a page reads them when it needs them
+        logging.getLogger(__name__).debug("filter options not read ahead: %s", exc)
+
+
+def warm(db, app) -> None:
+    """What a first page would wait for, done in the background: the runs' filter options, their
+    tokenizers, MLflow's client (for the first click on a run's MLflow link)."""
+    warm_choices(db)
+    warm_tokenizers(db)
+    app.state.mlflow.warm()
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m reflexdb.explorer.serve")
     ap.add_argument("--url", default=None, help="PostgreSQL URL (default: the configured database)")
@@ -47,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     app = create_app(db, mlflow_url=args.mlflow_url, tracking_uri=args.tracking_uri)
     # the runs' tokenizers load in the background (seconds): the first trajectory page need not wait
-    threading.Thread(target=warm_tokenizers, args=(db,), daemon=True).start()
+    threading.Thread(target=warm, args=(db, app), daemon=True).start()
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False)
     db.close()
     return 0
