@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -30,6 +31,9 @@ READER = "reflexdb_reader"
 STATEMENT_TIMEOUT_MS = 15_000
 #: rows per page of a list
 PAGE = 50
+#: a run's filter options are read again from this many ids below the newest read before: a row
+#: committed late, under an id lower than one already read, is still found
+RESEEN_IDS = 1000
 #: the most learner steps a run's curves read (evenly spaced beyond it; explorer/charts.py decimates further)
 CURVE_ROWS = 2000
 
@@ -166,6 +170,18 @@ class Plugins:
         return found
 
 
+@dataclass
+class Seen:
+    """What a run's rows hold, as far as the explorer has read them: the origins of its
+    trajectories, its groups' kinds and workflows, and the newest trajectory and group id read."""
+
+    origins: set[str] = field(default_factory=set)
+    kinds: set[str] = field(default_factory=set)
+    workflows: set[str] = field(default_factory=set)
+    trajectory: int = 0
+    group: int = 0
+
+
 class Explorer:
     """The explorer's database: a small pool of read-only sessions under :data:`READER`."""
 
@@ -189,6 +205,8 @@ class Explorer:
         self.engine.dispose()  # the connection the check made had none of that: open new ones
         self.q = load_queries("explorer.sql")
         self.plugins = Plugins.load()
+        self._seen: dict[int, Seen] = {}
+        self._seen_lock = threading.Lock()
 
     def _check_role(self) -> bool:
         """Whether this login may take the read-only role (it exists, and we are a member or a superuser)."""
@@ -238,8 +256,27 @@ class Explorer:
         return self.one(self.q["run"], {"name": name})
 
     def choices(self, run: dict[str, Any]) -> dict[str, list[str]]:
-        row = self.one(self.q["run_choices"], {"algorithm": run["algorithm"]}) or {}
-        return {k: list(v or []) for k, v in row.items()}
+        """What the filters of a run's lists offer: the origins and group kinds its rows have, and
+        the methods that own them (and the run's algorithm, when its groups' workflow).
+
+        Read whole once per server (a scan of the run: about 1 s at a million trajectories;
+        ``reflexdb ui``'s server does it at start-up), then only the rows added since, through
+        the id indexes: a few index probes a page."""
+        with self._seen_lock:  # one read at a time: a page waits for the start-up's whole read
+            seen = self._seen.setdefault(run["id"], Seen())
+            row = self.one(self.q["run_seen"], {"run_id": run["id"],
+                                                "after_trajectory": max(0, seen.trajectory - RESEEN_IDS),
+                                                "after_group": max(0, seen.group - RESEEN_IDS)}) or {}
+            seen.origins.update(row.get("origins") or [])
+            seen.kinds.update(row.get("kinds") or [])
+            seen.workflows.update(row.get("workflows") or [])
+            seen.trajectory = max(seen.trajectory, row.get("last_trajectory") or 0)
+            seen.group = max(seen.group, row.get("last_group") or 0)
+            origins, kinds, workflows = sorted(seen.origins), sorted(seen.kinds), sorted(seen.workflows)
+        methods = self.one(self.q["run_methods"], {"origins": origins, "kinds": kinds, "workflows": workflows,
+                                                   "algorithm": run["algorithm"]}) or {}
+        return {"origins": origins, "kinds": kinds, "methods": list(methods.get("methods") or [])}
+
 
     def steps(self, run_id: int, before: int | None, limit: int = PAGE) -> list[dict[str, Any]]:
         return self.named("steps", run_id=run_id, before=before, limit=limit)
@@ -342,4 +379,4 @@ class Explorer:
         return str((self.one("SELECT current_setting('server_version') AS v") or {}).get("v"))
 
 
-__all__ = ["FILTERS", "GROUP_FILTERS", "PAGE", "READER", "BadFilter", "Explorer", "parse_filters"]
+__all__ = ["FILTERS", "GROUP_FILTERS", "PAGE", "READER", "BadFilter", "Explorer", "Seen", "parse_filters"]

@@ -20,14 +20,28 @@ ORDER BY r.id DESC;
 SELECT r.id, r.name, r.algorithm, r.created_at, r.config, r.embedding_dim, r.embedding_model
 FROM runs r WHERE r.name = %(name)s;
 
--- name: run_choices
--- What the filters of a run's lists offer: origins, group kinds, workflows.
-SELECT (SELECT array_agg(name ORDER BY name) FROM origins) AS origins,
-       (SELECT array_agg(name ORDER BY name) FROM group_kinds) AS kinds,
-       (SELECT array_agg(DISTINCT m ORDER BY m) FROM (
-            SELECT method AS m FROM origins WHERE method IS NOT NULL
-            UNION SELECT method FROM group_kinds WHERE method IS NOT NULL
-            UNION SELECT %(algorithm)s) x WHERE m IS NOT NULL) AS methods;
+-- name: run_seen
+-- What the filters of a run's lists offer, from its rows: the origins of its trajectories above id
+-- %(after_trajectory)s, the kinds and workflows of its groups above id %(after_group)s, and the
+-- newest ids. The explorer keeps what it read and asks only for the rows added since (explorer/
+-- data.py, Explorer.choices): the first read scans the run (about 1 s at a million trajectories),
+-- the later ones are a range of the id indexes.
+SELECT (SELECT array_agg(DISTINCT t.origin) FROM trajectories t
+        WHERE t.run_id = %(run_id)s AND t.id > %(after_trajectory)s) AS origins,
+       (SELECT max(t.id) FROM trajectories t WHERE t.run_id = %(run_id)s) AS last_trajectory,
+       (SELECT array_agg(DISTINCT g.kind) FROM groups g WHERE g.run_id = %(run_id)s AND g.id > %(after_group)s) AS kinds,
+       (SELECT array_agg(DISTINCT g.workflow) FROM groups g
+        WHERE g.run_id = %(run_id)s AND g.id > %(after_group)s) AS workflows,
+       (SELECT max(g.id) FROM groups g WHERE g.run_id = %(run_id)s) AS last_group;
+
+-- name: run_methods
+-- The methods a run's method filter offers: those owning an origin or a group kind its rows have,
+-- and the run's algorithm when it is a workflow of its groups.
+SELECT array_agg(DISTINCT m ORDER BY m) AS methods FROM (
+    SELECT method AS m FROM origins WHERE name = ANY(%(origins)s::text[])
+    UNION SELECT method FROM group_kinds WHERE name = ANY(%(kinds)s::text[])
+    UNION SELECT %(algorithm)s::text WHERE %(algorithm)s::text = ANY(%(workflows)s::text[])) x
+WHERE m IS NOT NULL;
 
 -- name: steps
 -- A run's learner steps, newest first.
