@@ -10,7 +10,7 @@ The children are exactly the commands a user would type by hand::
 (``--set KEY=VALUE`` overrides go to every child.) They meet only in the database. This process
 migrates the schema, keeps the embedded server up while they run, waits for the learner to
 finish, then stops the collectors (SIGTERM: each finishes its in-flight group) and prints the
-improvement, the MLflow UI command and SQL queries to try.
+improvement, where to browse the run (the explorer's page of it, and MLflow) and SQL queries to try.
 
 Signals: the children run in their own process group, so a Ctrl-C reaches only this process,
 which passes one SIGTERM to each running child: the learner finishes its step and publishes, the
@@ -37,6 +37,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
+from urllib.parse import quote
 
 from sqlalchemy import text
 
@@ -45,6 +46,7 @@ from reflexdb.config import load_config, parse_overrides
 from reflexdb.db import database_url
 from reflexdb.settings import resolve_target
 from reflexdb.store import Store
+from reflexdb.tracking import explorer_url
 
 from .children import die_with_parent
 
@@ -210,6 +212,8 @@ def summary(cfg_run: str, r: RunResult) -> str:
         lines.append(f"interrupted at step {r.steps} (policy v{r.version} published): run the same command to "
                      "resume; nothing trained is lost")
     lines.append("")
+    lines.append(f"browse its steps, groups and trajectories:  reflexdb ui   (then open "
+                 f"{explorer_url()}/runs/{quote(cfg_run, safe='')})")
     lines.append("follow the run in MLflow:  reflexdb ui   (then open http://127.0.0.1:5000)")
     lines.append("three SQL queries to try:")
     lines += [f'  reflexdb sql "{q}"' for q in r.queries]

@@ -6,6 +6,7 @@ Each server runs as a child in its own process group, which this command owns: S
 one MLflow web worker and no job consumers (reflexdb's runs need neither) keep the start-up to
 seconds. Before the explorer starts, the database is brought to the current schema and the
 read-only role ``reflexdb_reader`` is made if this login may (the explorer's sessions take it).
+Once both serve, the MLflow runs' links to the explorer are pointed at the address it serves on.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 
@@ -26,6 +28,8 @@ from .children import die_with_parent
 
 #: how long the server may take to answer its first request
 READY_TIMEOUT_S = 120.0
+#: how often the MLflow runs' explorer links are pointed at the address served (runs started meanwhile)
+RELINK_EVERY_S = 60.0
 
 
 class UiError(ReflexdbError):
@@ -82,6 +86,24 @@ def _wait_ready(proc: subprocess.Popen, url: str, what: str) -> None:
             time.sleep(0.25)
 
 
+def _keep_links_on(mlflow_url: str, explorer: str) -> None:
+    """Point the explorer links of the MLflow runs this UI shows at ``explorer`` now, and again every
+    :data:`RELINK_EVERY_S` (the learner writes its links before anyone knows the port ``ui`` will
+    serve on: ``reflexdb.tracking.point_runs_at_explorer``). Through the MLflow server, which owns
+    its store. Runs in a daemon thread; a failure costs the links, never the UI."""
+    from reflexdb.tracking import point_runs_at_explorer
+
+    said = None
+    while True:
+        try:
+            point_runs_at_explorer(mlflow_url, explorer)
+        except Exception as exc:
+            if str(exc) != said:  # once, not every minute
+                typer.echo(f"note: the MLflow runs' links to the explorer were not updated: {exc}", err=True)
+            said = str(exc)
+        time.sleep(RELINK_EVERY_S)
+
+
 def _prepare_database(url: str | None) -> str:
     """The database's URL, its schema current and the read-only role there when this login may make it."""
     from reflexdb import roles
@@ -116,7 +138,7 @@ def ui(
     """Start the trajectory explorer (runs, learner steps, groups, trajectories) and the MLflow UI on the
     runs the learner and `reflexdb eval` logged; stop both with Ctrl-C or SIGTERM."""
     from reflexdb.settings import home
-    from reflexdb.tracking import default_tracking_uri
+    from reflexdb.tracking import EXPLORER_URL_ENV, default_tracking_uri
 
     explorer_port = explorer_port or (port + 1 if port < 65535 else port - 1)
     if explorer_port == port:
@@ -151,6 +173,9 @@ def ui(
                                           preexec_fn=die_with_parent))
         _wait_ready(procs[0], mlflow_url, "MLflow server")
         _wait_ready(procs[1], explorer_url, "explorer")
+        # the MLflow runs' links to the explorer lead here (or to REFLEXDB_EXPLORER_URL when set: a proxy's address)
+        threading.Thread(target=_keep_links_on, args=(mlflow_url, os.environ.get(EXPLORER_URL_ENV) or explorer_url),
+                         daemon=True).start()
         typer.echo(f"explorer on {explorer_url} (runs, steps, groups, trajectories)")
         typer.echo(f"MLflow UI on {mlflow_url} (store {uri}); Ctrl-C to stop")
         sys.stdout.flush()

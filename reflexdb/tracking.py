@@ -30,11 +30,61 @@ def tracking_uri(cfg: Config | None = None) -> str:
 
 #: where ``reflexdb ui`` serves the trajectory explorer, for the links the learner puts on its MLflow run
 EXPLORER_URL_ENV = "REFLEXDB_EXPLORER_URL"
+#: how the description the learner writes on its MLflow run begins (one that does not was rewritten by a person)
+EXPLORER_NOTE = "**reflexdb explorer**:"
 
 
 def explorer_url() -> str:
     """The explorer's address as ``reflexdb ui`` serves it by default (``--port 5000``: the explorer on 5001)."""
     return os.environ.get(EXPLORER_URL_ENV, "http://127.0.0.1:5001").rstrip("/")
+
+
+def explorer_links(run: str, base: str) -> tuple[str, str]:
+    """The tag ``reflexdb.explorer`` (the run's page) and the Markdown description that link reflexdb
+    run ``run``'s MLflow runs to the explorer serving at ``base``."""
+    page = f"{base.rstrip('/')}/runs/{quote(run, safe='')}"
+    note = (f"{EXPLORER_NOTE} [this run's learner steps]({page}) · [its trajectories]({page}/trajectories)"
+            f" · the data of step N: `{page}/steps/N` (served by `reflexdb ui`, which points these links at "
+            f"the address it serves on; {EXPLORER_URL_ENV} sets another)")
+    return page, note
+
+
+def point_runs_at_explorer(tracking: str, base: str) -> int:
+    """Point the explorer links of every reflexdb MLflow run of ``tracking`` (a store, or an MLflow
+    server's address) at ``base``: the tag ``reflexdb.explorer`` and the description, unless a person
+    rewrote it. ``reflexdb ui`` does it for the runs it shows: the learner wrote its links before
+    anyone knew which port ``reflexdb ui --port`` would choose. Returns how many runs changed."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=tracking)
+    experiments, token = [], None
+    while True:
+        found = client.search_experiments(filter_string="name LIKE 'reflexdb/%'", max_results=1000, page_token=token)
+        experiments += [e.experiment_id for e in found]
+        token = found.token
+        if not token:
+            break
+    changed = 0
+    for i in range(0, len(experiments), 100):  # search_runs takes up to 100 experiments
+        token = None
+        while True:
+            runs = client.search_runs(experiments[i:i + 100], max_results=1000, page_token=token)
+            for r in runs:
+                tags = r.data.tags
+                if "reflexdb.explorer" not in tags or not tags.get("reflexdb.run"):
+                    continue
+                page, note = explorer_links(tags["reflexdb.run"], base)
+                said = tags.get("mlflow.note.content", "")
+                if tags["reflexdb.explorer"] == page and (said == note or not said.startswith(EXPLORER_NOTE)):
+                    continue
+                client.set_tag(r.info.run_id, "reflexdb.explorer", page)
+                if said.startswith(EXPLORER_NOTE):
+                    client.set_tag(r.info.run_id, "mlflow.note.content", note)
+                changed += 1
+            token = runs.token
+            if not token:
+                break
+    return changed
 
 
 def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -86,11 +136,7 @@ class Tracker:
     def _link_explorer(self) -> None:
         """Tag the run with its pages in the trajectory explorer (``reflexdb ui``), and say so in the
         run's description, which the MLflow UI shows as Markdown: from a curve to the step's data."""
-        base = explorer_url()
-        page = f"{base}/runs/{quote(self.cfg.run, safe='')}"
-        note = (f"**reflexdb explorer**: [this run's learner steps]({page}) · [its trajectories]({page}/trajectories)"
-                f" · the data of step N: `{page}/steps/N` (served by `reflexdb ui`; "
-                f"{EXPLORER_URL_ENV} sets the address)")
+        page, note = explorer_links(self.cfg.run, explorer_url())
         try:
             self.client.set_tag(self.run_id, "reflexdb.explorer", page)
             self.client.set_tag(self.run_id, "mlflow.note.content", note)
