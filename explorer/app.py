@@ -12,9 +12,11 @@ text and could not run even if it were not escaped.
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import math
+import re
 import time
 import zlib
 from datetime import datetime
@@ -30,7 +32,12 @@ from starlette.datastructures import MutableHeaders
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
-from starlette.responses import PlainTextResponse, RedirectResponse, Response
+from starlette.responses import (
+    PlainTextResponse,
+    RedirectResponse,
+    Response,
+    StreamingResponse,
+)
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
@@ -38,6 +45,7 @@ from starlette.templating import Jinja2Templates
 from reflexdb.errors import DatabaseUnavailable
 
 from . import side
+from . import tables
 from .charts import ChartCache, RunCurves, run_charts
 from .data import FILTERS, GROUP_FILTERS, PAGE, BadFilter, Explorer, parse_filters
 from .tokens import MAX_SHADED, masked_out, shown, tokenizer_for, tokens
@@ -168,6 +176,8 @@ def create_app(db: Explorer, *, mlflow_url: str | None = None, tracking_uri: str
     env.filters["q"] = lambda s: quote(str(s), safe="")
     env.filters["origin_class"] = origin_class
     env.globals["PAGE"] = PAGE
+    env.globals["COMPLETION_CHARS"] = tables.COMPLETION_CHARS
+    env.globals["COLUMNS"] = {"list": tables.LIST_COLUMNS, "group": tables.GROUP_COLUMNS, "step": tables.STEP_COLUMNS}
     mlflow = MlflowLinks(mlflow_url, tracking_uri)
     env.globals["mlflow_links"] = mlflow.enabled  # each run's pages link to /runs/<run>/mlflow
     curve_cache = ChartCache()  # the run pages' charts, by the steps and evaluations they were drawn from
@@ -269,15 +279,44 @@ def create_app(db: Explorer, *, mlflow_url: str | None = None, tracking_uri: str
         return RedirectResponse(f"/runs/{quote(name, safe='')}" + (f"?{query}" if query else "") + "#curves", 303)
 
     def trajectories(request: Request) -> Response:
+        """The run's trajectories as a grid (explorer/tables.py): filtered, sorted by any column,
+        paged by keyset, counted, and downloadable as CSV or Parquet with the same filters."""
         r = _run(request.path_params["name"])
-        filters = parse_filters(dict(request.query_params), FILTERS)
-        before = _int(request.query_params.get("before"), "before")
+        query = dict(request.query_params)
+        filters = parse_filters(query, FILTERS)
+        order = tables.parse_order(query, tables.LIST_COLUMNS, tables.Order(), paged=True)
         t0 = time.perf_counter()
-        rows = db.trajectories(r["id"], filters, before, PAGE + 1)
+        rows = db.trajectories(r["id"], filters, None, PAGE + 1, order=order)
         ms = (time.perf_counter() - t0) * 1000
-        return render(request, "trajectories.html", title=f"trajectories of {r['name']}", run=r, rows=rows[:PAGE],
-                      filters=dict(request.query_params), choices=db.choices(r), query_ms=ms,
-                      next_page=_next(request, rows, "id"))
+        shown = rows[:PAGE]
+        tables.add_completions(db, r["id"], shown)
+        # a first page with no next one holds the whole list: its count is its length
+        total = tables.Count(len(rows)) if order.after is None and len(rows) <= PAGE else \
+            tables.count(db, r["id"], filters, at_least=len(rows) if order.after is None else 0)
+        path = f"/runs/{quote(r['name'], safe='')}/trajectories"
+        return render(request, "trajectories.html", title=f"trajectories of {r['name']}", run=r, rows=shown,
+                      filters=query, choices=db.choices(r), query_ms=ms, total=total, order=order,
+                      sorting=tables.sort_links(path, query, tables.LIST_COLUMNS, order),
+                      downloads={f: f"{path}.{f}?{tables.download_query(query)}" for f in tables.DOWNLOADS},
+                      next_page=tables.next_url(path, query, rows, order, PAGE))
+
+    def download(request: Request) -> Response:
+        """The trajectory list as a file (``trajectories.csv``, ``.parquet``): its filters and order,
+        every page, streamed (explorer/tables.py, export)."""
+        fmt = request.path_params["fmt"]
+        if fmt not in tables.DOWNLOADS:
+            raise HTTPException(404, f"no download as {fmt[:40]!r}: trajectories.csv or trajectories.parquet")
+        r = _run(request.path_params["name"])
+        query = dict(request.query_params)
+        filters = parse_filters(query, FILTERS)
+        order = tables.parse_order(query, tables.LIST_COLUMNS, tables.Order())
+        chunks = tables.export(db, r["id"], filters, order, fmt)
+        first = next(chunks)  # the query runs here, so that its error is still a page
+        name = re.sub(r"[^A-Za-z0-9._-]+", "_", r["name"])[:100] + f"-trajectories.{fmt}"
+        from reflexdb.ops.export import MEDIA_TYPES
+
+        return StreamingResponse(itertools.chain([first], chunks), media_type=MEDIA_TYPES[fmt],
+                                 headers={"Content-Disposition": f'attachment; filename="{name}"'})
 
     def groups(request: Request) -> Response:
         r = _run(request.path_params["name"])
@@ -295,12 +334,20 @@ def create_app(db: Explorer, *, mlflow_url: str | None = None, tracking_uri: str
         metrics = s["metrics"] or {}
         loss_terms = {k: v for k, v in sorted(metrics.items()) if k.startswith("loss/")}
         other = {k: v for k, v in sorted(metrics.items()) if not k.startswith("loss/")}
+        query = dict(request.query_params)
+        columns = ("group", *tables.STEP_COLUMNS)
+        order = tables.parse_order(query, columns, tables.Order("index", False))
+        tables.add_completions(db, r["id"], s["rows"])
         by_group: dict[int, list[dict[str, Any]]] = {}
         for row in s["rows"]:
             by_group.setdefault(row["group_id"], []).append(row)
         stale = [row["staleness"] for row in s["rows"] if row["staleness"] is not None]
+        path = f"/runs/{quote(r['name'], safe='')}/steps/{s['step']}"
         return render(request, "step.html", title=f"step {s['step']} of {r['name']}", run=r, step=s,
                       loss_terms=loss_terms, metrics=other, by_group=by_group,
+                      # sorted: one grid of all the step's rows; else a grid per group
+                      sorted_rows=tables.sort_rows(s["rows"], order) if query.get("sort") else None,
+                      sorting=tables.sort_links(path, query, columns, order),
                       staleness={"min": min(stale, default=None), "max": max(stale, default=None),
                                  "mean": (sum(stale) / len(stale)) if stale else None})
 
@@ -321,7 +368,14 @@ def create_app(db: Explorer, *, mlflow_url: str | None = None, tracking_uri: str
         if g is None:
             raise HTTPException(404, f"no group {request.path_params['id']}")
         stages = next((s["advantage_stages"] for s in reversed(g["steps"]) if s["advantage_stages"]), None)
-        return render(request, "group.html", title=f"group {g['id']}", group=g, stages=stages)
+        query = dict(request.query_params)
+        order = tables.parse_order(query, tables.GROUP_COLUMNS, tables.Order("index", False))
+        for row in g["rows"]:  # a row's prompt is its task's, the group's
+            row["prompt"] = g["prompt"][:tables.COMPLETION_CHARS + 1]
+        tables.add_completions(db, g["run_id"], g["rows"])
+        return render(request, "group.html", title=f"group {g['id']}", group=g, stages=stages,
+                      rows=tables.sort_rows(g["rows"], order), newest=g["steps"][-1] if g["steps"] else None,
+                      sorting=tables.sort_links(f"/groups/{g['id']}", query, tables.GROUP_COLUMNS, order))
 
     def trajectory(request: Request) -> Response:
         t = db.trajectory(request.path_params["id"])
@@ -387,6 +441,7 @@ def create_app(db: Explorer, *, mlflow_url: str | None = None, tracking_uri: str
         Route("/health", health),
         # a run's name may hold a slash: the specific routes first, its own page last
         Route("/runs/{name:path}/trajectories", trajectories),
+        Route("/runs/{name:path}/trajectories.{fmt}", download),
         Route("/runs/{name:path}/groups", groups),
         Route("/runs/{name:path}/steps/{step:int}", step),
         Route("/runs/{name:path}/tasks/{task:int}", task),

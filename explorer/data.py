@@ -69,14 +69,6 @@ GROUP_FILTERS: dict[str, tuple[str, str]] = {
     "q": ("pattern", "k.prompt ILIKE %(q)s"),
 }
 
-_TRAJECTORIES = """
-SELECT t.id, t.group_id, t.task_id, t.origin, g.kind, t.policy_version, t.reward, t.correct, t.confidence,
-       t.response_length, t.num_turns, left(t.extracted_answer, 60) AS answer, t.created_at,
-       left(k.prompt, 100) AS prompt
-FROM trajectories t JOIN groups g ON g.id = t.group_id JOIN tasks k ON k.id = t.task_id
-WHERE t.run_id = %(run_id)s AND (%(before)s::bigint IS NULL OR t.id < %(before)s) {where}
-ORDER BY t.id DESC LIMIT %(limit)s"""
-
 _GROUPS = """
 SELECT g.id, g.task_id, g.kind, g.workflow, g.policy_version, g.size, g.created_at, left(k.prompt, 100) AS prompt,
        x.mean_reward, x.n_correct, x.n,
@@ -297,9 +289,12 @@ class Explorer:
         return [r["name"] for r in self.named("run_names")]
 
     def trajectories(self, run_id: int, filters: dict[str, Any], before: int | None,
-                     limit: int = PAGE) -> list[dict[str, Any]]:
-        sql = _TRAJECTORIES.format(where=_where(filters, FILTERS))
-        return self.rows(sql, {**filters, "run_id": run_id, "before": before, "limit": limit})
+                     limit: int = PAGE, order: Any = None) -> list[dict[str, Any]]:
+        """A page of the run's trajectory list: newest first before id ``before``, or in ``order``
+        (an :class:`explorer.tables.Order`, sort and cursor) as the grid sorts it."""
+        from .tables import Order, page
+
+        return page(self, run_id, filters, order or Order(after=before), limit)
 
     def groups(self, run_id: int, filters: dict[str, Any], before: int | None,
                limit: int = PAGE) -> list[dict[str, Any]]:

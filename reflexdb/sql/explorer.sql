@@ -59,10 +59,11 @@ SELECT s.id, s.step, s.policy_version, s.loss, s.metrics, s.created_at, s.batch_
 FROM learner_steps s WHERE s.run_id = %(run_id)s AND s.step = %(step)s;
 
 -- name: step_rows
--- The rows a step trained on, by group, with the advantage after each stage and the staleness.
+-- The rows a step trained on, by group, with the advantage after each stage and the staleness; the
+-- prompt cut as the grids cut it (explorer/tables.py: COMPLETION_CHARS + 1).
 SELECT c.group_id, g.kind, g.workflow, g.policy_version AS group_version, t.id, t.index_in_group, t.origin,
        t.policy_version, t.reward, t.correct, t.confidence, t.response_length, t.extracted_answer, c.advantages,
-       %(learner_version)s - t.policy_version AS staleness, left(k.prompt, 100) AS prompt, t.task_id
+       %(learner_version)s - t.policy_version AS staleness, left(k.prompt, 2001) AS prompt, t.task_id, t.error
 FROM consumption c
 JOIN trajectories t ON t.id = c.trajectory_id AND t.run_id = c.run_id
 JOIN groups g ON g.id = c.group_id
@@ -225,3 +226,21 @@ SELECT count(*) AS turns, count(tool_call) AS calls, count(*) FILTER (WHERE tool
                 THEN least(greatest((tool_call ->> 'cpu_s')::numeric, 0), 1e9) END)::float8 AS cpu_s,
        count(*) FILTER (WHERE jsonb_typeof(tool_call -> 'wall_s') = 'number') AS timed
 FROM turns WHERE trajectory_id = %(id)s AND run_id = %(run_id)s;
+
+-- name: completions
+-- What the grids (explorer/tables.py) show of each row's completion, its assistant turns, read
+-- cut: the first assistant turn's first %(chars)s + 1 characters (the grid shows its first line),
+-- the assistant turns in order, blank-line separated, from at most %(turns)s + 1 turns and cut at
+-- %(chars)s + 1 characters, how many turns that read, and the size of all of them in bytes.
+-- left() reads a slice of a long text and octet_length its stored size, neither the whole text:
+-- a completion of a megabyte costs what one of a line does.
+SELECT x.id, c.first_turn, c.text, c.turns,
+       (SELECT sum(octet_length(u.text)) FROM turns u
+        WHERE u.trajectory_id = x.id AND u.run_id = %(run_id)s AND u.role = 'assistant') AS bytes
+FROM unnest(%(ids)s::bigint[]) AS x(id)
+CROSS JOIN LATERAL (
+    SELECT (array_agg(a.part ORDER BY a.turn_index))[1] AS first_turn,
+           left(string_agg(a.part, E'\n\n' ORDER BY a.turn_index), %(chars)s + 1) AS text, count(*) AS turns
+    FROM (SELECT u.turn_index, left(u.text, %(chars)s + 1) AS part FROM turns u
+          WHERE u.trajectory_id = x.id AND u.run_id = %(run_id)s AND u.role = 'assistant'
+          ORDER BY u.turn_index LIMIT %(turns)s + 1) a) c;
