@@ -44,8 +44,7 @@ from starlette.templating import Jinja2Templates
 
 from reflexdb.errors import DatabaseUnavailable
 
-from . import side
-from . import tables
+from . import side, tables
 from .charts import ChartCache, RunCurves, run_charts
 from .data import FILTERS, GROUP_FILTERS, PAGE, BadFilter, Explorer, parse_filters
 from .tokens import MAX_SHADED, masked_out, shown, tokenizer_for, tokens
