@@ -47,7 +47,8 @@ from reflexdb.errors import DatabaseUnavailable
 from . import side, tables
 from .charts import ChartCache, RunCurves, run_charts
 from .data import FILTERS, GROUP_FILTERS, PAGE, BadFilter, Explorer, parse_filters
-from .tokens import MAX_SHADED, masked_out, shown, tokenizer_for, tokens
+from .tokens import (COLOUR_MAPS, MAX_SHADED, ColourMap, colour_map, masked_out, piece_marks, pieces, shown,
+                     tokenizer_for, tokens)
 
 log = logging.getLogger(__name__)
 HERE = Path(__file__).parent
@@ -380,11 +381,15 @@ def create_app(db: Explorer, *, mlflow_url: str | None = None, tracking_uri: str
         t = db.trajectory(request.path_params["id"])
         if t is None:
             raise HTTPException(404, f"no trajectory {request.path_params['id']}")
+        colour = colour_map(request.query_params.get("color"))  # the token view's colour map (explorer/tokens.py)
+        learner = db.token_signals(t["id"], t["run_id"], _int(request.query_params.get("step"), "step")) \
+            if t["tokens"] else {"steps": [], "step": None, "signals": None}
         run = db.run(t["run"])
         tok = tokenizer_for((run or {}).get("config", {}).get("model")) if t["tokens"] else None
-        turns = _conversation(t, tok)
+        turns = _conversation(t, tok, colour=colour, signals=learner["signals"])
         return render(request, "trajectory.html", title=f"trajectory {t['id']}", t=t, turns=turns,
-                      raw=_json(_page_raw(t)), tokenizer=tok is not None)
+                      raw=_json(_page_raw(t)), tokenizer=tok is not None, colour=colour,
+                      colours=list(COLOUR_MAPS.values()), legend=colour.legend(), learner=learner)
 
     def raw(request: Request) -> Response:
         t = db.trajectory(request.path_params["id"])
@@ -504,8 +509,12 @@ def _first_items(a: np.ndarray | None) -> Any:
     return a[:MAX_SHADED].tolist() + [f"… {len(a) - MAX_SHADED} more: the raw JSON file has them all"]
 
 
-def _conversation(t: dict[str, Any], tok: Any) -> list[dict[str, Any]]:
-    """The turns to show, each with its label, its tokens (assistant turns) and the marks on it."""
+def _conversation(t: dict[str, Any], tok: Any, *, colour: ColourMap | None = None,
+                  signals: Any = None) -> list[dict[str, Any]]:
+    """The turns to show, each with its label, its tokens (assistant turns) and the marks on it;
+    ``pieces``: the tokens as drawn, shaded by ``colour`` (explorer/tokens.py; default log-prob),
+    with the learner ``signals`` of a step (``reflexdb.records.TokenSignals``) when given."""
+    colour = colour or colour_map(None)
     marks = t["marks"]
     turn_marks: dict[int, list[dict[str, Any]]] = {}
     token_marks: dict[int, list[dict[str, Any]]] = {}
@@ -519,7 +528,7 @@ def _conversation(t: dict[str, Any], tok: Any) -> list[dict[str, Any]]:
     for u in t["turns"]:
         toks, unshaded, out_of_mask = [], 0, 0
         if u["token_start"] is not None and t["tokens"] is not None:
-            toks = tokens(tok, t["tokens"], u["token_start"], u["token_end"])
+            toks = tokens(tok, t["tokens"], u["token_start"], u["token_end"], signals=signals)
             start, end = shown(t["tokens"], u["token_start"], u["token_end"])
             unshaded, out_of_mask = end - start - len(toks), masked_out(t["tokens"], start, end)
         own = turn_marks.get(u["turn_index"], [])
@@ -527,7 +536,9 @@ def _conversation(t: dict[str, Any], tok: Any) -> list[dict[str, Any]]:
         here = {tk.index: token_marks[tk.index] for tk in toks if tk.index in token_marks}
         placed.update(here)
         record = u["tool_call"] if isinstance(u["tool_call"], dict) else None
-        out.append({**u, "label": label, "tokens": toks, "token_marks": here,
+        drawn = pieces(tok, toks, colour)
+        out.append({**u, "label": label, "tokens": toks, "pieces": drawn, "piece_marks": piece_marks(drawn, here),
+                    "token_marks": here,
                     "notes": [m for m in own if m.get("style") != "label"], "record": record,
                     "masked_out": out_of_mask, "unshaded": unshaded})
     # a mark at a token no turn shows (e.g. at the end of the response) goes on the last turn

@@ -325,6 +325,27 @@ class Explorer:
         t["panels"] = self._panels(params)
         t["marks"] = self._plugin_rows("marks", params)
         return t
+    def token_signals(self, tid: int, run_id: int, step: int | None = None) -> dict[str, Any]:
+        """The learner steps that recorded a trajectory's per-token signals (revision 0028), and the
+        signals of ``step`` (None: the newest of them) as ``reflexdb.records.TokenSignals``.
+
+        Raises:
+            BadFilter: ``step`` recorded none for this trajectory.
+        """
+        from reflexdb.store import signal_arrays
+
+        key = {"id": tid, "run_id": run_id}
+        steps = [r["step"] for r in self.named("signal_steps", **key)]
+        if step is not None and step not in steps:
+            have = ", ".join(map(str, steps)) or "none"
+            raise BadFilter(f"'step': step {step} recorded no learner signals for trajectory {tid} (steps with "
+                            f"signals: {have})")
+        chosen = step if step is not None else (steps[-1] if steps else None)
+        row = None if chosen is None else self.one(self.q["token_signals"], {**key, "step": chosen})
+        signals = None if row is None else signal_arrays(
+            (row["advantage"], row["log_ratio"], row["clipped"], row["entropy"]))
+        return {"steps": steps, "step": chosen, "signals": signals}
+
 
     def _plugin_rows(self, block: str, params: dict[str, Any]) -> list[dict[str, Any]]:
         out = []

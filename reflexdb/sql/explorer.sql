@@ -118,6 +118,17 @@ FROM turns WHERE trajectory_id = %(id)s AND run_id = %(run_id)s ORDER BY turn_in
 SELECT prompt_ids, response_ids, logprobs, token_policy_versions, loss_mask
 FROM token_bytes WHERE trajectory_id = %(id)s AND run_id = %(run_id)s;
 
+-- name: signal_steps
+-- The learner steps that recorded what their loss used at each token of a trajectory (revision 0028).
+SELECT s.step FROM token_signals g JOIN learner_steps s ON s.id = g.step_id
+WHERE g.trajectory_id = %(id)s AND g.run_id = %(run_id)s ORDER BY s.step;
+
+-- name: token_signals
+-- A trajectory's per-token learner signals of step %(step)s: float16 and byte arrays (revision 0028).
+SELECT g.advantage, g.log_ratio, g.clipped, g.entropy
+FROM token_signals g JOIN learner_steps s ON s.id = g.step_id
+WHERE g.trajectory_id = %(id)s AND g.run_id = %(run_id)s AND s.step = %(step)s;
+
 -- name: trained_in
 -- The steps that trained a trajectory, with the advantages each gave it.
 SELECT s.step, s.policy_version, s.advantage_stages, c.advantages

@@ -181,3 +181,42 @@ def test_archive_and_restore_keep_the_signals_row_for_row(store, tmp_path, monke
     assert rows(store, "SELECT count(*) FROM token_signals") == [(0,)]
     restore(store, tmp_path / "arc")
     assert rows(store, query, r=run) == before
+
+
+# ------------------------------------------------------------------ the explorer
+
+
+@pytest.mark.model
+def test_the_trajectory_page_shows_what_the_learner_recorded(store, db_url, tmp_path, monkeypatch, model_cache):
+    """From a learner step (tiny model) to the page: each token's tooltip carries the step's
+    advantage, ratio, clip and entropy, and ``?color=entropy`` shades by the recorded entropy."""
+    import html
+    import re
+
+    from reflexdb import roles
+    from reflexdb.explorer.data import Explorer
+    from tests.store.test_explorer import _get, _served
+
+    roles.apply(store.engine)
+    rng = np.random.default_rng(6)
+    run = store.create_run("learn-test")
+    t1, t2 = store.add_tasks(run, [TaskIn(f"What is {i} + 1?", str(i + 1)) for i in range(2)])
+    g = [store.write_group(tiny_group(rng, run, t)) for t in (t1, t2)]
+    lr, _ = _learner(store, tmp_path, monkeypatch)
+    lr.setup()
+    lr.step([w.group_id for w in g])
+    tid = g[0].trajectory_ids[1]  # reward 1 in a group of 0, 1, 0, 1: advantage +0.866
+    [(adv,)] = rows(store, "SELECT advantages[1] FROM consumption WHERE trajectory_id = :t", t=tid)
+    db = Explorer(db_url)
+    server, thread, base = _served(db)
+    try:
+        status, page, _ = _get(f"{base}/trajectories/{tid}?color=entropy")
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        db.close()
+    assert status == 200 and 'id="legend" data-color="entropy"' in page
+    titles = [html.unescape(t) for t in re.findall(r'<span class="tok[^"]*" style="[^"]*" title="([^"]*)"', page)]
+    assert titles and all(f"learner: advantage {adv:.3f}, ratio 1.000 (log 0.0000), not clipped, entropy " in t
+                          for t in titles), titles[:2]
+    assert all(bg.startswith("rgba(124, 58, 237") for bg in re.findall(r'class="tok[^"]*" style="background: ([^"]*)"', page))
