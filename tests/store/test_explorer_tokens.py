@@ -21,7 +21,8 @@ from tests.explorer_data import HOSTILE, HOSTILE_PROMPT
 from tests.store.test_explorer import _get, _served
 
 #: What the emoji row says: two emoji and two CJK characters, each split across 2-3 byte-level tokens.
-EMOJI_TEXT = "Party 🎉 time 😀! 你好 means hello."
+EMOJI_TEXT = ("Each box holds 12 apples and there are 7 boxes, so 12 × 7 = 84 apples. Party 🎉 time 😀! "
+              "<answer>84</answer> (你好 means hello.)")
 #: A step's signals on the emoji row (first two tokens out of the loss: no advantage, no ratio).
 ADVANTAGE = 0.75
 
