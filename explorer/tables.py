@@ -16,7 +16,8 @@ rollout tables show them, on the trajectory list, a group's page and a learner s
   serve). The group and step pages hold all their rows and sort them here, by the same names.
 - **The total of a filtered list**: exact when cheap, else bounded (:func:`count`): counted up
   to :data:`COUNT_CAP` (then "10,000+"), for :data:`COUNT_BUDGET_MS` at most (then "1,234+":
-  as many as it found so far; the planner's estimate of a free-text filter was off a thousandfold).
+  as many as it found so far; the planner's estimate of a free-text filter was off a
+  thousandfold). An unfiltered list past the cap: "about 1,000,000", its table's statistics.
 - **Downloads**: the filtered, sorted list as CSV or Parquet (:func:`export`), streamed by
   ``reflexdb export``'s own code (reflexdb/ops/export.py) on the explorer's read-only session;
   its CSV neutralises cells a spreadsheet would run as formulas.
@@ -51,7 +52,7 @@ COUNT_CAP = 10_000
 #: ... and for this long at most; then the page says how many it found so far ("1,234+")
 COUNT_BUDGET_MS = 200
 #: rows counted by the count's cursor's first move; each next move counts twice as many, up to 4,096
-COUNT_STEP = 64
+COUNT_STEP = 256
 #: the downloads' formats
 DOWNLOADS = ("csv", "parquet")
 
@@ -149,6 +150,8 @@ LEFT JOIN LATERAL (SELECT s.step, c.advantages FROM consumption c JOIN learner_s
 ORDER BY p.sort_key {dir}, p.id {dir}"""
 
 _COUNT = "SELECT 1 FROM trajectories t{join} WHERE t.run_id = %(run_id)s{where}"
+#: the run's rows as its partition's statistics have them (-1: never analysed), as the runs page reads them
+_ESTIMATE = "SELECT c.reltuples::bigint AS n FROM pg_class c WHERE c.relname = 'trajectories_r' || %(run_id)s"
 
 _EXPORT = """
 SELECT t.id AS trajectory_id, t.group_id, t.task_id, t.index_in_group, t.origin, g.kind, g.workflow, t.policy_version,
@@ -318,13 +321,18 @@ class Count:
     capped: bool = False
     partial: bool = False
     budget_ms: int = 0
+    estimated: bool = False
 
     @property
     def text(self) -> str:
+        if self.estimated:
+            return f"about {self.n:,}"
         return f"{self.n:,}+" if self.capped or self.partial else f"{self.n:,}"
 
     @property
     def note(self) -> str:
+        if self.estimated:
+            return "the run's table statistics"
         if self.capped:
             return f"counted up to {self.n:,}"
         return f"as many as {self.budget_ms / 1000:.1f} s of counting found" if self.partial else ""
@@ -335,7 +343,13 @@ def count(db: Explorer, run_id: int, filters: dict[str, Any], at_least: int = 0)
     :data:`COUNT_BUDGET_MS` at most: a cursor over the filtered rows moved on by
     :data:`COUNT_STEP` rows, then twice as many each time, each move stopped when the time is
     up, so a filter that keeps few rows of a big run (its count reads all of it) says how many it
-    found so far (or ``at_least``, what the page already knows, if that is more)."""
+    found so far (or ``at_least``, what the page already knows, if that is more). An unfiltered
+    list of more than :data:`COUNT_CAP` rows says about how many its run has, from its table's
+    statistics (the runs page's number)."""
+    if not filters:
+        run_rows = (db.one(_ESTIMATE, {"run_id": run_id}) or {}).get("n")
+        if run_rows is not None and run_rows > COUNT_CAP:
+            return Count(int(run_rows), estimated=True)
     where = _where(filters, FILTERS)
     sql = _COUNT.format(join=_joins(where), where=where)
     deadline = time.monotonic() + COUNT_BUDGET_MS / 1000
