@@ -193,6 +193,19 @@ def pages(target: str) -> dict[str, str]:
         "trajectories: text in the response": f"{r}/trajectories?response=babysitting",
         "trajectories: response text that matches nothing (a scan of 2M turns)":
             f"{r}/trajectories?response=zz-no-such-text",
+        # the grid (explorer/tables.py): sorted by a column (keyset on (value, id)), its count, its downloads
+        "trajectories sorted by reward, ascending": f"{r}/trajectories?sort=reward&dir=asc",
+        "trajectories sorted by reward, descending, half-way down (after=, key=)":
+            f"{r}/trajectories?sort=reward&dir=desc&after={tmid}&key=v1.0",
+        "trajectories sorted by confidence": f"{r}/trajectories?sort=confidence&dir=desc",
+        "trajectories sorted by answer": f"{r}/trajectories?sort=answer",
+        "trajectories sorted by prompt": f"{r}/trajectories?sort=prompt",
+        "trajectories sorted by advantage (a read of the run's consumption)": f"{r}/trajectories?sort=advantage&dir=desc",
+        "trajectories sorted by completion (a scan of the assistant turns)": f"{r}/trajectories?sort=completion",
+        "trajectories of a task, sorted by reward": f"{r}/trajectories?task={task}&sort=reward&dir=desc",
+        "trajectories: correct, sorted by confidence": f"{r}/trajectories?correct=true&sort=confidence",
+        "a task's trajectories as CSV": f"{r}/trajectories.csv?task={task}",
+        "a policy version's trajectories as Parquet (4,000 rows, tokens)": f"{r}/trajectories.parquet?version=125",
         "groups, newest 50": f"{r}/groups",
         "a group": f"/groups/{gmid}",
         "a trajectory (per-token shading)": f"/trajectories/{tmid}",
