@@ -5,6 +5,7 @@ and every process picked up where it was.
     python benchmarks/chaos.py --minutes 10            # the documented drill (docs/reliability.md)
     python benchmarks/chaos.py --short                 # about 2-3 minutes: CI runs this
     python benchmarks/chaos.py --minutes 10 --seed 3 --collectors 3 --json out.json
+    python benchmarks/chaos.py --short --storage s3    # weights through a local S3 server, and its outages
 
 What it does, on the tiny model in a private ``REFLEXDB_HOME`` with its own embedded PostgreSQL
 (or ``--url`` and your server; outages then need ``--db-stop-cmd``/``--db-start-cmd``):
@@ -28,6 +29,13 @@ What it does, on the tiny model in a private ``REFLEXDB_HOME`` with its own embe
    left untrained without a reason (view ``untrained_groups``: none ``passed_over``; what is left
    ``waiting`` is less than a batch); no temporary checkpoint directory or torch build lock left;
    no process exited on its own with an error, or ignored SIGTERM.
+
+``--storage s3`` publishes through ``learner.checkpoint_url: s3://...`` on a local S3 server
+(moto's, benchmarks/s3server.py) and adds two actions: a storage outage (the server stopped with
+SIGSTOP for 30-40 s right after a version is recorded, then SIGCONT: uploads and fetches hang, time
+out and are retried) and a learner killed mid-upload. Checked besides: every version the collectors loaded came from s3:// and was
+verified against its row; each version kept is in storage, whole, with the recorded sha256 (a
+fresh fetch checks it), and the pruned ones are gone from it.
 
 It prints a table of figures (kills by phase, stalls, restarts, outage seconds, groups, steps,
 violations) and exits 1 if any check failed, keeping the home directory for inspection.
@@ -73,6 +81,14 @@ RUN_CONFIG = {
 ACTIONS = ("stall-collector-write", "kill-collector-write", "kill-learner-step", "kill-collector-generate",
            "kill-learner-publish", "term-collector", "kill-learner-buildlock", "kill-learner-record",
            "term-learner")
+
+#: ``--storage s3``: versions go through a local S3 server; timeouts short enough that a stopped
+#: server fails a call within seconds (the learner retries its upload for upload_retry_s).
+S3_LEARNER = {"upload_retry_s": 300,
+              "checkpoint_storage_options": {"config_kwargs": {"connect_timeout": 1, "read_timeout": 2,
+                                                               "retries": {"max_attempts": 1}}}}
+S3_BUCKET = "chaos-checkpoints"
+S3_ACTIONS = ("storage-outage", "kill-learner-upload")
 
 #: ``--method lte``: the same run under LTE (hints from the model's own mistakes). The tiny model
 #: solves nothing, so every group is none-pass and held for a hint stage; collectors are also
@@ -123,6 +139,8 @@ class Drill:
         self.procs: list[Proc] = []
         self.db_down = False
         self.running = False
+        self.s3 = None  # --storage s3: the S3 server (benchmarks/s3server.py)
+        self.storage_outages: list[float] = []
 
     # ------------------------------------------------------------------ set-up
 
@@ -150,6 +168,15 @@ class Drill:
         cfg["run"] = self.args.run
         if self.args.method == "lte":
             cfg.update(json.loads(json.dumps(LTE_CONFIG)))
+        s3_env = {}
+        if self.args.storage == "s3":
+            from s3server import S3Server
+
+            self.s3 = S3Server(self.logs / "s3-server.log")
+            self.s3.make_bucket(S3_BUCKET)
+            s3_env = self.s3.env()
+            os.environ.update(s3_env)  # the checks fetch from it too
+            cfg["learner"].update(json.loads(json.dumps(S3_LEARNER)), checkpoint_url=f"s3://{S3_BUCKET}/{cfg['run']}/")
         self.config = self.home / "chaos.yaml"
         self.config.write_text(yaml.safe_dump(cfg))
         self.cfg = cfg
@@ -157,7 +184,7 @@ class Drill:
         self.extensions = self._extensions_dir()
         env = dict(os.environ, REFLEXDB_DATABASE_URL=self.url, REFLEXDB_DRILL_DIR=str(self.drill_dir),
                    TORCH_EXTENSIONS_DIR=str(self.extensions), OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
-                   DS_ACCELERATOR="cpu", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+                   DS_ACCELERATOR="cpu", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", **s3_env)
         for key in ("MASTER_PORT", "MASTER_ADDR", "RANK", "WORLD_SIZE", "LOCAL_RANK", "MLFLOW_TRACKING_URI"):
             env.pop(key, None)
         self.env = env
@@ -222,7 +249,11 @@ class Drill:
                 p.phase_since = None
                 continue
             ph = self.phase(p) or "start"
-            if p.phase_since is None or p.phase_seen != (p.popen.pid, ph):
+            if ph == "start" and (self.extensions / "deepspeed_shm_comm" / "lock").exists():
+                # building DeepSpeed's op (minutes on a loaded machine) is progress, not a hang; a lock a
+                # dead process left is removed by the next learner (trainer/buildlock.py)
+                p.phase_seen, p.phase_since = (p.popen.pid, ph), now
+            elif p.phase_since is None or p.phase_seen != (p.popen.pid, ph):
                 p.phase_seen, p.phase_since = (p.popen.pid, ph), now
             elif ph in self.BUSY_PHASES and now - p.phase_since > self.STUCK_AFTER_S:
                 self.problems.append(f"{p.name} (pid {p.popen.pid}) was stuck in phase {ph!r} for "
@@ -275,6 +306,21 @@ class Drill:
             time.sleep(0.002)
         return None
 
+    #: phases of the loops, entered once the signal handlers are installed (the learner's first
+    #: publish, of version 0, comes before them)
+    LOOP_PHASES = ("wait", "step", "record", "claim", "generate", "write", "admission")
+
+    def wait_started(self, p: Proc, timeout: float = 600.0) -> bool:
+        """Wait until ``p`` is alive and in its loop (past start-up: a SIGTERM finds its handlers)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self.reap()
+            self.watch_stuck()
+            if p.alive() and self.phase(p) in self.LOOP_PHASES:
+                return True
+            time.sleep(0.2)
+        return False
+
     def wait_alive(self, p: Proc, timeout: float = 120.0) -> bool:
         deadline = time.monotonic() + timeout
         while not p.alive() and time.monotonic() < deadline:
@@ -286,6 +332,15 @@ class Drill:
 
     def act(self, action: str) -> bool:
         """Take ``action``; False if its target never reached the phase (nothing was done)."""
+        if action == "storage-outage":
+            # Right after a version is recorded: collectors fetch it, and the learner's next upload
+            # comes within the outage. Longer than s3fs's own 5 tries of a call (12-20 s with
+            # these timeouts), so that reflexdb's retries are what ride it out.
+            self.wait_started(self.learner)
+            held = self.at_phase(self.learner, {"published"}, timeout=120) is not None
+            self.storage_outage(self.rng.uniform(30, 40), then_continue=self.learner if held else None)
+            self.actions_done[action] += 1
+            return True
         what, role, where = (action.split("-", 2) + [""])[:3]
         candidates = [p for p in self.procs if p.role == role]
         p = self.rng.choice(candidates)
@@ -301,8 +356,9 @@ class Drill:
         elif where == "buildlock":
             if not self._kill_at_build_lock(p):
                 return False
-        elif where == "hint":
-            if not self._kill_held(p, "hint"):
+        elif where in ("hint", "upload"):  # phases too short to hit from outside
+            self.wait_started(p)  # its SIGTERM must find the handlers installed
+            if not self._kill_held(p, where):
                 return False
         elif what == "term":
             phase = self.at_phase(p, {"generate", "write", "step", "wait", "claim", "record", "publish"}, timeout=30)
@@ -385,6 +441,23 @@ class Drill:
         self.outages.append(time.monotonic() - t0)
         self.db_down = False
 
+    def storage_outage(self, seconds: float, then_continue: Proc | None = None) -> None:
+        """The S3 server stops answering for ``seconds`` (SIGSTOP: connections hang), then goes on
+        with its objects (SIGCONT). The processes keep running: uploads and fetches are retried.
+        ``then_continue``: a process stopped at its phase, let go once the storage is down."""
+        self.say(f"  storage stopped for {seconds:.0f} s")
+        t0 = time.monotonic()
+        self.s3.pause()
+        if then_continue is not None and then_continue.alive():
+            os.kill(then_continue.popen.pid, signal.SIGCONT)
+        try:
+            while time.monotonic() - t0 < seconds:
+                self.reap()
+                time.sleep(0.2)
+        finally:
+            self.s3.resume()
+        self.storage_outages.append(time.monotonic() - t0)
+
     # ------------------------------------------------------------------ the run
 
     def run(self) -> None:
@@ -396,7 +469,10 @@ class Drill:
         can_outage = self.pgdata is not None or (self.args.db_stop_cmd and self.args.db_start_cmd)
         n_out = self.args.outages if can_outage else 0
         outage_at = sorted(t0 + (i + 1) * (end - t0) / (n_out + 1) for i in range(n_out))
-        actions = ACTIONS + (LTE_ACTIONS if self.args.method == "lte" else ())
+        actions = ACTIONS + (LTE_ACTIONS if self.args.method == "lte" else ()) + \
+            (S3_ACTIONS if self.args.storage == "s3" else ())
+        if self.args.actions:
+            actions = tuple(a for a in actions if a in self.args.actions)
         queue = list(actions)
         tries: Counter = Counter()
         self.say(f"drill: {self.args.collectors} collectors and a learner for {self.args.minutes:g} min "
@@ -420,8 +496,18 @@ class Drill:
                 self.reap()
                 self.watch_stuck()
                 time.sleep(0.1)
+        if self.s3 is not None:  # a short drill on a slow machine: go on until collectors loaded from storage
+            deadline = time.monotonic() + 300
+            while time.monotonic() < deadline and not self._loaded_from_storage():
+                self.reap()
+                self.watch_stuck()
+                time.sleep(0.5)
         self.running = False
         self.finish()
+
+    def _loaded_from_storage(self) -> bool:
+        return any("loaded policy v" in p.read_text(errors="replace")
+                   for p in self.logs.glob("*collector*.log"))
 
     def finish(self) -> None:
         """Stop the collectors, let the learner train what is eligible, stop it."""
@@ -529,7 +615,13 @@ class Drill:
         v["checkpoints present with their sha256"] = []
         newest = versions[-1][0] if versions else 0
         keep_p, keep_s = L["keep_policies"], L["keep_states"]
+        if self.s3 is not None:
+            v["checkpoints present with their sha256"] += self._check_storage(versions, newest, keep_p)
         for version, step, uri, sha, states, tag in versions:
+            if self.s3 is not None:  # in storage (checked above); the learner state is local
+                if version > newest - keep_s and states and not (Path(states) / tag).is_dir():
+                    v["checkpoints present with their sha256"].append(f"v{version}: learner state {Path(states) / tag} missing")
+                continue
             path = Path(uri.removeprefix("file://"))
             if version <= newest - keep_p:
                 if path.exists():
@@ -573,6 +665,42 @@ class Drill:
         v["no leftover temporary files"] = [str(p) for p in leftovers]
         v["processes rode everything out"] = list(self.problems)
         return v
+
+    def _check_storage(self, versions: list[tuple], newest: int, keep: int) -> list[str]:
+        """``--storage s3``: every version recorded with an s3:// URI; the kept ones whole in storage
+        with the recorded sha256 (a fresh fetch checks both), the pruned ones gone; every version a
+        collector loaded came from s3:// and was verified. Also counts the retries seen in the logs."""
+        from reflexdb import storage
+
+        out = []
+        cache = storage.CheckpointCache(self.home / "verify-cache", keep=10**6)
+        base = self.cfg["learner"]["checkpoint_url"]
+        in_storage = set(storage.versions_in(base, None))
+        for version, _step, uri, sha, _states, _tag in versions:
+            if uri != storage.version_uri(base, version):
+                out.append(f"v{version}: recorded as {uri}, not in storage")
+            elif version <= newest - keep:
+                if version in in_storage:
+                    out.append(f"v{version} should have been pruned from storage")
+            else:
+                try:
+                    cache.fetch(uri, version, sha)
+                except Exception as exc:  # noqa: BLE001 - any failure is the violation
+                    out.append(f"v{version}: {type(exc).__name__}: {exc}")
+        logs = {p.name: p.read_text(errors="replace") for p in self.logs.glob("*.log")}
+        collector_logs = "".join(t for n, t in logs.items() if "collector" in n)
+        import re
+
+        loads = re.findall(r"loaded policy v\d+ from (\S+) \((sha256 \w+… verified)?", collector_logs)
+        out += [f"a collector loaded a version from {u} without a verified fetch" for u, ok in loads
+                if not u.startswith("s3://") or not ok]
+        self.storage_figures = {
+            "versions_loaded_from_s3": len(loads),
+            "fetch_failures_reported": collector_logs.count("could not fetch policy"),
+            "upload_retries": sum(len(re.findall(r"uploading \S+ to \S+ failed \(", t))
+                                  for n, t in logs.items() if "learner" in n),
+        }
+        return out
 
     def _journals(self) -> tuple[dict[int, tuple[int, str]], Counter]:
         """Groups the collectors journaled as committed: id -> (trajectories, collector name)."""
@@ -619,6 +747,8 @@ class Drill:
             "groups": groups, "trajectories": int(trajs), "groups_journaled": sum(self.journal_counts.values()),
             "committed_not_journaled": self.unjournaled, "learner_steps": self.steps, "policy_versions": self.versions,
             "untrained": self.untrained, "expired_claims_at_end": self.expired_claims,
+            "storage": self.args.storage, "storage_outages": len(self.storage_outages),
+            "storage_outage_seconds": round(sum(self.storage_outages), 1), **getattr(self, "storage_figures", {}),
             "actions": dict(sorted(self.actions_done.items())),
             "violations": sum(len(x) for x in violations.values()),
             "checks": {k: len(x) for k, x in violations.items()},
@@ -634,6 +764,11 @@ def report(f: dict, violations: dict[str, list[str]]) -> str:
     rows += [("writers stalled mid-transaction", f"{f['stalls']} ({f['stall_seconds']} s in all)"),
              ("restarts", str(f["restarts"])),
              ("database outages", f"{f['outages']} ({f['outage_seconds']} s in all)"),
+             ("storage", f['storage'] + (f": {f['storage_outages']} outages ({f['storage_outage_seconds']} s in all), "
+                                         f"{f.get('upload_retries', 0)} upload retries, "
+                                         f"{f.get('fetch_failures_reported', 0)} failed fetches reported, "
+                                         f"{f.get('versions_loaded_from_s3', 0)} versions loaded from S3, verified"
+                                         if f['storage'] == 's3' else "")),
              ("groups / trajectories written", f"{f['groups']} / {f['trajectories']}"),
              ("groups journaled by collectors", f"{f['groups_journaled']} (+{f['committed_not_journaled']} committed "
                                                 "by a collector killed before its journal line)"),
@@ -661,12 +796,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--url", help="use this PostgreSQL instead of a private embedded one")
     ap.add_argument("--db-stop-cmd", help="with --url: a shell command that stops the server (for outages)")
     ap.add_argument("--db-start-cmd", help="with --url: a shell command that starts it again")
+    ap.add_argument("--storage", choices=("local", "s3"), default="local",
+                    help="s3: publish through learner.checkpoint_url on a local S3 server (moto), with storage "
+                         "outages and a learner killed mid-upload among the actions")
+    ap.add_argument("--actions", type=lambda s: s.split(","),
+                    help="take only these actions (comma-separated), e.g. storage-outage,kill-learner-upload")
     ap.add_argument("--keep", action="store_true", help="keep the home directory even when every check passed")
     ap.add_argument("--json", help="also write the figures and violations to this file")
     args = ap.parse_args(argv)
     args.gap, args.outage_seconds = (4.0, 10.0), (8.0, 20.0)
+    outages = args.outages
     if args.short:
         args.minutes, args.outages, args.gap, args.outage_seconds = 1.0, 1, (1.0, 3.0), (8.0, 8.0)
+        if "--outages" in (argv if argv is not None else sys.argv):  # --short --outages 0: no database outage
+            args.outages = outages
     drill = Drill(args)
     t0 = time.monotonic()
     try:
@@ -679,6 +822,8 @@ def main(argv: list[str] | None = None) -> int:
             if p.alive():
                 os.kill(p.popen.pid, signal.SIGCONT)
                 p.popen.kill()
+        if drill.s3 is not None:
+            drill.s3.stop()
     figures["wall_seconds"] = round(time.monotonic() - t0, 1)
     print(report(figures, violations))
     print(f"wall clock {figures['wall_seconds']:.0f} s; home {drill.home}")
