@@ -71,6 +71,7 @@ def test_a_learner_steps_under_its_role(roles, store, tmp_path, monkeypatch, mod
     # the role wrote each step's advantage stages and its rows' advantages (revision 0023)
     assert rows(store, "SELECT DISTINCT advantage_stages FROM learner_steps") == [(["group"],)]
     assert rows(store, "SELECT count(*), count(advantages) FROM consumption") == [(16, 16)]
+    assert rows(store, "SELECT count(*) FROM token_signals") == [(16,)]  # and what its loss used per token (0028)
     refused = ["DELETE FROM trajectories", "DELETE FROM groups", "UPDATE trajectories SET reward = 0",
                "UPDATE groups SET kind = 'eval'", "DROP TABLE consumption"]
     assert _refused(roles["learner"], refused) == refused
