@@ -72,7 +72,8 @@ def _fetch(cfg: Config | None, policy) -> Path:
     """A version in storage, downloaded (or found) in ``$REFLEXDB_HOME/cache/<run>/`` and checked
     against its recorded sha256; storage errors are retried for a minute."""
     run = cfg.run if cfg is not None else f"run-{policy.run_id}"
-    options = cfg.learner.checkpoint_storage_options if cfg is not None else {}
+    options = storage.options_for(policy.checkpoint_uri, cfg.learner.checkpoint_url,
+                                  cfg.learner.checkpoint_storage_options) if cfg is not None else {}
     # every version evaluated is kept: a collector sharing this home keeps its own newest few
     cache = storage.CheckpointCache(storage.cache_root(run), options, keep=1_000_000)
     try:

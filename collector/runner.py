@@ -266,9 +266,9 @@ class Collector:
         path, fetched = checkpoint_path(policy.checkpoint_uri), ""
         if storage.is_remote(policy.checkpoint_uri):
             if self.fetcher is None:
-                cache = storage.CheckpointCache(storage.cache_root(self.cfg.run),
-                                                self.cfg.learner.checkpoint_storage_options,
-                                                keep=self.c.checkpoint_cache_versions)
+                cache = storage.CheckpointCache(storage.cache_root(self.cfg.run), storage.options_for(
+                    policy.checkpoint_uri, self.cfg.learner.checkpoint_url, self.cfg.learner.checkpoint_storage_options),
+                    keep=self.c.checkpoint_cache_versions)
                 self.fetcher = Fetcher(cache, self.echo)
             path = self.fetcher.ready(policy, self.version, wait=wait)
             self.stats.fetch_failures = self.fetcher.failures

@@ -161,6 +161,7 @@ class LearnerConfig(_Section):
     checkpoint_dir: Path | None = Field(None, description="Where published weights and learner state go (default: $REFLEXDB_HOME/checkpoints/<run>).")
     checkpoint_url: str | None = Field(None, description="Where collectors fetch published weights from. Unset, a path or file://: the local checkpoint_dir, as always (the path, if given, is checkpoint_dir; collectors read it in place: a shared filesystem for other machines). s3://bucket/prefix/ or gs://bucket/prefix/ (extras s3, gcs): each version is written locally, uploaded to <url>/vK/ and only then recorded, so collectors on any machine download it into $REFLEXDB_HOME/cache/ and check its sha256 (docs/operations.md, \"A remote collector in two commands\"). Credentials come from the environment, never from here: a URL holding one is refused.")
     checkpoint_storage_options: dict[str, Any] = Field(default_factory=dict, description="Non-secret options of the checkpoint_url's fsspec filesystem, read by the learner and the collectors, e.g. {endpoint_url: http://minio:9000, client_kwargs: {region_name: eu-west-1}, profile: NAME, config_kwargs: {connect_timeout: 5}}. A key that looks like a credential (key, secret, token, password, ...) is refused: credentials come from the environment (AWS_ACCESS_KEY_ID, AWS_PROFILE, AWS_ENDPOINT_URL, ...).")
+    checkpoint_read_url: str | None = Field(None, description="Where collectors read what the learner uploads to checkpoint_url, when they reach it by another URL: an HTTP(S) server or CDN in front of the bucket (https://ckpt.example.com/run/; the http extra), another endpoint's s3://. Each row then names <checkpoint_read_url>/vK; collectors use checkpoint_storage_options only for the scheme of checkpoint_url. Needs a remote checkpoint_url; a URL holding credentials is refused.")
     upload_retry_s: float = Field(600.0, ge=0, description="How long the upload of one version to checkpoint_url is retried (with backoff) while storage fails before the learner stops (exit 8, naming the URL and the cause); meanwhile the learner waits at its next publish. Nothing is recorded for a version until its upload is whole.")
     publish_in_background: bool = Field(True, description="Write a version's weights in a background thread while the next step trains: the learner copies them to host memory (tied weights once) and goes on; files, then the row, then pruning, in the same order as in the foreground, one write at a time (the next publish waits for it). Publishes with the learner state, ZeRO-3 and a clean stop stay in the foreground. On an H200 the foreground publish was 27-53% of a quickstart-sized step (docs/benchmarks.md).")
     fsync_publish: bool = Field(True, description="Flush each version's files to disk before recording it, so a recorded version survives a power loss (SmolLM2 on this project's machine: 4.7 s a publish instead of 1.3 s; docs/benchmarks.md). Off, a kill still never leaves a partial version; an operating-system crash may.")
@@ -183,6 +184,11 @@ class LearnerConfig(_Section):
                     local_path(self.checkpoint_url).expanduser().resolve() != Path(self.checkpoint_dir).expanduser().resolve():
                 raise ValueError(f"learner.checkpoint_url {self.checkpoint_url!r} is a local directory other than "
                                  f"learner.checkpoint_dir {str(self.checkpoint_dir)!r}: give one of them")
+        if self.checkpoint_read_url is not None:
+            if self.checkpoint_url is None or not is_remote(self.checkpoint_url):
+                raise ValueError("learner.checkpoint_read_url needs learner.checkpoint_url in object storage "
+                                 "(s3://, gs://): it names the same versions by another URL")
+            check_url(self.checkpoint_read_url, read_only=True)
         check_options(self.checkpoint_storage_options)
         return self
 

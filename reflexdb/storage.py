@@ -97,6 +97,13 @@ def remote_url(url: str | None) -> str | None:
     return url if url is not None and is_remote(url) else None
 
 
+def options_for(uri: str, url: str | None, options: dict[str, Any]) -> dict[str, Any]:
+    """The storage options for reading ``uri``: ``learner.checkpoint_storage_options`` are those of
+    ``checkpoint_url``'s filesystem, so a version read by another scheme
+    (``checkpoint_read_url: https://...``) gets none."""
+    return options if url is not None and scheme(uri) == scheme(url) else {}
+
+
 def version_uri(base: str, version: int) -> str:
     """``<base>/v<K>``: where version ``K`` of a run publishing to ``base`` lies."""
     return f"{base.rstrip('/')}/v{version}"
@@ -121,8 +128,9 @@ def scrub(text: str, url: str) -> str:
     return text
 
 
-def check_url(url: str) -> str:
-    """Refuse a checkpoint URL that carries credentials or that fsspec cannot write; return it.
+def check_url(url: str, *, read_only: bool = False) -> str:
+    """Refuse a checkpoint URL that carries credentials or that fsspec cannot write (``read_only``:
+    read); return it.
 
     Raises:
         ValueError: the message names the problem (and never the secret).
@@ -135,7 +143,7 @@ def check_url(url: str) -> str:
                          "and printed); give them through the environment (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, "
                          "AWS_PROFILE, GOOGLE_APPLICATION_CREDENTIALS, ...)")
     s = scheme(url)
-    if s in READ_ONLY:
+    if s in READ_ONLY and not read_only:
         raise ValueError(f"{url}: {s}:// is read-only through fsspec; the learner publishes to a path, s3:// or gs://")
     import fsspec
 
@@ -249,8 +257,11 @@ def upload(directory: Path, url: str, options: dict[str, Any] | None, *, limit_s
     Raises:
         StorageError: it kept failing for ``limit_s`` seconds; the message names the URL and the last cause.
     """
+    from fsspec.implementations.local import LocalFileSystem
+
     fs, root = filesystem(url, options)
     root = root.rstrip("/")
+    local = isinstance(fs, LocalFileSystem)
     man = manifest(directory)
     done: set[str] = set()
     first = [True]
@@ -263,6 +274,8 @@ def upload(directory: Path, url: str, options: dict[str, Any] | None, *, limit_s
                 fs.rm(root, recursive=True)
         for f in man["files"]:
             if f["name"] not in done:
+                if local:  # object stores have no directories; a local filesystem (a served tree) does
+                    fs.makedirs(f"{root}/{f['name']}".rsplit("/", 1)[0], exist_ok=True)
                 fs.put_file(str(directory / f["name"]), f"{root}/{f['name']}")
                 done.add(f["name"])
         fs.pipe_file(f"{root}/{MANIFEST}", json.dumps(man, indent=1).encode())

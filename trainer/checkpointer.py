@@ -97,10 +97,12 @@ class Checkpointer:
     def __init__(self, store: Store, run_id: int, run: str, directory: Path, engine: TrainingEngine, *,
                  state_every: int, keep_states: int, keep_policies: int | None, main: bool,
                  db: Callable[[Callable[[], Any]], Any], echo: Callable[[str], None], background: bool = False,
-                 url: str | None = None, storage_options: dict | None = None, upload_retry_s: float = 600.0):
+                 url: str | None = None, storage_options: dict | None = None, upload_retry_s: float = 600.0,
+                 read_url: str | None = None):
         self.store, self.run_id, self.run, self.dir, self.engine = store, run_id, run, directory, engine
         # where versions are uploaded before they are recorded (None: the local directory, read in place)
         self.url, self.storage_options, self.upload_retry_s = url, storage_options or {}, upload_retry_s
+        self.read_url = read_url  # the same versions as collectors reach them (learner.checkpoint_read_url)
         self.state_every, self.keep_states, self.keep_policies = state_every, keep_states, keep_policies
         self.main, self.db, self.echo = main, db, echo
         # weights-only publishes written by a thread (ZeRO-3 gathers the weights collectively: never)
@@ -231,7 +233,8 @@ class Checkpointer:
                   + (" in the background" if snapshot is not None else ""))
 
     def _upload(self, weights: Path, version: int, step: int, previous: tuple[int, int]) -> str:
-        """Upload version ``version``'s weights to ``<url>/vK`` (retried for ``upload_retry_s``); its URI.
+        """Upload version ``version``'s weights to ``<url>/vK`` (retried for ``upload_retry_s``); the
+        URI the row names (``<read_url>/vK`` with a ``read_url``).
 
         Raises:
             PublishFailed: storage kept failing; nothing was recorded for the version.
@@ -244,7 +247,7 @@ class Checkpointer:
             raise PublishFailed(f"publishing policy v{version} at step {step} failed: {exc}. Nothing was recorded "
                                 f"for v{version}. When the storage answers again, run the same command: the learner "
                                 f"resumes from policy v{previous[0]} (step {previous[1]}).") from None
-        return uri
+        return storage.version_uri(self.read_url, version) if self.read_url else uri
 
     def finish(self, step: int, *, tracker=None) -> None:
         """On a clean stop: publish the steps trained since the last publish, with the learner

@@ -163,7 +163,7 @@ class Learner:
             keep_states=self.L.keep_states, keep_policies=self.L.keep_policies, main=self.main, db=self.db,
             echo=lambda msg: self.echo(msg), background=self.L.publish_in_background,
             url=storage.remote_url(self.L.checkpoint_url), storage_options=self.L.checkpoint_storage_options,
-            upload_retry_s=self.L.upload_retry_s)
+            upload_retry_s=self.L.upload_retry_s, read_url=self.L.checkpoint_read_url)
         self.update = PolicyUpdate(self.engine, self.terms, self.specs, ref=self.ref, rank=self.rank, world=self.world,
                                    n_micro=self.n_micro, lr=self.L.lr, pi_old=self.L.pi_old, temperature=self.temperature,
                                    max_tokens=self.L.micro_batch_tokens, packed=self.engine.packed,

@@ -192,3 +192,17 @@ def test_a_collector_loads_a_version_from_s3_and_samples_on_while_one_cannot_be_
     assert rows(store, "SELECT DISTINCT policy_version FROM groups") == [(1,)]
     assert c.phase_seconds()["fetch_failures"] == c.stats.fetch_failures
     assert "checkpoint fetches failed" in c.stats.line(c.version)
+
+
+def test_with_a_read_url_the_row_names_the_version_as_collectors_reach_it(store, tmp_path, s3_env):
+    """learner.checkpoint_read_url: uploaded to s3://, recorded as https://... (a server in front of the bucket)."""
+    run_id = store.create_run("read-url")
+    ck = Checkpointer(store, run_id, "read-url", tmp_path / "ckpt", FakeEngine(), state_every=100, keep_states=1,
+                      keep_policies=2, main=True, db=lambda fn: fn(), echo=lambda m: None,
+                      url="s3://ckpt/read-url/", storage_options={"endpoint_url": s3_env.endpoint},
+                      read_url="https://ckpt.example.com/read-url/")
+    ck.prepare()
+    ck.publish(0)
+    assert rows(store, "SELECT checkpoint_uri FROM policy_versions WHERE run_id = :r", r=run_id) == [
+        ("https://ckpt.example.com/read-url/v0",)]
+    assert sorted(storage.versions_in("s3://ckpt/read-url/", {"endpoint_url": s3_env.endpoint})) == [0]
