@@ -179,8 +179,8 @@ def create_app(db: Explorer, *, mlflow_url: str | None = None, tracking_uri: str
     env.globals["COMPLETION_CHARS"] = tables.COMPLETION_CHARS
     env.globals["COLUMNS"] = {"list": tables.LIST_COLUMNS, "group": tables.GROUP_COLUMNS, "step": tables.STEP_COLUMNS}
     mlflow = MlflowLinks(mlflow_url, tracking_uri)
-    env.globals["mlflow_links"] = mlflow.enabled  # each run's pages link to /runs/<run>/mlflow
     curve_cache = ChartCache()  # the run pages' charts, by the steps and evaluations they were drawn from
+    env.globals["mlflow_links"] = mlflow.enabled  # each run's pages link to /runs/<run>/mlflow
 
     def render(request: Request, name: str, status: int = 200, **context: Any) -> Response:
         context.setdefault("title", "reflexdb explorer")

@@ -269,7 +269,6 @@ class Explorer:
                                                    "algorithm": run["algorithm"]}) or {}
         return {"origins": origins, "kinds": kinds, "methods": list(methods.get("methods") or [])}
 
-
     def steps(self, run_id: int, before: int | None, limit: int = PAGE) -> list[dict[str, Any]]:
         return self.named("steps", run_id=run_id, before=before, limit=limit)
 
@@ -325,6 +324,7 @@ class Explorer:
         t["panels"] = self._panels(params)
         t["marks"] = self._plugin_rows("marks", params)
         return t
+
     def token_signals(self, tid: int, run_id: int, step: int | None = None) -> dict[str, Any]:
         """The learner steps that recorded a trajectory's per-token signals (revision 0028), and the
         signals of ``step`` (None: the newest of them) as ``reflexdb.records.TokenSignals``.
@@ -345,7 +345,6 @@ class Explorer:
         signals = None if row is None else signal_arrays(
             (row["advantage"], row["log_ratio"], row["clipped"], row["entropy"]))
         return {"steps": steps, "step": chosen, "signals": signals}
-
 
     def _plugin_rows(self, block: str, params: dict[str, Any]) -> list[dict[str, Any]]:
         out = []

@@ -219,6 +219,24 @@ GROUP BY 1, 2 ORDER BY 1, 2;
 -- The runs a run page offers to draw beside its own curves, newest first.
 SELECT r.name FROM runs r ORDER BY r.id DESC LIMIT 500;
 
+-- name: completions
+-- What the grids (explorer/tables.py) show of each row's completion, its assistant turns, read
+-- cut: the first assistant turn's first %(chars)s + 1 characters (the grid shows its first line),
+-- the assistant turns in order, blank-line separated, from at most %(turns)s + 1 turns and cut at
+-- %(chars)s + 1 characters, how many turns that read, and the size of all of them in bytes.
+-- left() reads a slice of a long text and octet_length its stored size, neither the whole text:
+-- a completion of a megabyte costs what one of a line does.
+SELECT x.id, c.first_turn, c.text, c.turns,
+       (SELECT sum(octet_length(u.text)) FROM turns u
+        WHERE u.trajectory_id = x.id AND u.run_id = %(run_id)s AND u.role = 'assistant') AS bytes
+FROM unnest(%(ids)s::bigint[]) AS x(id)
+CROSS JOIN LATERAL (
+    SELECT (array_agg(a.part ORDER BY a.turn_index))[1] AS first_turn,
+           left(string_agg(a.part, E'\n\n' ORDER BY a.turn_index), %(chars)s + 1) AS text, count(*) AS turns
+    FROM (SELECT u.turn_index, left(u.text, %(chars)s + 1) AS part FROM turns u
+          WHERE u.trajectory_id = x.id AND u.run_id = %(run_id)s AND u.role = 'assistant'
+          ORDER BY u.turn_index LIMIT %(turns)s + 1) a) c;
+
 -- name: episode_turns
 -- A trajectory's first %(limit)s turns for the side-by-side and trace pages: each text's first
 -- %(chars)s characters and its whole length, its span of response tokens, its tool call's record.
@@ -237,21 +255,3 @@ SELECT count(*) AS turns, count(tool_call) AS calls, count(*) FILTER (WHERE tool
                 THEN least(greatest((tool_call ->> 'cpu_s')::numeric, 0), 1e9) END)::float8 AS cpu_s,
        count(*) FILTER (WHERE jsonb_typeof(tool_call -> 'wall_s') = 'number') AS timed
 FROM turns WHERE trajectory_id = %(id)s AND run_id = %(run_id)s;
-
--- name: completions
--- What the grids (explorer/tables.py) show of each row's completion, its assistant turns, read
--- cut: the first assistant turn's first %(chars)s + 1 characters (the grid shows its first line),
--- the assistant turns in order, blank-line separated, from at most %(turns)s + 1 turns and cut at
--- %(chars)s + 1 characters, how many turns that read, and the size of all of them in bytes.
--- left() reads a slice of a long text and octet_length its stored size, neither the whole text:
--- a completion of a megabyte costs what one of a line does.
-SELECT x.id, c.first_turn, c.text, c.turns,
-       (SELECT sum(octet_length(u.text)) FROM turns u
-        WHERE u.trajectory_id = x.id AND u.run_id = %(run_id)s AND u.role = 'assistant') AS bytes
-FROM unnest(%(ids)s::bigint[]) AS x(id)
-CROSS JOIN LATERAL (
-    SELECT (array_agg(a.part ORDER BY a.turn_index))[1] AS first_turn,
-           left(string_agg(a.part, E'\n\n' ORDER BY a.turn_index), %(chars)s + 1) AS text, count(*) AS turns
-    FROM (SELECT u.turn_index, left(u.text, %(chars)s + 1) AS part FROM turns u
-          WHERE u.trajectory_id = x.id AND u.run_id = %(run_id)s AND u.role = 'assistant'
-          ORDER BY u.turn_index LIMIT %(turns)s + 1) a) c;
