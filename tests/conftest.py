@@ -21,6 +21,9 @@ A method's own tests live beside its name, in the same three tiers: ``tests/meth
 
 A test in a ``unit`` folder that uses a database, or a test file outside a tier folder, stops
 the collection with one line saying where it belongs.
+
+The longest tests (``LONG_TESTS``) run first, shared between the two workers, so that the run does
+not end on one of them started last.
 """
 
 from __future__ import annotations
@@ -58,6 +61,65 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.db)
         if tier == "e2e":
             item.add_marker(pytest.mark.e2e)
+
+
+#: The tests that keep a worker busy longest, with their rough seconds on CI's 2-core machine (the
+#: slowest tests, printed after every run; docs/benchmarks.md): a key is a test's node id, or a file
+#: for each of its tests. They start first, shared between the workers (see ``_LongestFirst``).
+LONG_TESTS = {
+    "tests/e2e/test_chaos.py": 150,  # each failure drill (benchmarks/chaos.py --short)
+    "tests/e2e/test_gpu_suite.py::test_dry_run_measures_every_stage_on_the_cpu": 110,
+    "tests/e2e/test_gpu_suite.py::test_dry_run_of_the_end_to_end_and_async_stages": 100,
+    "tests/e2e/test_quickstart.py::test_quickstart_short_mode_end_to_end": 90,
+    "tests/store/test_learn.py::test_world_size_2_matches_one_process": 80,
+    "tests/store/test_reliability.py::test_the_learner_rides_out_a_database_outage": 70,
+    "tests/unit/test_engine_passes.py::test_the_chunked_head_gives_the_models_own_logprobs": 55,
+    "tests/unit/test_fast_engine.py::test_sampled_rows_agree_with_top_p_and_temperature": 50,
+    "tests/e2e/test_reliability.py::test_backup_of_a_live_run_restores_and_resumes_with_nothing_lost": 45,
+    "tests/e2e/test_methods.py::test_every_method_trains_end_to_end_as_processes[grpo]": 40,
+    "tests/e2e/test_learn.py::test_reflexdb_run_ctrl_c_stops_cleanly_and_resumes": 40,
+    "tests/e2e/test_learn.py::test_resume_after_kill_9": 35,
+    "tests/e2e/test_learn.py::test_collect_and_learn_as_two_processes": 35,
+    "tests/e2e/test_tutorial_method.py::test_the_tutorial_method_loads_checks_runs_and_is_removed": 35,
+}
+
+
+class _LongestFirst:
+    """Put the longest tests (``LONG_TESTS``) first, shared between pytest-xdist's workers.
+
+    ``--dist worksteal`` gives each worker a contiguous share of the collection, and a worker that
+    runs out steals from the end of another's. In collection order a long test could start last, on
+    one worker, while the other has nothing left: the run then ends when that test does. So each
+    share starts with its part of the long tests, longest first, balanced between the shares by
+    their seconds; the other tests keep their order. The same order in every worker (xdist checks
+    that the collections are equal). Runs after ``-m``/``-k`` have deselected (trylast)."""
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(self, config, items):
+        def seconds(item) -> float:
+            return LONG_TESTS.get(item.nodeid, LONG_TESTS.get(item.nodeid.split("::")[0], 0))
+
+        long = sorted((i for i in items if seconds(i)), key=seconds, reverse=True)
+        if not long:
+            return
+        rest = [i for i in items if not seconds(i)]
+        workers = int(getattr(config, "workerinput", {}).get("workercount", 1))
+        sizes, left = [], len(items)  # worksteal's first split: the next len(pending) // (idle workers left)
+        for k in range(workers):
+            sizes.append(left // (workers - k))
+            left -= sizes[-1]
+        shares: list[list] = [[] for _ in range(workers)]
+        for item in long:  # each to the share with the fewest seconds yet, while it has room
+            open_ = [k for k in range(workers) if len(shares[k]) < sizes[k]]
+            shares[min(open_, key=lambda k: (sum(map(seconds, shares[k])), k))].append(item)
+        order, rest_left = [], iter(rest)
+        for k in range(workers):
+            order += shares[k] + [next(rest_left) for _ in range(sizes[k] - len(shares[k]))]
+        items[:] = order
+
+
+def pytest_configure(config):
+    config.pluginmanager.register(_LongestFirst(), "reflexdb-longest-first")
 
 
 def _with_db(url: str, database: str) -> str:

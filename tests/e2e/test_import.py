@@ -78,7 +78,9 @@ def test_offline_training_on_an_imported_file_with_the_commands(store, db_url, t
                                         "reward": None if (a, d) == (2, 3) else 1.0 - 0.25 * d}) + "\n"
                             for a in (1, 2) for d in range(4)))
     cfg = tmp_path / "run.yaml"
-    cfg.write_text(yaml.safe_dump({**config_data(imported_per_step=2, max_seconds=20), "run": "offline"}))
+    # a time budget of 8 s (counted from the learner's first wait): step 1 takes the two imported
+    # groups at once, then it waits seconds with nothing eligible and stops
+    cfg.write_text(yaml.safe_dump({**config_data(imported_per_step=2, max_seconds=8), "run": "offline"}))
     env = child_env(db_url, tmp_path, model_cache)
     done = subprocess.run(REFLEXDB + ["import", str(path), "-c", str(cfg)], env=env, capture_output=True, text=True,
                           timeout=300)

@@ -1,4 +1,8 @@
-"""`reflexdb learn` and `reflexdb run` as processes: two processes, Ctrl-C and resume, kill -9 and resume."""
+"""`reflexdb learn` and `reflexdb run` as processes: two processes, Ctrl-C and resume, kill -9 and resume.
+
+`reflexdb run` starting both processes and evaluating before and after is checked by the quickstart's
+test (tests/e2e/test_quickstart.py: the [collect] and [learn] lines, the summary, the eval groups of
+base and the last version, the collector stopped with no claim left)."""
 
 from __future__ import annotations
 
@@ -101,22 +105,6 @@ def test_reflexdb_run_ctrl_c_stops_cleanly_and_resumes(store, db_url, tmp_path, 
     assert again.returncode == 0, again.stderr[-3000:]
     assert f"resumed run 'learn-test' at step {steps}" in again.stderr
     assert rows(store, "SELECT max(step) FROM learner_steps") == [(steps + 1,)]
-
-
-def test_reflexdb_run_starts_both_processes(store, db_url, tmp_path, model_cache):
-    cfg = write_config(tmp_path, config_data())
-    env = child_env(db_url, tmp_path, model_cache)
-    proc = subprocess.run(REFLEXDB + ["run", str(cfg), "--max-steps", "2", "--set", "learner.eval_samples=2"], env=env,
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "[collect]" in proc.stderr and "[learn]" in proc.stderr
-    assert "run 'learn-test': 2 learner steps, policy v2" in proc.stdout
-    # evaluated before (base) and after (v2), both as eval groups of the run
-    assert "held-out pass@1 (8 eval tasks x 2 samples): base " in proc.stdout and " -> v2 " in proc.stdout
-    assert rows(store, "SELECT meta->>'label', count(*) FROM groups WHERE kind = 'eval' GROUP BY 1 ORDER BY 1") == [
-        ("base", 8), ("v2", 8)]
-    assert rows(store, "SELECT status FROM collectors") == [("stopped",)]
-    assert rows(store, "SELECT count(*) FROM tasks WHERE claimed_by IS NOT NULL") == [(0,)]
 
 
 def test_resume_after_kill_9(store, db_url, tmp_path, model_cache):

@@ -33,10 +33,12 @@ from reflexdb.config import load_config, parse_config
 from tests.processes import REFLEXDB, child_env, kill_when_held, rows
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
-#: What every run shares: the tiny model, small groups and steps, short turns.
+#: What every run shares: the tiny model, small groups and steps, short turns; the collector's waits
+#: 1 s long (default 10: a collector waiting for the learner's next version, as it is when the learner
+#: stops, noticed the launcher's SIGTERM only when its wait ran out, up to 10 s per run).
 SMALL = ["model=tiny", "collector.group_size=4", "collector.tasks_per_batch=2", "collector.sampling.max_new_tokens=8",
          "learner.groups_per_step=2", "learner.micro_batch_size=4", "learner.keep_states=1", "learner.keep_policies=2",
-         "tasks.eval_size=2", "learner.eval_samples=2"]
+         "tasks.eval_size=2", "learner.eval_samples=2", "collector.progress_every_s=1"]
 
 
 @dataclass(frozen=True)

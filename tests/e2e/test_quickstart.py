@@ -3,9 +3,12 @@
     reflexdb run examples/arithmetic-grpo.yaml --max-steps 3 --set ... (a small batch)
 
 It evaluates the base model, trains with a collector and a learner process, evaluates again, and
-prints where to look. Checked: policy versions published and reloaded by the collector, every
+prints where to look. Checked: policy versions published and reloaded by the collector, both
+evaluations stored as eval groups of the run, the collector stopped with no claim left, every
 consumed trajectory traceable to its group, policy version and step, the MLflow run holding the
-documented metrics, and the SQL queries it suggests running.
+documented metrics, and the SQL queries it suggests running. (This is also the test of `reflexdb run`
+starting both processes and evaluating before and after: tests/e2e/test_learn.py ran the same on
+the tiny model before, one `reflexdb run` more for the same checks.)
 """
 
 from __future__ import annotations
@@ -19,7 +22,10 @@ from tests.processes import REFLEXDB, child_env, rows
 ROOT = Path(__file__).parents[2]
 SHORT = ["collector.group_size=4", "collector.tasks_per_batch=1", "collector.sampling.max_new_tokens=12",
          "learner.groups_per_step=1", "learner.micro_batch_size=4", "learner.eval_samples=2", "tasks.eval_size=2",
-         "learner.keep_states=1", "learner.keep_policies=2", "run=quickstart-short"]
+         "learner.keep_states=1", "learner.keep_policies=2", "run=quickstart-short",
+         # the collector's waits 1 s long, not 10: waiting for the learner's next version when the learner
+         # stops, it notices the launcher's SIGTERM only when its wait runs out
+         "collector.progress_every_s=1"]
 
 
 def documented_metrics() -> set[str]:
@@ -54,6 +60,12 @@ def test_quickstart_short_mode_end_to_end(store, db_url, tmp_path, model_cache):
     loaded = {int(v) for v in re.findall(r"loaded policy v(\d+)", err)}
     assert {1, 2} <= loaded, err[-3000:]
     assert rows(store, "SELECT count(DISTINCT policy_version) >= 3 FROM groups WHERE kind = 'fresh'") == [(True,)]
+    # Evaluated before (base) and after (v3), both as eval groups of the run; the collector stopped
+    # cleanly and left no claim behind.
+    assert rows(store, "SELECT meta->>'label', count(*) FROM groups WHERE kind = 'eval' GROUP BY 1 ORDER BY 1") == [
+        ("base", 2), ("v3", 2)]
+    assert rows(store, "SELECT status FROM collectors") == [("stopped",)]
+    assert rows(store, "SELECT count(*) FROM tasks WHERE claimed_by IS NOT NULL") == [(0,)]
     # Every consumed trajectory traces to its group, the policy version that produced it, and its step.
     traced = rows(store, """
         SELECT count(*), count(g.id), count(s.id), bool_and(t.policy_version = g.policy_version),

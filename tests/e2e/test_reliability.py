@@ -7,6 +7,8 @@ import signal
 import shutil
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -33,21 +35,52 @@ from tests.store.test_reliability import (  # noqa: F401
 def test_a_build_lock_held_by_a_live_process_is_waited_for_and_named(tmp_path):
     ext = _extensions_dir(tmp_path)
     lock = ext / "deepspeed_shm_comm" / "lock"
-    # A live holder, as torch's FileBaton holds it: the file created exclusively and kept open.
+    # A live holder, as torch's FileBaton holds it: the file created exclusively and kept open until
+    # the test lets it go (a line on its stdin), not for a fixed time: the waiter's start-up varies.
     holder = subprocess.Popen([sys.executable, "-c",
-                               f"import os, time; fd = os.open({str(lock)!r}, os.O_CREAT | os.O_EXCL); "
-                               "print('held', flush=True); time.sleep(20); os.close(fd); os.remove(" + repr(str(lock)) + ")"],
-                              stdout=subprocess.PIPE, text=True)
-    assert holder.stdout.readline().strip() == "held"
-    env = dict(os.environ, TORCH_EXTENSIONS_DIR=str(ext), DS_ACCELERATOR="cpu")
-    for key in ("MASTER_PORT", "MASTER_ADDR", "RANK", "WORLD_SIZE", "LOCAL_RANK"):
-        env.pop(key, None)
-    out = subprocess.run([sys.executable, "-c", START_DEEPSPEED], env=env, capture_output=True, text=True,
-                         timeout=300)
-    holder.wait(30)
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert f"waiting for process {holder.pid}, which is building DeepSpeed's deepspeed_shm_comm extension" in out.stderr
-    assert "removed a stale build lock" not in out.stderr  # a live holder's lock is never taken away
+                               f"import os, sys; fd = os.open({str(lock)!r}, os.O_CREAT | os.O_EXCL); "
+                               "print('held', flush=True); sys.stdin.readline(); os.close(fd); "
+                               "os.remove(" + repr(str(lock)) + ")"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        env = dict(os.environ, TORCH_EXTENSIONS_DIR=str(ext), DS_ACCELERATOR="cpu")
+        for key in ("MASTER_PORT", "MASTER_ADDR", "RANK", "WORLD_SIZE", "LOCAL_RANK"):
+            env.pop(key, None)
+        waiter = subprocess.Popen([sys.executable, "-c", START_DEEPSPEED], env=env, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True)
+        told = threading.Event()
+        said: list[str] = []
+
+        def read_stderr():
+            for line in waiter.stderr:
+                said.append(line)
+                if f"waiting for process {holder.pid}" in line:
+                    told.set()
+
+        reader = threading.Thread(target=read_stderr, daemon=True)
+        reader.start()
+        try:
+            assert told.wait(300), "".join(said)[-2000:]
+            # Held a few more of the watcher's looks (1 s apart) while DeepSpeed waits on it: a live
+            # holder's lock is never taken for a stale one.
+            time.sleep(3)
+            assert waiter.poll() is None and lock.exists(), "".join(said)[-2000:]
+            holder.stdin.write("done\n")
+            holder.stdin.flush()
+            holder.wait(30)
+            out = waiter.stdout.read()
+            waiter.wait(300)
+            reader.join(30)
+        finally:
+            waiter.kill()
+    finally:
+        holder.kill()
+    err = "".join(said)
+    assert waiter.returncode == 0, err[-2000:]
+    assert "deepspeed is up" in out
+    assert f"waiting for process {holder.pid}, which is building DeepSpeed's deepspeed_shm_comm extension" in err
+    assert "removed a stale build lock" not in err  # a live holder's lock is never taken away
 
 
 def test_a_build_lock_left_by_a_killed_process_is_removed_with_a_message(tmp_path):

@@ -113,13 +113,14 @@ def test_the_tutorial_method_loads_checks_runs_and_is_removed(store, db_url, tmp
                               timeout=120)
     assert compared.returncode == 0 and compared.stdout.strip() == "[]", compared.stdout + compared.stderr[-3000:]
 
-    # the tutorial's run, small: min_reward 0, so the untrained tiny model's answers (reward 0) are picked too
+    # the tutorial's run, small: min_reward 0, so the untrained tiny model's answers (reward 0) are picked too;
+    # the collector's waits 1 s long, not 10 (when the learner stops it notices SIGTERM at the end of a wait)
     assert f"reflexdb run {PLUGIN.relative_to(ROOT)}/bestofn.yaml --max-steps 2" in text
     run = reflexdb(env, "run", yaml, "--max-steps", "2", "--no-eval", *[a for s in (
         "run=bestofn-e2e", "model=tiny", "collector.group_size=4", "collector.tasks_per_batch=2",
         "collector.sampling.max_new_tokens=8", "learner.groups_per_step=2", "learner.micro_batch_size=8",
         "learner.keep_states=1", "learner.keep_policies=2", "tasks.eval_size=2", "learner.eval_samples=2",
-        "bestofn.min_reward=0") for a in ("--set", s)], timeout=300)
+        "bestofn.min_reward=0", "collector.progress_every_s=1") for a in ("--set", s)], timeout=300)
     assert run.returncode == 0, run.stderr[-4000:]
     assert "run 'bestofn-e2e': 2 learner steps" in run.stdout, run.stdout
 
