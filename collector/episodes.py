@@ -41,7 +41,7 @@ import numpy as np
 from reflexdb import TrajectoryIn, TurnIn
 from reflexdb.timing import PhaseTimer
 
-from .engines import Sample, SamplingParams
+from .engines import Sample, SamplingParams, timed
 from .environments import Environment, EnvTask, Step, make_environment
 from .tasks.templates import get_template, render_chat
 
@@ -119,6 +119,7 @@ class Episode:
     logprobs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
     turns: list[TurnIn] = field(default_factory=list)
+    generations: list[dict[str, Any]] = field(default_factory=list)  # each timed turn's engine call
     emb_sum: np.ndarray | None = None
     emb_tokens: int = 0
     finish_reason: str = "stop"
@@ -132,6 +133,8 @@ class Episode:
         self.versions += [version] * len(s.token_ids)
         self.turns.append(TurnIn("assistant", s.text, start, len(self.ids), True, attempt=self.attempt,
                                  answer=step.answer, correct=step.correct, reward=step.reward))
+        if s.call is not None:
+            self.generations.append(s.call.record(self.attempt, len(s.token_ids)))
         w = len(s.token_ids)
         self.emb_sum = s.embedding * w if self.emb_sum is None else self.emb_sum + s.embedding * w
         self.emb_tokens += w
@@ -156,12 +159,15 @@ class Episode:
         step = self.last
         turns = [TurnIn(m["role"], m["content"], trainable=False) for m in self.prompt_turns] + self.turns
         emb = None if self.emb_sum is None else (self.emb_sum / max(self.emb_tokens, 1)).astype(np.float32)
+        meta = dict(step.meta)
+        if self.generations:
+            meta["generations"] = list(self.generations)
         return TrajectoryIn(
             prompt_ids=self.prompt_ids, response_ids=np.asarray(self.ids, dtype=np.int32),
             logprobs=np.asarray(self.logprobs, dtype=np.float32), reward=step.episode_reward,
             correct=step.episode_correct, turns=turns, finish_reason=self.finish_reason,
             extracted_answer=step.answer, embedding=emb, error=self.error,
-            token_policy_versions=np.asarray(self.versions, dtype=np.int32), meta=dict(step.meta))
+            token_policy_versions=np.asarray(self.versions, dtype=np.int32), meta=meta)
 
 
 class Rollout:
@@ -250,8 +256,10 @@ class Rollout:
             active = [(ep, batch[0]) for ep, batch in zip(going, self._generate(prompts, 1))]
 
     def _generate(self, prompts: list, n: int) -> list[list[Sample]]:
+        t0 = time.perf_counter()
         with self.timer("generate"):
             out = self.engine.generate(prompts, n=n, params=self.params())
+        out = timed(out, time.perf_counter() - t0)
         self.stats.engine_calls += 1
         for batch in out:
             for s in batch:

@@ -40,7 +40,7 @@ from reflexdb.retry import TRANSIENT, DbRetry
 from reflexdb.storable import storable_json, storable_text
 from reflexdb.timing import PhaseTimer
 
-from .engines import Engine, Sample, SamplingParams, make_engine
+from .engines import Engine, Sample, SamplingParams, make_engine, timed
 from .engines.base import checkpoint_path
 from .environments import EnvTask
 from .fetch import Fetcher
@@ -327,8 +327,10 @@ class Collector:
         ``overrides``: sampling parameters other than the run's (``temperature=0.7``, ``json_schema=...``)."""
         params = SamplingParams(**{**self.params.__dict__, **overrides, "seed": int(self.rng.integers(2**31))})
         drill.phase("generate")
+        t0 = time.perf_counter()
         with self.timer("generate"):
             out = self.engine.generate(prompts, n=n, params=params)
+        out = timed(out, time.perf_counter() - t0)
         self.rollout_stats.engine_calls += 1  # the collector's engine calls, rollouts' and these
         self.rollout_stats.sampled_tokens += sum(len(s.token_ids) for row in out for s in row)
         return out

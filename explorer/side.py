@@ -8,9 +8,13 @@ diff of each pair is bounded as explorer/diff.py says. The trace reads :data:`MA
 first characters and counts the rest in SQL.
 
 Durations are what the store holds: each tool call's sandbox record (``turns.tool_call``: ``wall_s``,
-``cpu_s``, collector/sandbox.py ``ToolResult.record``). A generation's time is recorded nowhere (the
-engine samples a turn of every episode of a batch in one call), so the trace shows generations as
-untimed spans with their token counts rather than invent a duration.
+``cpu_s``, collector/sandbox.py ``ToolResult.record``), and for a generation the engine call that
+sampled it (``meta.generations``: ``attempt``, ``tokens``, ``wall_s``, ``rows``; collector/engines
+``EngineCall``). The engine samples a turn of every episode of a batch in one call, so a
+generation's time is its call's, shared with the call's other rows: the page says how many. A
+generation with no record that matches its attempt and token count (rows written before the
+collector recorded calls, imported rows, rows a workflow rebuilt) is an untimed span with its
+token count rather than an invented duration.
 """
 
 from __future__ import annotations
@@ -200,24 +204,29 @@ def trace(db: Explorer, tid: int) -> dict[str, Any]:
     t = _trajectory(db, tid)
     totals = t["totals"]
     turns = db.named("episode_turns", id=tid, run_id=t["run_id"], chars=PREVIEW_CHARS, limit=MAX_SPANS)
-    total = seconds(totals["wall_s"]) or 0.0
+    calls, generation_s = _generation_calls(t["meta"])
+    tool_s = seconds(totals["wall_s"]) or 0.0
+    total = tool_s + generation_s
     spans: list[dict[str, Any]] = []
     at, shown_wall, generation = 0.0, 0.0, None
     for u in turns:
         record = u["tool_call"] if isinstance(u["tool_call"], dict) else None
         wall = seconds(record.get("wall_s")) if record else None
         cpu = seconds(record.get("cpu_s")) if record else None
+        call = None
         if u["token_start"] is None:
             kind, depth = "prompt", 1
         elif u["role"] == "assistant":
             kind, depth = "generation", 1
+            call = calls.get((u["attempt"], _tokens(u)))
+            record, wall = None, None if call is None else call["wall_s"]
         elif record is not None:
             kind, depth = "tool", 2 if generation is not None else 1
         else:
             kind, depth = "environment", 1
         span = {"turn": u, "kind": kind, "depth": depth, "wall": wall, "cpu": cpu, "record": record,
                 "label": _preview(u["text"], u["chars"]), "tokens": _tokens(u), "under": None,
-                "status": None if record is None else record.get("status"),
+                "status": None if record is None else record.get("status"), "call": call,
                 "left": None, "width": None, "cpu_width": None, "mark": None}
         if kind == "generation":
             generation = span
@@ -240,6 +249,8 @@ def trace(db: Explorer, tid: int) -> dict[str, Any]:
     listed = _listed_calls(t["meta"])
     axis = [(f"{100 * k / 4:g}", duration(total * k / 4)) for k in range(5)] if total > 0 else []
     return {"t": t, "spans": spans, "axis": axis, "totals": totals, "total": duration(total) if total else None, "more": more,
+            "tool_total": duration(tool_s) if tool_s else None,
+            "generation_total": duration(generation_s) if calls else None, "timed_calls": len(calls),
             "more_wall": duration(max(0.0, total - shown_wall)) if more else None, "listed": listed,
             "listed_seconds": duration(listed["seconds"]) if listed else None,
             "cpu_total": duration(seconds(totals["cpu_s"])),
@@ -258,6 +269,36 @@ def _tokens(u: dict[str, Any]) -> int | None:
     return u["token_end"] - u["token_start"]
 
 
+#: Engine-call records read from a trajectory's ``meta.generations`` (a longer list is cut here).
+MAX_CALLS = 100_000
+
+
+def _generation_calls(meta: Any) -> tuple[dict[tuple[Any, int], dict[str, Any]], float]:
+    """The episode's timed generations (``meta.generations``), by (attempt, tokens): what a generation
+    span is matched on; and their seconds in all. A record that is not a dict with an integer or
+    null ``attempt``, an integer ``tokens`` and ``rows`` and a duration is skipped, as is a key
+    that two records share (which of them timed the turn is unknown)."""
+    records = meta.get("generations") if isinstance(meta, dict) else None
+    if not isinstance(records, list):
+        return {}, 0.0
+    calls: dict[tuple[Any, int], dict[str, Any]] = {}
+    shared: set[tuple[Any, int]] = set()
+    for r in records[:MAX_CALLS]:
+        if not isinstance(r, dict):
+            continue
+        attempt, tokens, rows, wall = r.get("attempt"), r.get("tokens"), r.get("rows"), seconds(r.get("wall_s"))
+        if wall is None or not all(isinstance(v, int) and not isinstance(v, bool) for v in (tokens, rows)) or (
+                attempt is not None and (not isinstance(attempt, int) or isinstance(attempt, bool))):
+            continue
+        key = (attempt, tokens)
+        if key in calls:
+            shared.add(key)
+        calls[key] = {"wall_s": min(wall, 1e9), "rows": rows}
+    for key in shared:
+        del calls[key]
+    return calls, sum(c["wall_s"] for c in calls.values())
+
+
 def _listed_calls(meta: Any) -> dict[str, Any] | None:
     """The episode's own list of its sandbox calls (``meta.tool_calls``, tool_python), when it has one:
     how many and their seconds. It may count calls no turn holds (calls a workflow took back)."""
@@ -268,4 +309,4 @@ def _listed_calls(meta: Any) -> dict[str, Any] | None:
     return {"n": len(calls), "seconds": sum(s for s in secs if s is not None)}
 
 
-__all__ = ["MAX_SPANS", "MAX_TURNS", "compare", "duration", "read_cap", "routes", "seconds", "trace"]
+__all__ = ["MAX_CALLS", "MAX_SPANS", "MAX_TURNS", "compare", "duration", "read_cap", "routes", "seconds", "trace"]

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from reflexdb.plugins import ENGINES
-from .base import Engine, Prompt, Sample, SamplingParams, ScoreResult, encode_prompt
+from .base import Engine, EngineCall, Prompt, Sample, SamplingParams, ScoreResult, encode_prompt, timed
 
 EngineFactory = Callable[..., Engine]
 
@@ -58,6 +58,6 @@ register_engine("fast", _fast)
 register_engine("sglang", _sglang)
 
 __all__ = [
-    "Engine", "Prompt", "Sample", "SamplingParams", "ScoreResult", "encode_prompt", "engine_names",
-    "make_engine", "register_engine",
+    "Engine", "EngineCall", "Prompt", "Sample", "SamplingParams", "ScoreResult", "encode_prompt", "engine_names",
+    "make_engine", "register_engine", "timed",
 ]

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal, Protocol, Union, runtime_checkable
 
@@ -107,6 +107,25 @@ def _check_json_schema(schema: str | Mapping[str, Any]) -> str:
     return schema
 
 
+@dataclass(frozen=True)
+class EngineCall:
+    """One engine call as the collector timed it: ``seconds`` of wall time for ``rows`` sampled rows."""
+
+    seconds: float
+    rows: int
+
+    def record(self, attempt: int | None, tokens: int) -> dict[str, Any]:
+        """What a trajectory keeps of the call that sampled its turn ``attempt`` of ``tokens`` tokens
+        (``meta.generations``; the explorer's trace draws it)."""
+        return {"attempt": attempt, "tokens": tokens, "wall_s": round(self.seconds, 6), "rows": self.rows}
+
+
+def timed(out: list[list[Sample]], seconds: float) -> list[list[Sample]]:
+    """``out`` of one engine call with the call's wall ``seconds`` and row count on every sample."""
+    call = EngineCall(seconds, sum(len(batch) for batch in out))
+    return [[replace(s, call=call) for s in batch] for batch in out]
+
+
 @dataclass(frozen=True, eq=False)
 class Sample:
     """One sampled response.
@@ -125,6 +144,9 @@ class Sample:
         embedding: `[D]` float32 mean-pooled last-layer hidden state over the response
             (NexGRPO's φ(o)).
         stop: the stop string that ended the response, or ``None``.
+        call: the engine call that sampled it, as the collector timed it (:func:`timed`): its wall
+            seconds and the rows it sampled together (every row of a call shares its time); ``None``
+            from an engine itself.
     """
 
     prompt_ids: np.ndarray
@@ -134,6 +156,7 @@ class Sample:
     text: str
     embedding: np.ndarray
     stop: str | None = None
+    call: EngineCall | None = None
 
     def __post_init__(self) -> None:
         # Every engine's samples, in collect and in eval, reach the store through here.

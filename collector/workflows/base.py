@@ -54,7 +54,8 @@ def score_samples(reward_fn, ground_truth: str | None, prompt: list[dict], sampl
         out.append(TrajectoryIn(
             prompt_ids=s.prompt_ids, response_ids=s.token_ids, logprobs=s.logprobs, reward=reward,
             correct=correct, turns=turns, finish_reason=s.finish_reason, extracted_answer=answer,
-            embedding=s.embedding, error=error))
+            embedding=s.embedding, error=error,
+            meta={} if s.call is None else {"generations": [s.call.record(None, len(s.token_ids))]}))
     return out
 
 

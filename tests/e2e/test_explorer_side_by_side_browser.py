@@ -43,7 +43,11 @@ def _hostile_pair(store, run: int) -> tuple[int, int]:
                  TurnIn("assistant", f"The answer is {HOSTILE if k == 0 else EMOJI} \\boxed{{42}}", 14, 20, attempt=1)]
         ids.append(TrajectoryIn(prompt_ids=np.arange(4, dtype=np.int32), response_ids=np.arange(20, dtype=np.int32) + 9,
                                 logprobs=-np.full(20, 0.2, np.float32), reward=float(k), correct=bool(k), turns=turns,
-                                extracted_answer=HOSTILE if k == 0 else f"42 {EMOJI}", origin="base"))
+                                extracted_answer=HOSTILE if k == 0 else f"42 {EMOJI}", origin="base",
+                                # the second row's engine calls timed, as a collector records them
+                                meta={} if k == 0 else {"generations": [
+                                    {"attempt": 0, "tokens": 10, "wall_s": 0.412, "rows": 16},
+                                    {"attempt": 1, "tokens": 6, "wall_s": 0.118, "rows": 3}]}))
     w = store.write_group(GroupIn(run_id=run, task_id=task, policy_version=0, trajectories=ids, workflow="group",
                                   kind="fresh"))
     return w.trajectory_ids[0], w.trajectory_ids[1]
@@ -155,6 +159,21 @@ def test_the_trace_of_an_episode_from_its_page(browser, site, data):
     generations = _css(browser, "#trace .span-row.kind-generation")
     assert len(generations) == 3 and all("not timed" in g.text and "tokens" in g.text for g in generations)
     assert all(m.is_displayed() for m in _css(browser, "#trace .untimed-mark"))
+
+
+def test_a_trace_with_timed_engine_calls(browser, site, pair):
+    _, right = pair
+    _open(browser, site, f"/trajectories/{right}/trace")
+    assert browser.find_element("css selector", "#tool-total").text == "72.1 ms"
+    assert browser.find_element("css selector", "#generation-total").text == "530 ms"  # 412 + 118 ms
+    generations = _css(browser, "#trace .span-row.kind-generation")
+    assert [g.find_element("css selector", ".span-time").text.split("\n") for g in generations] == [
+        ["412 ms", "a call of 16 rows"], ["118 ms", "a call of 3 rows"]]
+    bars = [r.find_element("css selector", ".bar") for r in generations + _css(browser, "#trace .span-row.kind-tool")]
+    assert all(b.is_displayed() and b.size["width"] > 5 for b in bars)
+    # in turn order along the axis: the first generation, its tool call, the second generation
+    assert bars[0].location["x"] < bars[2].location["x"] < bars[1].location["x"]
+    assert not _css(browser, "#trace .untimed-mark")
     _shot(browser, "explorer-trace.png", 900)
 
 

@@ -178,8 +178,19 @@ def test_driver_batches_turns_and_tokens_are_exact(tiny):
     for row in episodes:
         for t in row:
             check_episode(tiny, t, 3)
-            assert t.correct is False and t.reward == 0.0 and t.meta == {"attempts": 3, "solved_at": None}
+            meta = dict(t.meta)
+            calls = meta.pop("generations")
+            assert t.correct is False and t.reward == 0.0 and meta == {"attempts": 3, "solved_at": None}
             assert set(t.token_policy_versions.tolist()) == {3}
+            # each assistant turn's engine call, timed: its attempt and token count (the trace's key),
+            # the call's wall seconds and the 8 rows it sampled together (2 tasks x 4 at turn 0, then 8)
+            spans = [u for u in t.turns if u.role == "assistant"]
+            assert [(c["attempt"], c["tokens"], c["rows"]) for c in calls] == [
+                (u.attempt, u.token_end - u.token_start, 8) for u in spans]
+            assert all(c["wall_s"] > 0 for c in calls)
+    # one call per turn: every row of a turn has the same call's seconds
+    for k in range(3):
+        assert len({t.meta["generations"][k]["wall_s"] for row in episodes for t in row}) == 1
     # stored behaviour log-probs are the engine's score() of the whole conversation, token by token
     flat = [t for row in episodes for t in row]
     scored = tiny.score([t.prompt_ids for t in flat], [t.response_ids for t in flat])
@@ -216,6 +227,8 @@ def test_episodes_end_at_different_turns(tiny):
     # judges 1 and 3 (T F: 1 done), attempt 2 judges 3 (T)
     assert [t.meta["attempts"] for t in episodes] == [1, 2, 1, 3]
     assert [t.meta["solved_at"] for t in episodes] == [0, 1, 0, 2] and all(t.correct for t in episodes)
+    # each turn's engine call sampled only the rows still going: 4, then 2, then 1
+    assert [[c["rows"] for c in t.meta["generations"]] for t in episodes] == [[4], [4, 2], [4], [4, 2, 1]]
     for t in episodes:
         check_episode(tiny, t, t.meta["attempts"])
 
@@ -230,6 +243,24 @@ def test_single_environment_is_one_plain_turn(tiny):
     for t, s in zip(row, plain):  # the same engine call as before environments existed
         assert t.response_ids.tolist() == s.token_ids.tolist() and np.array_equal(t.logprobs, s.logprobs)
         assert [u.role for u in t.turns] == ["user", "assistant"] and t.turns[1].token_end == len(s.token_ids)
+
+
+def test_plain_samples_keep_their_engine_call_on_the_row(tiny):
+    """Collector.sample + score (a workflow's single-turn path): each row records the call that sampled
+    it, as the driver's turns do; an engine's own samples (no call timed) record nothing."""
+    from reflexdb.collector.engines import timed
+    from reflexdb.collector.workflows.base import score_samples
+
+    prompt = get_template("plain").messages(TASKS[0].prompt)
+    out = tiny.generate([prompt], n=3, params=SamplingParams(max_new_tokens=6, seed=1))
+    assert all(s.call is None for s in out[0])
+    assert [t.meta for t in score_samples(get_reward("math"), "5", prompt, out[0])] == [{}, {}, {}]
+    stamped = timed(out, 0.25)[0]
+    assert all(a.token_ids is b.token_ids and a.text == b.text for a, b in zip(stamped, out[0]))
+    rows = score_samples(get_reward("math"), "5", prompt, stamped)
+    assert [t.meta for t in rows] == [{"generations": [{"attempt": None, "tokens": len(s.token_ids), "wall_s": 0.25,
+                                                        "rows": 3}]} for s in out[0]]
+    assert [u.attempt for u in rows[0].turns if u.role == "assistant"] == [None]  # the trace's key: (None, tokens)
 
 
 def test_environment_ids_after_a_truncated_turn(tiny):
@@ -269,7 +300,7 @@ def test_episode_round_trips_through_the_store(tiny, store):
         assert got.loss_mask.tolist() == expected.tolist()
         # confidence: exp(mean log-prob) over the model's own tokens only
         assert got.confidence == pytest.approx(float(np.exp(sent.logprobs[expected].astype(np.float64).mean())))
-        assert got.meta == {"attempts": 3, "solved_at": None}
+        assert got.meta == sent.meta and got.meta["attempts"] == 3 and len(got.meta["generations"]) == 3
     from reflexdb.trainer.batch import pack
 
     batch = pack([group], pad_id=0, origins=store.origins())

@@ -198,6 +198,63 @@ def test_the_trace_shows_tool_calls_as_spans_with_their_durations(site, data):
     assert f'id="trace-link" href="/trajectories/{d.raw}/trace"' in _page(site, f"/trajectories/{d.raw}")
 
 
+@pytest.fixture(scope="module")
+def timed(data):
+    """An episode whose engine calls were timed (``meta.generations``, as collectors record them),
+    with records a hostile or broken writer could leave beside them."""
+    from reflexdb import GroupIn, Store, TaskIn, TrajectoryIn, TurnIn
+
+    url, d, _ = data
+    store = Store.open(url)
+    try:
+        [task] = store.add_tasks(d.tools_run_id, [TaskIn("Add 2 and 3.", "5", dataset="trace")])
+        turns = [TurnIn("user", "Add 2 and 3."),
+                 TurnIn("assistant", "```python\nprint(2 + 3)\n```", 0, 3, attempt=0),
+                 TurnIn("tool", "5", 3, 4, attempt=0, tool_call={"status": "ok", "wall_s": 0.1, "cpu_s": 0.05}),
+                 TurnIn("assistant", "It is 6.", 4, 6, attempt=1),
+                 TurnIn("user", "Incorrect. Please try again.", 6, 7, attempt=1, trainable=False),
+                 TurnIn("assistant", "It is 5, <script>alert(1)</script>", 7, 12, attempt=2)]
+        generations = [
+            {"attempt": 0, "tokens": 3, "wall_s": 0.3, "rows": 8},   # turn 1: 0.3 s, a call of 8 rows
+            {"attempt": 1, "tokens": 2, "wall_s": 0.1, "rows": 1},   # turn 3: 0.1 s, one row
+            {"attempt": 2, "tokens": 5, "wall_s": 0.2, "rows": 4},   # turn 5: two records for one key,
+            {"attempt": 2, "tokens": 5, "wall_s": 9.0, "rows": 4},   # so which timed it is unknown: untimed
+            {"attempt": 1, "tokens": 7, "wall_s": 5.0, "rows": 2},   # no turn of 7 tokens: not drawn
+            {"attempt": True, "tokens": 3, "wall_s": 1.0, "rows": 1}, {"attempt": 0, "tokens": "3", "wall_s": 1.0},
+            {"attempt": 0, "tokens": 3, "wall_s": "NaN", "rows": 1}, {"attempt": 0, "tokens": 3, "wall_s": -1, "rows": 1},
+            "<script>", None, [1, 2]]
+        n = 12
+        row = TrajectoryIn(prompt_ids=np.arange(4, dtype=np.int32), response_ids=np.arange(n, dtype=np.int32) + 7,
+                           logprobs=-np.full(n, 0.1, np.float32), reward=1.0, correct=True, turns=turns,
+                           extracted_answer="5", origin="base", meta={"generations": generations})
+        w = store.write_group(GroupIn(run_id=d.tools_run_id, task_id=task, policy_version=0, trajectories=[row],
+                                      workflow="group", kind="fresh"))
+    finally:
+        store.close()
+    return w.trajectory_ids[0]
+
+
+def test_the_trace_draws_generations_with_their_engine_calls(site, timed):
+    body = _page(site, f"/trajectories/{timed}/trace")
+    # valid records of the turns: 0.3 s and 0.1 s; the one of 7 tokens matches no turn but is an engine
+    # call of the episode, so it counts in the generation time: 0.3 + 0.1 + 5.0 = 5.4 s; attempt 2's
+    # two records cancel; the rest are not records (a bool attempt, a string count, NaN, -1, not dicts)
+    assert re.search(r'id="generation-total">5\.4 s<', body) and "(3 engine calls)" in body
+    assert re.search(r'id="tool-total">100 ms<', body)
+    # the axis is the episode's timed turns end to end, 5.5 s: generation 0.3 s at 0, the tool call 0.1 s
+    # after it, generation 0.1 s after that; the untimed generation of attempt 2 and the feedback are marks
+    bars = re.findall(r'class="bar kind-(\w+)" style="left: ([\d.]+)%; width: ([\d.]+)%"', body)
+    assert [(k, float(a), float(b)) for k, a, b in bars] == [
+        ("episode", 0.0, 100.0), ("generation", 0.0, pytest.approx(100 * 0.3 / 5.5, abs=1e-3)),
+        ("tool", pytest.approx(100 * 0.3 / 5.5, abs=1e-3), pytest.approx(100 * 0.1 / 5.5, abs=1e-3)),
+        ("generation", pytest.approx(100 * 0.4 / 5.5, abs=1e-3), pytest.approx(100 * 0.1 / 5.5, abs=1e-3))]
+    rows = body[body.index('id="trace"'):]
+    assert "a call of 8 rows" in rows and "a call of 1 row<" in rows
+    assert rows.count("not timed") == 2 and rows.count('class="untimed-mark"') == 2
+    assert "<script>alert(1)" not in rows and "&lt;script&gt;alert(1)" in rows
+    assert 'id="no-timed-spans"' not in body
+
+
 def test_a_trace_without_tool_calls_says_so(site, data):
     _, d, _ = data
     body = _page(site, f"/trajectories/{d.base}/trace")
