@@ -105,18 +105,21 @@ def show(name: str = typer.Argument(..., help="The run's name."), url: str = URL
 def delete(
     name: str = typer.Argument(..., help="The run's name."),
     yes: bool = typer.Option(False, "--yes", help="Delete without asking (required when stdin is not a terminal)."),
-    keep_files: bool = typer.Option(False, "--keep-files", help="Delete the rows only; keep checkpoints and the FAISS index."),
+    keep_files: bool = typer.Option(False, "--keep-files", help="Delete the rows only; keep checkpoints (local and in "
+                                    "storage) and the FAISS index."),
     url: str = URL_OPTION,
 ) -> None:
     """Delete a run: every row of it (tasks, groups, trajectories, steps, versions, ...), its
-    checkpoints and its FAISS index. Refused while a process of the run (collect, learn, eval,
-    import) is connected or a collector of it reported in the last 2 minutes."""
+    checkpoints (with ``learner.checkpoint_url`` in object storage, the ``vK`` versions there too,
+    with the credentials of this environment) and its FAISS index. Refused while a process of the
+    run (collect, learn, eval, import) is connected or a collector of it reported in the last 2
+    minutes."""
     from reflexdb import Store
     from reflexdb.errors import ReflexdbError
     from reflexdb.ops import admin
     from reflexdb.index import default_directory
     from reflexdb.settings import home
-    from reflexdb.storage import local_dir, mask, remote_url
+    from reflexdb.storage import StorageError, local_dir, mask, remote_url, remove_versions
     from reflexdb import runs
 
     with Store.open(url) as store:
@@ -127,19 +130,27 @@ def delete(
                                 "cleanly)")
         cfg = r["config"] or {}
         learner = cfg.get("learner") or {}
-        remote = remote_url(learner.get("checkpoint_url"))  # objects in storage stay: said below
+        remote = remote_url(learner.get("checkpoint_url"))
+        options = learner.get("checkpoint_storage_options") or {}
         ckpt = Path(learner.get("checkpoint_dir") or local_dir(learner.get("checkpoint_url"))
                     or home() / "checkpoints" / name).expanduser()
         index_files = sorted(default_directory(store).glob(f"run-{r['id']}.*"))
         what = (f"run {name!r}: {r['trajectories']:,} trajectories, {r['steps'] or 0} steps"
-                + ("" if keep_files else f", {ckpt}" if ckpt.exists() else ""))
+                + ("" if keep_files else f", {ckpt}" if ckpt.exists() else "")
+                + ("" if keep_files or not remote else f", its versions in {mask(remote)}"))
         if not yes:
             typer.confirm(f"delete {what}?", abort=True)
         runs.delete(store, r["id"])
+    left = ""
     if not keep_files:
         if ckpt.exists():
             shutil.rmtree(ckpt)
         for f in index_files:
             f.unlink(missing_ok=True)
-    typer.echo(f"deleted {what}" + ("; files kept" if keep_files else "")
-               + (f"; the versions in {mask(remote)} are not deleted: remove that prefix yourself" if remote else ""))
+        if remote:  # the rows are gone already: storage that fails now leaves objects no row names, said
+            try:
+                removed = remove_versions(remote, options)
+                left = f" ({len(removed)} there)"
+            except StorageError as exc:
+                left = f"; {exc}: remove the vK prefixes there yourself"
+    typer.echo(f"deleted {what}" + ("; files kept" if keep_files else "") + left)

@@ -325,6 +325,23 @@ def prune(base: str, options: dict[str, Any] | None, newest: int, keep: int,
     return deleted
 
 
+def remove_versions(base: str, options: dict[str, Any] | None) -> list[int]:
+    """Delete every version (``v<K>``) under ``base``: a deleted run's. Other objects under the
+    prefix are left alone. Returns the versions deleted.
+
+    Raises:
+        StorageError: storage did not answer or refused; the message names the URL and the cause.
+    """
+    try:
+        fs, _ = filesystem(base, options)
+        found = versions_in(base, options)
+        for path in found.values():
+            fs.rm(path, recursive=True)
+    except Exception as exc:  # noqa: BLE001 - any storage error, named
+        raise StorageError(f"could not delete the versions in {mask(base)}: {reason(exc, base)}") from None
+    return sorted(found)
+
+
 # ---------------------------------------------------------------------- the collector's cache
 
 def cache_root(run: str) -> Path:

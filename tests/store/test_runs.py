@@ -99,13 +99,14 @@ def test_no_runs_says_how_to_make_one(store, db_url, tmp_path):
     assert out.returncode == 0 and "no runs yet" in out.stdout
 
 
-def test_delete_of_a_run_publishing_to_storage_says_the_objects_stay(store, db_url, tmp_path):
-    """learner.checkpoint_url in object storage (issue 54): the rows and the learner's local
-    directory go; the objects in storage are not touched, and the message says so."""
+def test_delete_of_a_run_publishing_to_storage_keeps_its_objects_with_keep_files(store, db_url, tmp_path):
+    """learner.checkpoint_url in object storage (issue 54), --keep-files: the rows go; the local
+    directory and the objects in storage are not touched (nothing is asked of storage). Deleting the
+    objects: tests/store/test_storage_s3.py."""
     run = store.create_run("remote", config={"run": "remote", "learner": {"checkpoint_url": "s3://bucket/remote/"}})
     ckpt = tmp_path / "checkpoints" / "remote"
     (ckpt / "v1").mkdir(parents=True)
-    done = _runs(["delete", "remote", "--yes"], db_url, tmp_path)
+    done = _runs(["delete", "remote", "--yes", "--keep-files"], db_url, tmp_path)
     assert done.returncode == 0, done.stderr
-    assert "the versions in s3://bucket/remote/ are not deleted: remove that prefix yourself" in done.stdout
-    assert rows(store, "SELECT count(*) FROM runs WHERE id = :r", r=run) == [(0,)] and not ckpt.exists()
+    assert done.stdout.strip() == "deleted run 'remote': 0 trajectories, 0 steps; files kept"
+    assert rows(store, "SELECT count(*) FROM runs WHERE id = :r", r=run) == [(0,)] and (ckpt / "v1").exists()

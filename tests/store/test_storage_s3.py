@@ -7,6 +7,7 @@ row recorded."""
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from types import SimpleNamespace
@@ -206,3 +207,37 @@ def test_with_a_read_url_the_row_names_the_version_as_collectors_reach_it(store,
     assert rows(store, "SELECT checkpoint_uri FROM policy_versions WHERE run_id = :r", r=run_id) == [
         ("https://ckpt.example.com/read-url/v0",)]
     assert sorted(storage.versions_in("s3://ckpt/read-url/", {"endpoint_url": s3_env.endpoint})) == [0]
+
+
+def test_deleting_a_run_deletes_its_versions_in_storage(store, db_url, tmp_path, s3_env):
+    """`reflexdb runs delete` of a run that published to S3: its vK prefixes go with its rows,
+    with this environment's credentials; other objects under the prefix stay."""
+    import subprocess
+
+    from tests.processes import REFLEXDB
+
+    files = tmp_path / "weights"
+    files.mkdir()
+    (files / "model.safetensors").write_bytes(b"w" * 1000)
+    for v in (1, 2):
+        storage.upload(files, f"s3://ckpt/gone/v{v}", None, limit_s=30)
+    fs, _ = storage.filesystem("s3://ckpt/gone/", None)
+    fs.pipe_file("ckpt/gone/notes.txt", b"not a version")
+    store.create_run("gone", config={"run": "gone", "learner": {"checkpoint_url": "s3://ckpt/gone/"}})
+    env = dict(os.environ, REFLEXDB_DATABASE_URL=db_url, REFLEXDB_HOME=str(tmp_path / "home"))
+    done = subprocess.run(REFLEXDB + ["runs", "delete", "gone", "--yes"], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "deleted run 'gone': 0 trajectories, 0 steps, its versions in s3://ckpt/gone/ (2 there)"
+    assert storage.versions_in("s3://ckpt/gone/", None) == {}
+    fs.invalidate_cache()
+    assert fs.cat_file("ckpt/gone/notes.txt") == b"not a version"
+    assert rows(store, "SELECT count(*) FROM runs WHERE name = 'gone'") == [(0,)]
+
+
+def test_storage_that_does_not_answer_fails_the_deletion_with_its_cause(s3_env, fail_fast):
+    from tests.s3server import free_port
+
+    nowhere = {**fail_fast, "client_kwargs": {"endpoint_url": f"http://127.0.0.1:{free_port()}"}}
+    with pytest.raises(storage.StorageError, match=r"could not delete the versions in s3://ckpt/x/: .*"):
+        storage.remove_versions("s3://ckpt/x/", nowhere)
