@@ -358,8 +358,12 @@ def _learn_once(tmp_path, name, db_url, model_cache, launcher):
                            "WHERE r.name = :n AND p.version = 1", n=name)
     steps = rows(store, "SELECT count(*) FROM learner_steps s JOIN runs r ON r.id = s.run_id WHERE r.name = :n",
                  n=name)
+    # what the step used at each token (learner.record_token_signals, on by default), in the rows' order
+    signals = [tuple(bytes(x) if x is not None else None for x in r) for r in rows(
+        store, "SELECT g.advantage, g.log_ratio, g.clipped, g.entropy FROM token_signals g JOIN runs r ON r.id = g.run_id "
+               "WHERE r.name = :n ORDER BY g.trajectory_id", n=name)]
     store.close()
-    return load_file(str(Path(uri.removeprefix("file://")) / "model.safetensors")), steps
+    return load_file(str(Path(uri.removeprefix("file://")) / "model.safetensors")), steps + [signals]
 
 
 def test_rows_ordered_by_length_are_dealt_evenly_to_the_ranks():
@@ -403,7 +407,17 @@ def test_world_size_2_matches_one_process(db_url, tmp_path, model_cache):
         except AssertionError as exc:
             if "EADDRINUSE" not in str(exc) or attempt == 2:
                 raise
+    *steps1, signals1 = steps1
+    *steps2, signals2 = steps2
     assert steps1 == steps2 == [(1,)]  # rank 0 alone recorded the step
+    # every rank's rows' token signals gathered to rank 0 and written once: the same rows as one process
+    # wrote, the same advantages and clip flags, entropies and log-ratios within float16 and sum order
+    assert len(signals1) == len(signals2) == 2 * 4  # 2 groups of 4, every row trained
+    for a, b in zip(signals1, signals2):
+        assert a[0] == b[0] and a[2] == b[2]
+        for k in (1, 3):
+            x, y = np.frombuffer(a[k], np.float16).astype(np.float32), np.frombuffer(b[k], np.float16).astype(np.float32)
+            assert x.shape == y.shape and np.allclose(x, y, atol=2e-3, rtol=2e-3), k
     base = load_file(str(Path(resolve_model("tiny")) / "model.safetensors"))
     assert one.keys() == two.keys()
     moved = 0.0
