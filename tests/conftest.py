@@ -67,20 +67,20 @@ def pytest_collection_modifyitems(config, items):
 #: slowest tests, printed after every run; docs/benchmarks.md): a key is a test's node id, or a file
 #: for each of its tests. They start first, shared between the workers (see ``_LongestFirst``).
 LONG_TESTS = {
-    "tests/e2e/test_chaos.py": 150,  # each failure drill (benchmarks/chaos.py --short)
-    "tests/e2e/test_gpu_suite.py::test_dry_run_measures_every_stage_on_the_cpu": 110,
-    "tests/e2e/test_gpu_suite.py::test_dry_run_of_the_end_to_end_and_async_stages": 100,
-    "tests/e2e/test_quickstart.py::test_quickstart_short_mode_end_to_end": 90,
-    "tests/store/test_learn.py::test_world_size_2_matches_one_process": 80,
-    "tests/store/test_reliability.py::test_the_learner_rides_out_a_database_outage": 70,
-    "tests/unit/test_engine_passes.py::test_the_chunked_head_gives_the_models_own_logprobs": 55,
-    "tests/unit/test_fast_engine.py::test_sampled_rows_agree_with_top_p_and_temperature": 50,
-    "tests/e2e/test_reliability.py::test_backup_of_a_live_run_restores_and_resumes_with_nothing_lost": 45,
-    "tests/e2e/test_methods.py::test_every_method_trains_end_to_end_as_processes[grpo]": 40,
-    "tests/e2e/test_learn.py::test_reflexdb_run_ctrl_c_stops_cleanly_and_resumes": 40,
-    "tests/e2e/test_learn.py::test_resume_after_kill_9": 35,
-    "tests/e2e/test_learn.py::test_collect_and_learn_as_two_processes": 35,
-    "tests/e2e/test_tutorial_method.py::test_the_tutorial_method_loads_checks_runs_and_is_removed": 35,
+    "tests/e2e/test_chaos.py": 150,  # each failure drill (benchmarks/chaos.py --short; --storage s3)
+    "tests/e2e/test_gpu_suite.py::test_dry_run_of_the_end_to_end_and_async_stages": 130,
+    "tests/e2e/test_gpu_suite.py::test_dry_run_measures_every_stage_on_the_cpu": 95,
+    "tests/e2e/test_quickstart.py::test_quickstart_short_mode_end_to_end": 95,
+    "tests/e2e/test_reliability.py::test_backup_of_a_live_run_restores_and_resumes_with_nothing_lost": 55,
+    "tests/store/test_reliability.py::test_the_learner_rides_out_a_database_outage": 37,
+    "tests/e2e/test_smollm2.py::test_three_attempt_episode_with_smollm2": 35,
+    "tests/methods/r3l/store/test_r3l.py::test_the_learner_trains_exploration_groups_and_the_sft_pairs": 34,
+    "tests/e2e/test_methods.py::test_every_method_trains_end_to_end_as_processes[grpo]": 30,
+    "tests/e2e/test_s3_quickstart.py::test_a_collector_with_no_access_to_the_learners_disk_trains_through_s3": 28,
+    "tests/e2e/test_collect.py::test_database_away_for_a_while_loses_nothing": 27,
+    "tests/e2e/test_learn.py::test_reflexdb_run_ctrl_c_stops_cleanly_and_resumes": 25,
+    "tests/e2e/test_learn.py::test_resume_after_kill_9": 24,
+    "tests/store/test_learn.py::test_world_size_2_matches_one_process": 24,
 }
 
 

@@ -97,7 +97,7 @@ from tests.store.test_episodes import MODEL_CACHE, TASKS, check_episode, rollout
 def test_three_attempt_episode_with_smollm2(store):
     engine = make_engine("hf", model=smollm2_dir(MODEL_CACHE), device="cpu")
     try:
-        r = rollout(engine, max_new_tokens=48, seed=11)
+        r = rollout(engine, max_new_tokens=24, seed=11)  # 3 turns of up to 24 tokens: the checks need turns, not length
         run_id = store.create_run("episodes-smollm2")
         from reflexdb import TaskIn
         [task_id] = store.add_tasks(run_id, [TaskIn(TASKS[0].prompt, TASKS[0].ground_truth)])
