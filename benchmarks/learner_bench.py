@@ -60,6 +60,7 @@ tables of a results file.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import os
@@ -409,6 +410,40 @@ class LoadSampler(threading.Thread):
         return self.samples
 
 
+@contextlib.contextmanager
+def scratch_database(admin_url: str | None, name: str, tmp: Path):
+    """A migrated database for a benchmark, yielding its URL: ``name`` made on the server at
+    ``admin_url`` and dropped afterwards, or (no URL) a fresh embedded server in ``tmp/pgdata``,
+    stopped afterwards."""
+    import psycopg
+    from sqlalchemy.engine import make_url
+
+    from reflexdb import migrate
+    from reflexdb.db import libpq_url, make_engine
+
+    if admin_url:
+        with psycopg.connect(libpq_url(admin_url), autocommit=True) as c:
+            c.execute(f'CREATE DATABASE "{name}"')
+        url = make_url(admin_url).set(database=name).render_as_string(hide_password=False)
+    else:
+        from reflexdb import embedded
+
+        url = embedded.server_uri(tmp / "pgdata")
+    try:
+        engine = make_engine(url)
+        migrate.upgrade(engine)
+        engine.dispose()
+        yield url
+    finally:
+        if admin_url:
+            with psycopg.connect(libpq_url(admin_url), autocommit=True) as c:
+                c.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        else:
+            from reflexdb import embedded
+
+            embedded.stop(tmp / "pgdata")
+
+
 def machine_info() -> dict:
     import deepspeed
     import torch
@@ -497,58 +532,35 @@ def main(argv=None) -> int:
     args.sweep_micro = [int(x) for x in args.sweep_micro.split(",") if x]
     specs = plan(args)
 
-    import psycopg
-    from sqlalchemy.engine import make_url
-
-    from reflexdb import migrate
-    from reflexdb.db import libpq_url, make_engine
-
     tmp = Path(tempfile.mkdtemp(prefix="reflexdb-learner-bench-"))
-    admin_url = dbname = None
-    if args.url:
-        admin_url, dbname = args.url, f"reflexdb_learner_bench_{os.getpid()}"
-        with psycopg.connect(libpq_url(admin_url), autocommit=True) as c:
-            c.execute(f'CREATE DATABASE "{dbname}"')
-        url = make_url(admin_url).set(database=dbname).render_as_string(hide_password=False)
-    else:
-        from reflexdb import embedded
-
-        url = embedded.server_uri(tmp / "pgdata")
-    engine = make_engine(url)
-    migrate.upgrade(engine)
-    engine.dispose()
-    results = {
-        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "command": " ".join([Path(sys.executable).name, *sys.argv]),
-        "machine": machine_info(), "loadavg_start": os.getloadavg(), "configs": [],
-        "args": {k: v for k, v in vars(args).items() if k not in ("url", "child")},
-    }
-    log(f"machine: {results['machine']}; load average {results['loadavg_start']}")
-    log(f"configurations: {', '.join(s['name'] for s in specs)}")
-    t0 = time.perf_counter()
     try:
-        for spec in specs:
-            home = tmp / f"home-{spec['name']}"
-            log(f"--- {spec['name']} (load average {os.getloadavg()[0]:.2f})")
+        with scratch_database(args.url, f"reflexdb_learner_bench_{os.getpid()}", tmp) as url:
+            results = {
+                "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "command": " ".join([Path(sys.executable).name, *sys.argv]),
+                "machine": machine_info(), "loadavg_start": os.getloadavg(), "configs": [],
+                "args": {k: v for k, v in vars(args).items() if k not in ("url", "child")},
+            }
+            log(f"machine: {results['machine']}; load average {results['loadavg_start']}")
+            log(f"configurations: {', '.join(s['name'] for s in specs)}")
+            t0 = time.perf_counter()
             try:
-                results["configs"].append(run_child({**spec, "url": url}, home, args))
+                for spec in specs:
+                    home = tmp / f"home-{spec['name']}"
+                    log(f"--- {spec['name']} (load average {os.getloadavg()[0]:.2f})")
+                    try:
+                        results["configs"].append(run_child({**spec, "url": url}, home, args))
+                    finally:
+                        shutil.rmtree(home, ignore_errors=True)
+                    if args.json_out:
+                        Path(args.json_out).write_text(json.dumps(results, indent=2, default=str) + "\n")
             finally:
-                shutil.rmtree(home, ignore_errors=True)
-            if args.json_out:
-                Path(args.json_out).write_text(json.dumps(results, indent=2, default=str) + "\n")
+                results["loadavg_end"] = os.getloadavg()
+                results["total_s"] = round(time.perf_counter() - t0, 1)
+                if args.json_out:
+                    Path(args.json_out).write_text(json.dumps(results, indent=2, default=str) + "\n")
+                if results["configs"]:
+                    print(markdown(results))
     finally:
-        results["loadavg_end"] = os.getloadavg()
-        results["total_s"] = round(time.perf_counter() - t0, 1)
-        if args.json_out:
-            Path(args.json_out).write_text(json.dumps(results, indent=2, default=str) + "\n")
-        if results["configs"]:
-            print(markdown(results))
-        if admin_url:
-            with psycopg.connect(libpq_url(admin_url), autocommit=True) as c:
-                c.execute(f'DROP DATABASE IF EXISTS "{dbname}" WITH (FORCE)')
-        else:
-            from reflexdb import embedded
-
-            embedded.stop(tmp / "pgdata")
         if not args.keep:
             shutil.rmtree(tmp, ignore_errors=True)
     return 0

@@ -41,7 +41,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from learner_bench import make_group_data, seed_groups
+from learner_bench import make_group_data, scratch_database, seed_groups
 from machine import host_facts
 
 RESULT_MARK = "TOKEN_SIGNALS_BENCH_RESULT "
@@ -199,49 +199,26 @@ def main(argv=None) -> int:
         print(markdown(json.loads(Path(args.report).read_text())))
         return 0
 
-    import psycopg
-    from sqlalchemy.engine import make_url
-
-    from reflexdb import migrate
-    from reflexdb.db import libpq_url, make_engine
-
     tmp = Path(tempfile.mkdtemp(prefix="reflexdb-signals-bench-"))
-    admin_url = dbname = None
-    if args.url:
-        admin_url, dbname = args.url, f"reflexdb_signals_bench_{os.getpid()}"
-        with psycopg.connect(libpq_url(admin_url), autocommit=True) as c:
-            c.execute(f'CREATE DATABASE "{dbname}"')
-        url = make_url(admin_url).set(database=dbname).render_as_string(hide_password=False)
-    else:
-        from reflexdb import embedded
-
-        url = embedded.server_uri(tmp / "pgdata")
-    engine = make_engine(url)
-    migrate.upgrade(engine)
-    engine.dispose()
-    results = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "machine": {**host_facts(), "cores": os.cpu_count()},
-               "loadavg_start": os.getloadavg(), "args": {k: v for k, v in vars(args).items() if k not in ("url", "child")},
-               "configs": []}
     try:
-        for model in args.models.split(","):
-            spec = {"name": f"signals-{model}", "model": model, "url": url, "groups": args.groups,
-                    "group_size": args.group_size, "length": args.length, "micro": args.micro, "pairs": args.pairs,
-                    "threads": args.threads, "seed": args.seed}
-            log(f"--- {model} (load average {os.getloadavg()[0]:.2f})")
-            results["configs"].append(run_child(spec, tmp / f"home-{model}"))
-            if args.json_out:
-                Path(args.json_out).write_text(json.dumps(results, indent=2) + "\n")
+        with scratch_database(args.url, f"reflexdb_signals_bench_{os.getpid()}", tmp) as url:
+            results = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+                       "machine": {**host_facts(), "cores": os.cpu_count()}, "loadavg_start": os.getloadavg(),
+                       "args": {k: v for k, v in vars(args).items() if k not in ("url", "child")}, "configs": []}
+            try:
+                for model in args.models.split(","):
+                    spec = {"name": f"signals-{model}", "model": model, "url": url, "groups": args.groups,
+                            "group_size": args.group_size, "length": args.length, "micro": args.micro,
+                            "pairs": args.pairs, "threads": args.threads, "seed": args.seed}
+                    log(f"--- {model} (load average {os.getloadavg()[0]:.2f})")
+                    results["configs"].append(run_child(spec, tmp / f"home-{model}"))
+                    if args.json_out:
+                        Path(args.json_out).write_text(json.dumps(results, indent=2) + "\n")
+            finally:
+                results["loadavg_end"] = os.getloadavg()
+                if args.json_out:
+                    Path(args.json_out).write_text(json.dumps(results, indent=2) + "\n")
     finally:
-        results["loadavg_end"] = os.getloadavg()
-        if args.json_out:
-            Path(args.json_out).write_text(json.dumps(results, indent=2) + "\n")
-        if admin_url:
-            with psycopg.connect(libpq_url(admin_url), autocommit=True) as c:
-                c.execute(f'DROP DATABASE IF EXISTS "{dbname}" WITH (FORCE)')
-        else:
-            from reflexdb import embedded
-
-            embedded.stop(tmp / "pgdata")
         shutil.rmtree(tmp, ignore_errors=True)
     if results["configs"]:
         print(markdown(results))
