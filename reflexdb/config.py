@@ -160,7 +160,7 @@ class LearnerConfig(_Section):
     max_bad_steps: int = Field(3, ge=1, le=1000, description="Stop after this many consecutive steps with a non-finite loss.")
     checkpoint_dir: Path | None = Field(None, description="Where published weights and learner state go (default: $REFLEXDB_HOME/checkpoints/<run>).")
     checkpoint_url: str | None = Field(None, description="Where collectors fetch published weights from. Unset, a path or file://: the local checkpoint_dir, as always (the path, if given, is checkpoint_dir; collectors read it in place: a shared filesystem for other machines). s3://bucket/prefix/ or gs://bucket/prefix/ (extras s3, gcs): each version is written locally, uploaded to <url>/vK/ and only then recorded, so collectors on any machine download it into $REFLEXDB_HOME/cache/ and check its sha256 (docs/operations.md, \"A remote collector in two commands\"). Credentials come from the environment, never from here: a URL holding one is refused.")
-    checkpoint_storage_options: dict[str, Any] = Field(default_factory=dict, description="Non-secret options of the checkpoint_url's fsspec filesystem, read by the learner and the collectors, e.g. {endpoint_url: http://minio:9000, client_kwargs: {region_name: eu-west-1}, profile: NAME, config_kwargs: {connect_timeout: 5}}. A key that looks like a credential (key, secret, token, password, ...) is refused: credentials come from the environment (AWS_ACCESS_KEY_ID, AWS_PROFILE, AWS_ENDPOINT_URL, ...).")
+    checkpoint_storage_options: dict[str, Any] = Field(default_factory=dict, description="Non-secret options of the checkpoint_url's fsspec filesystem, read by the learner and the collectors, e.g. {endpoint_url: http://minio:9000, client_kwargs: {region_name: eu-west-1}, profile: NAME, config_kwargs: {connect_timeout: 5}}. Refused at any depth: a key that looks like a credential (its words, camelCase split: key, secret, token, password, SSECustomerKey, sessionToken, Authorization, proxy_auth, ...) and a value that holds one (a URL with a user or password, such as endpoint_url: http://u:p@host or a proxy http://u:p@proxy:3128; a signed query; an HTTP Basic/Bearer value): credentials come from the environment (AWS_ACCESS_KEY_ID, AWS_PROFILE, AWS_ENDPOINT_URL, HTTPS_PROXY, ...; docs/operations.md).")
     checkpoint_read_url: str | None = Field(None, description="Where collectors read what the learner uploads to checkpoint_url, when they reach it by another URL: an HTTP(S) server or CDN in front of the bucket (https://ckpt.example.com/run/; the http extra), another endpoint's s3://. Each row then names <checkpoint_read_url>/vK; collectors use checkpoint_storage_options only for the scheme of checkpoint_url. Needs a remote checkpoint_url; a URL holding credentials is refused.")
     upload_retry_s: float = Field(600.0, ge=0, description="How long the upload of one version to checkpoint_url is retried (with backoff) while storage fails before the learner stops (exit 8, naming the URL and the cause); meanwhile the learner waits at its next publish. Nothing is recorded for a version until its upload is whole.")
     publish_in_background: bool = Field(True, description="Write a version's weights in a background thread while the next step trains: the learner copies them to host memory (tied weights once) and goes on; files, then the row, then pruning, in the same order as in the foreground, one write at a time (the next publish waits for it). Publishes with the learner state, ZeRO-3 and a clean stop stay in the foreground. On an H200 the foreground publish was 27-53% of a quickstart-sized step (docs/benchmarks.md).")
@@ -309,13 +309,15 @@ class Config(_Section):
         return self.learner.advantage_scale or self.method.advantage_scale
 
     def masked(self) -> dict[str, Any]:
-        """The config as plain data with secrets (database password) masked, for logging."""
+        """The config as plain data with secrets masked, as ``runs.config``, MLflow's params and
+        ``reflexdb check`` hold it: the database password, and the credentials of every other URL
+        at any depth (a user or password, a signed query: ``learner.tracking_uri``, ...)."""
         from .settings import mask_url
+        from .storage import mask_all
 
         data = self.model_dump(mode="json")
-        if data.get("database_url"):
-            data["database_url"] = mask_url(data["database_url"])
-        return data
+        # the database URL as everywhere else (the password hidden, the user shown); the rest as storage URLs
+        return {k: (mask_url(v) if v else v) if k == "database_url" else mask_all(v) for k, v in data.items()}
 
 
 _OPS = {"Ge": ">=", "Gt": ">", "Le": "<=", "Lt": "<"}

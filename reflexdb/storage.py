@@ -16,10 +16,14 @@ extras install their fsspec filesystems) is written through fsspec:
   and the weights against the row's sha256; then renames the directory to ``v<K>`` and keeps the
   newest few versions. The database's sha256 is what is trusted: storage only carries bytes.
 - **Credentials** come from the environment and the library's own sources (AWS variables,
-  profiles, instance roles; ``AWS_ENDPOINT_URL``), never from the config:
-  ``learner.checkpoint_storage_options`` holds only non-secret keys (``endpoint_url``,
-  ``client_kwargs: {region_name: ...}``, ``profile``, ``config_kwargs``), and a URL with a password
-  or a signed query is refused (:func:`check_url`). Every URL printed goes through :func:`mask`.
+  profiles, instance roles; ``AWS_ENDPOINT_URL``), never from the config, which is stored with the
+  run (``runs.config``), logged to MLflow and printed by ``reflexdb check``. So
+  ``learner.checkpoint_storage_options`` are refused, at any depth, where an option's *name* looks
+  like a credential (its words, camelCase split: ``key``, ``SSECustomerKey``, ``sessionToken``,
+  ``Authorization``, ``proxy_auth``, ``sas_token``, ...; :func:`check_options`) or a *value* holds
+  one (a URL with a user or password, ``http://u:p@proxy:3128``, or a signed query; an HTTP
+  ``Basic``/``Bearer`` value); and a checkpoint URL with a user, password or signed query is
+  refused (:func:`check_url`). Every URL printed goes through :func:`mask`.
 """
 
 from __future__ import annotations
@@ -49,10 +53,28 @@ EXTRAS = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs", "http": "http", "h
 #: schemes fsspec can read but not write (a collector may load from them; the learner cannot publish there)
 READ_ONLY = ("http", "https")
 
-#: words that make an option or query parameter a secret (``aws_secret_access_key``, ``key``,
-#: ``token``, ``X-Amz-Signature``, ``sig``, ...)
-_SECRET_WORDS = {"key", "secret", "token", "password", "passwd", "credential", "credentials", "signature", "sig",
-                 "sas", "auth", "authorization", "session"}
+#: words that make an option, header or query parameter name a secret (``aws_secret_access_key``,
+#: ``key``, ``token``, ``X-Amz-Signature``, ``sig``, ``SSECustomerKey``, ``Authorization``, ...)
+_SECRET_WORDS = frozenset({"key", "secret", "token", "password", "passwd", "pwd", "passphrase", "credential",
+                           "credentials", "creds", "signature", "sig", "sas", "auth", "authorization", "session",
+                           "cookie", "cookies", "username"})
+#: parts that make a word a secret wherever they stand in it (``apikey``, ``clientsecret``, ``tokens``)
+_SECRET_PARTS = ("secret", "password", "passwd", "token", "credential", "apikey")
+#: names that are a secret though no word of theirs is (adlfs' ``connection_string`` holds ``AccountKey=``)
+_SECRET_PHRASES = (("connection", "string"), ("conn", "str"))
+#: documented options whose names hold such a word but which are no credential: botocore's
+#: ``signature_version`` (``s3v4``) and ``auth_scheme_preference`` (scheme names), S3's
+#: ``SSEKMSKeyId`` (the id or ARN of a KMS key, not its material), gcsfs' ``session_kwargs`` (options
+#: of its HTTP session, each checked in turn)
+_NOT_SECRET = frozenset({"signature_version", "auth_scheme_preference", "SSEKMSKeyId", "session_kwargs"})
+#: a name's words: split at anything not a letter or digit, and at camelCase (SSECustomerKey: SSE Customer Key)
+_WORD = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|[0-9]+")
+#: an HTTP Authorization value (``Basic dXNlcjpwdw==``, ``Bearer eyJ...``, ``Digest username=...``,
+#: SigV4's ``AWS4-HMAC-SHA256 Credential=...``), not words that start so (``Basic run``)
+_AUTH_VALUE = re.compile(r"\s*(?:(?:basic|bearer|negotiate|ntlm)\s+[\w\-.~+/]{8,}=*(?=\s|$)"
+                         r"|(?:digest|aws4-hmac-sha256)\s+\w+=)", re.IGNORECASE)
+#: a string that is one URL (a scheme, then no blank): what :func:`mask_all` masks
+_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://\S*")
 _QUERY_PARAM = re.compile(r"([?&])([^=&#]+)=([^&#]*)")
 
 
@@ -67,8 +89,27 @@ class FetchFailed(StorageError):
 
 
 def _is_secret_name(name: str) -> bool:
-    words = [w for w in re.split(r"[^a-z0-9]+", name.lower()) if w]
-    return any(w in _SECRET_WORDS or "secret" in w or "password" in w or "token" in w for w in words)
+    """Whether an option, header or query parameter named ``name`` looks like it holds a credential:
+    one of its words (camelCase split) is a secret word or holds a secret part, or it is a secret
+    phrase; the names of :data:`_NOT_SECRET` are not."""
+    if name in _NOT_SECRET:
+        return False
+    words = [w.lower() for w in _WORD.findall(name)]
+    if any(w in _SECRET_WORDS or any(p in w for p in _SECRET_PARTS) for w in words):
+        return True
+    return any(tuple(words[i:i + len(p)]) == p for p in _SECRET_PHRASES for i in range(len(words)))
+
+
+def _bare_user(url: str) -> str | None:
+    """The user part of ``url`` when it has one without a password (``https://TOKEN@host/``,
+    ``s3://AKIA...@bucket``): a user alone can be the credential (a token as the user name). Only an
+    '@' before the first '/' counts, so a path like ``s3://b/runs/alice@corp/`` holds none."""
+    _, sep, tail = url.partition("://")
+    end = min([i for i in (tail.find(c) for c in "/?#") if i >= 0], default=len(tail))
+    at = tail.rfind("@", 0, end)
+    if not sep or at < 0 or ":" in tail[:at]:  # no user part, or one with a password (mask_url's case)
+        return None
+    return tail[:at]
 
 
 def scheme(url: str) -> str:
@@ -110,11 +151,26 @@ def version_uri(base: str, version: int) -> str:
 
 
 def mask(url: str) -> str:
-    """``url`` with any credentials replaced by ``***``: a password in its user part
-    (``https://u:p@host``) and secret query parameters (a presigned URL's ``X-Amz-Signature``,
-    ``X-Amz-Credential``, ``X-Amz-Security-Token``; ``sig``, ``token``, ...). Safe to print."""
+    """``url`` with any credentials replaced by ``***``: its user part (the password of
+    ``https://u:p@host``; a user with no password, ``https://TOKEN@host``, whole) and secret query
+    parameters (a presigned URL's ``X-Amz-Signature``, ``X-Amz-Credential``,
+    ``X-Amz-Security-Token``; ``sig``, ``token``, ...). Safe to print."""
     masked = mask_url(url) if "://" in url else url
+    user = _bare_user(masked)
+    if user is not None:
+        head, _, tail = masked.partition("://")
+        masked = f"{head}://***{tail[len(user):]}"
     return _QUERY_PARAM.sub(lambda m: f"{m[1]}{m[2]}=***" if _is_secret_name(m[2]) else m[0], masked)
+
+
+def mask_all(data: Any) -> Any:
+    """``data`` (a config as plain data) with every string that is a URL masked (:func:`mask`), at
+    any depth: what is stored, logged or printed holds no credential a URL carried."""
+    if isinstance(data, dict):
+        return {k: mask_all(v) for k, v in data.items()}
+    if isinstance(data, (list, tuple)):
+        return [mask_all(v) for v in data]
+    return mask(data) if isinstance(data, str) and _URL.fullmatch(data) else data
 
 
 def scrub(text: str, url: str) -> str:
@@ -122,6 +178,9 @@ def scrub(text: str, url: str) -> str:
     from .settings import scrub as scrub_password
 
     text = scrub_password(text, url)
+    user = _bare_user(url)
+    if user is not None and len(user) >= 4:
+        text = text.replace(user, "***")
     for m in _QUERY_PARAM.finditer(url):
         if _is_secret_name(m[2]) and len(m[3]) >= 4:
             text = text.replace(m[3], "***")
@@ -153,26 +212,45 @@ def check_url(url: str, *, read_only: bool = False) -> str:
 
 
 def check_options(options: dict[str, Any], where: str = "learner.checkpoint_storage_options") -> dict[str, Any]:
-    """Refuse storage options whose names look like secrets (``key``, ``secret``, ``token``,
-    ``aws_secret_access_key``, ...), at any depth; return them.
+    """Refuse storage options that hold a credential, at any depth (in dicts and lists); return them.
+
+    The rule (the config is stored with the run, logged to MLflow and printed, so credentials come
+    only from the environment):
+
+    - a **name** that looks like a credential (:func:`_is_secret_name`: ``key``, ``secret``,
+      ``token``, ``aws_secret_access_key``, ``SSECustomerKey``, ``sessionToken``, ``Authorization``,
+      ``proxy_auth``, ``sas_token``, ``connection_string``, ...) is refused whatever it holds, unless
+      its value is ``true``, ``false`` or empty (``s3_disable_express_session_auth: true``);
+    - a **value** that carries one is refused under any name: a URL with a user or password
+      (``endpoint_url: http://u:p@host``, ``proxies: {https: http://u:p@proxy:3128}``) or a signed
+      query (:func:`mask` changes it), or an HTTP Authorization value (``Basic ...``, ``Bearer ...``).
 
     Raises:
-        ValueError: naming each refused key.
+        ValueError: naming each refused option by its dotted path (URLs masked; never the secret).
     """
-    def walk(node: Any, prefix: str) -> Iterator[str]:
+    def walk(node: Any, path: str) -> Iterator[str]:
         if isinstance(node, dict):
             for k, v in node.items():
-                dotted = f"{prefix}.{k}"
-                if _is_secret_name(str(k)):
-                    yield dotted
+                dotted = f"{path}.{k}"
+                if _is_secret_name(str(k)) and not (v is None or isinstance(v, bool) or v in ("", {}, [])):
+                    yield f"{dotted}: looks like a credential"
                 else:
                     yield from walk(v, dotted)
+        elif isinstance(node, (list, tuple)):
+            for i, v in enumerate(node):
+                yield from walk(v, f"{path}[{i}]")
+        elif isinstance(node, str):
+            if "://" in node and mask(node) != node:
+                yield f"{path}: {mask(node)} holds credentials (a user or password in the URL, or a signed query)"
+            elif _AUTH_VALUE.match(node):
+                yield f"{path}: holds an HTTP Authorization value"
 
     bad = list(walk(options, where))
     if bad:
-        raise ValueError(f"{', '.join(bad)}: looks like a credential, and the config is stored with the run and "
-                         "logged; give credentials through the environment or the library's own sources (AWS_* "
-                         "variables, AWS_PROFILE or `profile: NAME`, ~/.aws/credentials, an instance role)")
+        raise ValueError("; ".join(bad) + ". The config is stored with the run, logged to MLflow and printed: give "
+                         "credentials through the environment or the library's own sources (AWS_* variables, "
+                         "AWS_PROFILE or `profile: NAME`, ~/.aws/credentials, an instance role; "
+                         "GOOGLE_APPLICATION_CREDENTIALS; HTTPS_PROXY for a proxy that needs a login)")
     return options
 
 

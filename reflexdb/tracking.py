@@ -98,6 +98,12 @@ def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
+def config_params(cfg: Config) -> dict[str, str]:
+    """The MLflow params a run's config becomes: :meth:`Config.masked` (no password, no credential
+    a URL carried) flattened to dotted keys, each value as text cut at MLflow's 6,000 characters."""
+    return {k: str(v)[:6000] for k, v in _flatten(cfg.masked()).items()}
+
+
 class Tracker:
     """An MLflow run for one reflexdb run's learner (or an evaluation)."""
 
@@ -144,10 +150,9 @@ class Tracker:
             log.debug("could not tag the MLflow run with its explorer link: %s", exc)
 
     def log_config(self) -> None:
-        params = _flatten(self.cfg.masked())
         from mlflow.entities import Param
 
-        self.client.log_batch(self.run_id, params=[Param(k, str(v)[:6000]) for k, v in params.items()])
+        self.client.log_batch(self.run_id, params=[Param(k, v) for k, v in config_params(self.cfg).items()])
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
         from mlflow.entities import Metric
