@@ -34,7 +34,8 @@ def downgrade(
 ) -> None:
     """Migrate the schema down to REVISION (drops tables and data of later revisions; BRANCH@base
     removes a method's branch), in one transaction: refused, with nothing changed, while runs hold
-    rows of an origin or a group kind it removes (the message names them)."""
+    rows of an origin or a group kind it removes, or rows in a method's table it drops (the message
+    names them)."""
     if not yes:
         typer.confirm(f"downgrade the schema to {revision}? Tables of later revisions are dropped", abort=True)
     before, after = admin.downgrade(url, revision)

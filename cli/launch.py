@@ -48,9 +48,11 @@ from reflexdb.settings import resolve_target
 from reflexdb.store import Store
 from reflexdb.tracking import explorer_url
 
-from .children import die_with_parent
+from .children import die_with_parent, python_module
 
-CLI = [sys.executable, "-m", "reflexdb.cli.main"]
+#: how a child starts: `python -m reflexdb.cli.main`, the working directory kept off its path
+#: (a `reflexdb/` folder there would shadow the installed package: cli/children.py)
+CLI = python_module("reflexdb.cli.main")
 
 
 @dataclass

@@ -24,7 +24,7 @@ import typer
 
 from reflexdb.errors import ReflexdbError
 
-from .children import die_with_parent
+from .children import die_with_parent, python_module
 
 #: how long the server may take to answer its first request
 READY_TIMEOUT_S = 120.0
@@ -152,10 +152,12 @@ def ui(
     web = f"http://{'[' + host + ']' if ':' in host else host}"
     mlflow_url, explorer_url = f"{web}:{port}", f"{web}:{explorer_port}"
     env = dict(os.environ, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")  # no huey job consumers
-    cmd = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", uri,
+    # both as `python -m`, the working directory kept off their path (a `reflexdb/` folder there would
+    # shadow the installed package: cli/children.py)
+    cmd = [*python_module("mlflow"), "server", "--backend-store-uri", uri,
            "--default-artifact-root", (home() / "mlartifacts").as_uri(), "--host", host, "--port", str(port),
            "--workers", str(workers)]
-    explorer_cmd = [sys.executable, "-m", "reflexdb.explorer.serve", "--url", database, "--host", host,
+    explorer_cmd = [*python_module("reflexdb.explorer.serve"), "--url", database, "--host", host,
                     "--port", str(explorer_port), "--mlflow-url", mlflow_url, "--tracking-uri", uri]
     procs: list[subprocess.Popen] = []
 

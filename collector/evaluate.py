@@ -134,7 +134,7 @@ def evaluate(cfg: Config, store: Store, checkpoint: str = "latest", *, split: st
     tasks = [EvalTask(*row) for row in work.split_tasks(store, run_id, split, max_tasks)]
     if not tasks:
         raise ReflexdbError(f"run {cfg.run!r} has no tasks in split {split!r} (tasks.eval_size is 0?)")
-    label, path, version = resolve_checkpoint(store, run_id, checkpoint, resolve_model(cfg.model), cfg)
+    label, path, version = resolve_checkpoint(store, run_id, checkpoint, resolve_model(cfg.model, say=echo), cfg)
     reward = Deadline(get_reward(cfg.collector.reward), cfg.collector.reward_timeout_s)  # forked before the engine
     engine = make_engine(cfg.collector.engine, model=path, device=cfg.collector.device,
                          **cfg.collector.engine_options)

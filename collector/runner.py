@@ -136,7 +136,7 @@ class Collector:
         self.store = store
         self.echo = echo
         self.name = self.c.name or f"{socket.gethostname()}-{os.getpid()}"
-        self.model_location = resolve_model(cfg.model)
+        self.model_location = resolve_model(cfg.model, say=echo)  # a first conversion is said
         # The reward runs in a child process under a deadline (collector/deadline.py), forked before
         # the engine loads so the child is small.
         self.reward_fn = Deadline(get_reward(self.c.reward), self.c.reward_timeout_s)

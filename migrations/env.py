@@ -17,6 +17,10 @@ MIGRATION_LOCK = 0x7265666C  # "refl"
 # An upgrade commits revision by revision (a failed one leaves the earlier applied); a downgrade
 # (reflexdb/migrate.py sets one_transaction) is one transaction, so a refused step undoes nothing.
 one_transaction = bool(context.config.attributes.get("one_transaction"))
+# A downgrade's check of the rows of runs it would drop (reflexdb/migrate.py ``RowsGuard``): it looks
+# before the first revision runs and again after the last, inside the same transaction; a refusal
+# raised there rolls everything back.
+guard = context.config.attributes.get("guard")
 
 with engine.connect() as connection:
     connection.execute(text("SELECT pg_advisory_lock(:k)"), {"k": MIGRATION_LOCK})
@@ -27,7 +31,11 @@ with engine.connect() as connection:
         with context.begin_transaction():
             if one_transaction:  # a deferred foreign key's pending checks would stop a later revision's ALTER TABLE
                 connection.execute(text("SET CONSTRAINTS ALL IMMEDIATE"))
+            if guard is not None:
+                guard.before(connection)
             context.run_migrations()
+            if guard is not None:
+                guard.after(connection)
         connection.commit()
     finally:  # a failed migration too: the pooled connection must not keep the lock
         connection.rollback()

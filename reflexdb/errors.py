@@ -40,7 +40,8 @@ class UnknownRevision(SchemaOutdated):
 class MigrationRefused(ReflexdbError):
     """``reflexdb db upgrade`` or ``downgrade`` cannot go to the revision asked: a branch no
     installed package provides, a revision Alembic cannot find, or (a downgrade) rows of runs that
-    still use an origin or a group kind the downgrade removes. Nothing was changed."""
+    still use an origin or a group kind the downgrade removes, or that a method's table it drops
+    holds. Nothing was changed."""
 
 
 class InvalidGroup(ReflexdbError, ValueError):

@@ -17,7 +17,8 @@ anything, so :func:`upgrade`, :func:`downgrade` and :func:`check_current` refuse
 ``<branch>_NNNN``) and the two ways out: reinstall the package, or (with it installed) archive the
 runs that use it and downgrade its branch to ``base``. A downgrade runs in one transaction: one that
 would remove an origin or a group kind that runs' rows still use rolls back whole and says which runs
-(:class:`MigrationRefused`).
+(:class:`MigrationRefused`); so does one that would drop (or empty) a method's table of a run's rows
+(``Plugin.archived``) while runs hold rows there (:class:`RowsGuard`).
 """
 
 from __future__ import annotations
@@ -180,19 +181,97 @@ def downgrade(engine: Engine, revision: str) -> None:
 
     Raises:
         UnknownRevision: the database holds a revision no installed package provides.
-        MigrationRefused: ``revision`` names a branch or revision no installed package provides, or
+        MigrationRefused: ``revision`` names a branch or revision no installed package provides;
             PostgreSQL refused a step (rows of runs still use an origin or a group kind the
-            downgrade removes: the message names the runs); the transaction rolled back whole.
+            downgrade removes: the message names the runs); or the downgrade drops a method's table
+            in which runs hold rows (:class:`RowsGuard`: the message names the runs and tables). The
+            transaction rolled back whole.
     """
     _refuse_unknown(engine, "downgrade")
     _check_target(revision, "downgrade")
     cfg = alembic_config(engine)
     cfg.attributes["one_transaction"] = True  # migrations/env.py: a refused step leaves nothing half done
+    cfg.attributes["guard"] = RowsGuard(revision)  # and so does one that would drop rows of runs
     try:
         with _alembic_errors("downgrade", revision):
             command.downgrade(cfg, revision)
     except DBAPIError as exc:
         raise _refused(engine, revision, exc) from exc
+
+
+class RowsGuard:
+    """A downgrade's check that no run loses the rows it holds in a method's own tables.
+
+    The tables are those a method package declares as holding rows of a run (``Plugin.archived``,
+    the registry ``ARCHIVED``: what ``reflexdb db archive`` carries), such as the tutorial's
+    ``bestofn_picks``. No foreign key stops a revision that drops one (its rows refer to ``runs``,
+    not the other way round), so :meth:`before` (inside the downgrade's transaction, before its first
+    revision) notes which runs hold rows in each, and :meth:`after` (after its last revision, before
+    the commit) refuses with :class:`MigrationRefused` when one of those tables is gone or empty:
+    the transaction rolls back and nothing is dropped. A downgrade that drops ``runs`` itself
+    (``base``) removes every run, as asked, and is not refused. A table whose branch's downgrade
+    copies its rows back into reflexdb's own tables before dropping it (``Plugin.kept_by_downgrade``:
+    R3L's and LTE's links, split out of ``trajectories``) loses nothing and is not checked.
+
+    Args:
+        target: the revision the downgrade goes to (for the message).
+    """
+
+    #: the alias of ``runs`` a table's condition is evaluated against (``%(run)s`` becomes its id)
+    ALIAS = "reflexdb_guarded_run"
+
+    def __init__(self, target: str):
+        from .plugins import ARCHIVED, LOADED
+
+        self.target = target
+        archived = ARCHIVED.items()  # the plug-ins loaded first
+        kept = {t for _, plugin, _ in LOADED.values() if plugin is not None for t in plugin.kept_by_downgrade}
+        self.tables = {table: (owner, where) for owner, own in archived for table, where, _ in own if table not in kept}
+        self.held: dict[str, list[str]] = {}  # table -> the runs with rows there, in id order
+
+    @staticmethod
+    def _exists(conn: Connection, table: str) -> bool:
+        return conn.exec_driver_sql("SELECT to_regclass(%(t)s) IS NOT NULL", {"t": table}).scalar()
+
+    def before(self, conn: Connection) -> None:
+        """Note the runs that hold rows in each method table (on the downgrade's connection)."""
+        if not self._exists(conn, "runs"):
+            return
+        quote = conn.dialect.identifier_preparer.quote
+        for table, (_, where) in self.tables.items():
+            if not self._exists(conn, table):
+                continue
+            condition = where % {"run": f"{self.ALIAS}.id"}
+            names = [name for (name,) in conn.exec_driver_sql(
+                f"SELECT name FROM runs AS {self.ALIAS} WHERE EXISTS "
+                f"(SELECT 1 FROM {quote(table)} WHERE {condition}) ORDER BY id")]
+            if names:
+                self.held[table] = names
+
+    def after(self, conn: Connection) -> None:
+        """Raise :class:`MigrationRefused` if a table that held rows of runs is gone or empty now."""
+        if not self.held or not self._exists(conn, "runs"):
+            return
+        quote = conn.dialect.identifier_preparer.quote
+        lost = {table: names for table, names in self.held.items()
+                if not self._exists(conn, table)
+                or not conn.exec_driver_sql(f"SELECT EXISTS (SELECT 1 FROM {quote(table)})").scalar()}
+        if lost:
+            raise MigrationRefused(self.message(lost))
+
+    def message(self, lost: dict[str, list[str]]) -> str:
+        """The refusal: the tables and their packages, the runs with rows there, the ways out."""
+        tables = ", ".join(f"{t} of method package {self.tables[t][0]}" for t in lost)
+        runs: dict[str, list[str]] = {}
+        for table, names in lost.items():
+            for name in names:
+                runs.setdefault(name, []).append(table)
+        held = ", ".join(f"run {name!r} ({', '.join(tables_)})" for name, tables_ in runs.items())
+        return (f"cannot downgrade to {self.target}: it drops table{'s' if len(lost) > 1 else ''} {tables}, and runs "
+                f"hold rows there: {held}; archive each run (`reflexdb db archive RUN -o DIR`: written to Parquet, "
+                "those rows too, checked, then deleted) or delete it (`reflexdb runs delete RUN --yes`), then "
+                "downgrade again; or keep the branch (and its package installed) while those runs are kept; "
+                "nothing was changed")
 
 
 def _refused(engine: Engine, target: str, exc: DBAPIError) -> MigrationRefused:

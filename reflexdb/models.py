@@ -9,6 +9,11 @@ Cache location: ``$REFLEXDB_MODEL_CACHE`` if set, else ``$REFLEXDB_HOME/models``
 (``~/.reflexdb/models``). Every cache entry is built in a temporary directory next to its final
 place and moved there with one ``os.replace``, under a file lock: two processes asking at once
 build it once, and a crash never leaves a half-written model behind.
+
+The first start on a machine would otherwise be silent while the conversion runs: the process that
+builds an entry says so first, in one line naming the GGUF file and the folder and that it happens
+once (``say``: standard error unless the caller passes its own echo, as the learner's ``[learn] …``),
+and one that waits for another process's build says that.
 """
 
 from __future__ import annotations
@@ -16,17 +21,15 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import json
-import logging
 import os
 import re
 import shutil
+import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from .errors import ModelUnavailable
-
-log = logging.getLogger(__name__)
 
 ENV_MODEL_CACHE = "REFLEXDB_MODEL_CACHE"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -34,6 +37,10 @@ SMOLLM2_NAME = "SmolLM2-135M-Instruct"
 #: Names :func:`resolve_model` understands besides paths.
 BUILTIN_MODELS = ("smollm2", "tiny")
 _MARKER = "reflexdb-model.json"
+
+
+def _to_stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
 
 
 def model_cache_dir() -> Path:
@@ -62,35 +69,46 @@ def smollm2_gguf() -> Path:
 
 
 @contextlib.contextmanager
-def _lock(path: Path) -> Iterator[None]:
+def _lock(path: Path, on_wait: Callable[[], None] | None = None) -> Iterator[None]:
     try:
         import fcntl
     except ImportError:  # not POSIX: the atomic rename alone keeps the cache consistent
         yield
         return
     with open(path, "a+") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:  # another process builds it: say so, then wait
+            if on_wait:
+                on_wait()
+            fcntl.flock(fh, fcntl.LOCK_EX)
         try:
             yield
         finally:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-def build_once(final: Path, build: Callable[[Path], None], *, meta: dict | None = None) -> Path:
+def build_once(final: Path, build: Callable[[Path], None], *, meta: dict | None = None,
+               announce: str | None = None, say: Callable[[str], None] | None = None) -> Path:
     """Return ``final``, first creating it with ``build(tmp_dir)`` if it does not exist.
 
     ``build`` writes into an empty temporary directory on the same filesystem; on success it is
     renamed to ``final`` atomically. Concurrent callers (threads or processes) wait on a lock
-    file and find the finished directory.
+    file and find the finished directory. ``announce``: the line ``say`` (default: standard error)
+    gets just before this caller builds; a caller that waits for another's build is told that.
     """
     if (final / _MARKER).exists():
         return final
     from reflexdb.settings import make_dirs
 
+    say = say or _to_stderr
     make_dirs(final.parent)
-    with _lock(final.parent / f".{final.name}.lock"):
+    waiting = f"waiting for another process that is building {final} (once; later starts load it from there)"
+    with _lock(final.parent / f".{final.name}.lock", on_wait=(lambda: say(waiting)) if announce else None):
         if (final / _MARKER).exists():
             return final
+        if announce:
+            say(announce)
         tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.tmp-"))
         try:
             build(tmp)
@@ -113,10 +131,16 @@ def _save_tokenizer_from_gguf(out: Path) -> None:
     tok.save_pretrained(out)
 
 
-def smollm2_tokenizer_dir(cache_dir: Path | None = None) -> Path:
-    """A directory with SmolLM2's tokenizer and chat template, taken from the GGUF (~7 s once)."""
+def smollm2_tokenizer_dir(cache_dir: Path | None = None, *, say: Callable[[str], None] | None = None) -> Path:
+    """A directory with SmolLM2's tokenizer and chat template, taken from the GGUF (~7 s once; saying
+    so first, through ``say``: standard error by default)."""
     root = cache_dir or model_cache_dir()
-    return build_once(root / "smollm2-tokenizer", _save_tokenizer_from_gguf, meta={"source": SMOLLM2_GGUF})
+    final = root / "smollm2-tokenizer"
+    if (final / _MARKER).exists():
+        return final
+    return build_once(final, _save_tokenizer_from_gguf, meta={"source": SMOLLM2_GGUF}, say=say,
+                      announce=f"reading SmolLM2's tokenizer and chat template from its GGUF file {smollm2_gguf()} "
+                               f"into {final} (once, a few seconds; later starts read the folder)")
 
 
 def _convert_smollm2(out: Path, tokenizer_dir: Path) -> None:
@@ -124,7 +148,6 @@ def _convert_smollm2(out: Path, tokenizer_dir: Path) -> None:
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     gguf = smollm2_gguf()
-    log.info("converting %s to safetensors in %s (once; 20-30 s)", gguf, out)
     config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
     try:
         # transformers' own GGUF reader, without from_pretrained's hard dependency on accelerate.
@@ -149,22 +172,27 @@ def _convert_smollm2(out: Path, tokenizer_dir: Path) -> None:
     AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(out)
 
 
-def smollm2_dir(cache_dir: Path | None = None) -> Path:
-    """The SmolLM2-135M-Instruct safetensors directory, converted from the GGUF on first use."""
+def smollm2_dir(cache_dir: Path | None = None, *, say: Callable[[str], None] | None = None) -> Path:
+    """The SmolLM2-135M-Instruct safetensors directory, converted from the GGUF on first use (saying
+    so first, through ``say``: standard error by default)."""
     root = cache_dir or model_cache_dir()
     final = root / "smollm2-135m-instruct"
     if (final / _MARKER).exists():
         return final
-    tok_dir = smollm2_tokenizer_dir(root)
+    tok_dir = smollm2_tokenizer_dir(root, say=say)
     return build_once(
         final,
         lambda out: _convert_smollm2(out, tok_dir),
         meta={"source": SMOLLM2_GGUF, "name": SMOLLM2_NAME, "dtype": "float32"},
+        say=say,
+        announce=f"converting {SMOLLM2_NAME} from its GGUF file {smollm2_gguf()} to safetensors in {final} "
+                 "(once, 20-60 s; later starts load it from there in seconds)",
     )
 
 
 def tiny_model_dir(
-    cache_dir: Path | None = None, *, layers: int = 2, hidden: int = 64, seed: int = 0
+    cache_dir: Path | None = None, *, layers: int = 2, hidden: int = 64, seed: int = 0,
+    say: Callable[[str], None] | None = None,
 ) -> Path:
     """A randomly initialised Llama with SmolLM2's tokenizer and vocabulary, for fast tests.
 
@@ -176,7 +204,7 @@ def tiny_model_dir(
     final = root / f"tiny-smollm2-l{layers}-h{hidden}-s{seed}"
     if (final / _MARKER).exists():
         return final
-    tok_dir = smollm2_tokenizer_dir(root)
+    tok_dir = smollm2_tokenizer_dir(root, say=say)
 
     def build(out: Path) -> None:
         import torch
@@ -206,23 +234,25 @@ def tiny_model_dir(
     return build_once(final, build, meta={"name": final.name, "random_seed": seed})
 
 
-def resolve_model(spec: str | Path | None, cache_dir: Path | None = None) -> Path | str:
+def resolve_model(spec: str | Path | None, cache_dir: Path | None = None, *,
+                  say: Callable[[str], None] | None = None) -> Path | str:
     """A loadable model location from a user's choice.
 
     ``None`` or ``"smollm2"``: the converted SmolLM2-135M-Instruct; ``"tiny"``: the tiny random
     model; an existing directory: itself; ``owner/name``: a model-hub id, downloaded once into the
     Hugging Face cache (``HF_HOME``, as transformers does) and returned as its local snapshot
     directory, so every process loads the same files. Offline (``HF_HUB_OFFLINE`` or
-    ``TRANSFORMERS_OFFLINE``), a hub id must already be in that cache.
+    ``TRANSFORMERS_OFFLINE``), a hub id must already be in that cache. A built-in model built the
+    first time says so first, through ``say`` (default: standard error).
 
     Raises:
         ModelUnavailable: a missing directory; a name that is none of these; a hub id that cannot
             be had (offline and not cached, unknown, or the hub unreachable), naming the way out.
     """
     if spec is None or str(spec) == "smollm2":
-        return smollm2_dir(cache_dir)
+        return smollm2_dir(cache_dir, say=say)
     if str(spec) == "tiny":
-        return tiny_model_dir(cache_dir)
+        return tiny_model_dir(cache_dir, say=say)
     path = Path(spec).expanduser()
     if path.exists():
         return path.resolve()
@@ -231,7 +261,7 @@ def resolve_model(spec: str | Path | None, cache_dir: Path | None = None) -> Pat
     if not _HUB_ID.match(str(spec)):
         raise ModelUnavailable(f"model {spec!r} is not a built-in name (smollm2, tiny), an existing directory, or "
                                "a model-hub id (owner/name)")
-    return hub_snapshot(str(spec))
+    return hub_snapshot(str(spec), say=say)
 
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -243,9 +273,10 @@ def _offline() -> bool:
                for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
 
 
-def hub_snapshot(repo_id: str) -> Path:
+def hub_snapshot(repo_id: str, *, say: Callable[[str], None] | None = None) -> Path:
     """The local snapshot directory of hub model ``repo_id``: from the Hugging Face cache, downloading
-    it first when online (safetensors weights, config and tokenizer files only)."""
+    it first when online (safetensors weights, config and tokenizer files only; saying so first,
+    through ``say``: standard error by default)."""
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
 
@@ -258,7 +289,8 @@ def hub_snapshot(repo_id: str) -> Path:
         raise ModelUnavailable(f"model {repo_id!r} is a model-hub id that is not in the Hugging Face cache, and "
                                f"HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE forbid downloading it. Unset them to "
                                f"download it once, or {alternatives}") from None
-    log.info("downloading %s from the model hub (once; cached in the Hugging Face cache)", repo_id)
+    (say or _to_stderr)(f"downloading model {repo_id} from the model hub into the Hugging Face cache (once; later "
+                        "starts load it from there)")
     try:
         return Path(snapshot_download(repo_id, allow_patterns=_HUB_FILES))
     except (HfHubHTTPError, OSError, ValueError) as exc:

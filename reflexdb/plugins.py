@@ -224,6 +224,10 @@ class Plugin:
         archived: its rows of a run that ``reflexdb db archive`` keeps and ``restore`` puts back:
             ``(table, where, order by)`` in insertion order, ``%(run)s`` in ``where`` the run's id;
             every table must be one ``tables`` declares.
+        kept_by_downgrade: tables of ``archived`` whose rows its branch's own downgrade copies back
+            into reflexdb's tables before dropping them (a table split out of one of reflexdb's):
+            ``reflexdb db downgrade`` drops them while runs hold rows there, where it refuses to drop
+            the other archived tables (:class:`reflexdb.migrate.RowsGuard`).
         migrations: its alembic branch's folder of revisions (the branch is named ``name``).
     """
 
@@ -238,6 +242,7 @@ class Plugin:
     sql: Path | str | None = None
     tables: str | None = None
     archived: Sequence[tuple[str, str, str]] = ()
+    kept_by_downgrade: Sequence[str] = ()
     migrations: Path | str | None = None
 
     def problems(self, *, tables: bool = False) -> list[str]:
@@ -285,6 +290,10 @@ class Plugin:
             if declared is not None and table not in declared:
                 out.append(f"archived: table {table!r} is not declared by the plug-in's tables module "
                            f"({self.tables}): archive and restore need its columns")
+        archived = {e[0] for e in self.archived if isinstance(e, tuple) and e}
+        for table in self.kept_by_downgrade:
+            if table not in archived:
+                out.append(f"kept_by_downgrade: {table!r} is not one of its archived tables")
         return out
 
     def check(self, *, tables: bool = False) -> None:

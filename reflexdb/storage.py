@@ -48,7 +48,7 @@ MANIFEST = "manifest.json"
 CHUNK = 128 << 20
 #: schemes that are a local path: the collector reads the directory itself, nothing is copied
 LOCAL_SCHEMES = ("", "file", "local")
-#: the extra that installs each scheme's filesystem (``pip install 'reflexdb[s3]'``)
+#: the extra that installs each scheme's filesystem (``pip install -e '.[s3]'`` in reflexdb's clone)
 EXTRAS = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs", "http": "http", "https": "http"}
 #: schemes fsspec can read but not write (a collector may load from them; the learner cannot publish there)
 READ_ONLY = ("http", "https")
@@ -266,7 +266,7 @@ def filesystem(url: str, options: dict[str, Any] | None = None):
         return fsspec.core.url_to_fs(url, **(options or {}))
     except ImportError as exc:
         extra = EXTRAS.get(scheme(url))
-        hint = f"pip install 'reflexdb[{extra}]'" if extra else "install the fsspec filesystem for it"
+        hint = f"pip install -e '.[{extra}]' in reflexdb's clone" if extra else "install the fsspec filesystem for it"
         raise StorageError(f"{mask(url)} needs a filesystem that is not installed ({exc}): {hint}") from None
 
 

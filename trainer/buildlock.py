@@ -12,6 +12,9 @@ starts, :class:`BuildLockWatch` looks every second: a lock no process holds, twi
 removed with a line saying so; a lock another process holds is named once (who, which file) so
 the wait is never silent. Where other processes' descriptors cannot be read (``/proc`` missing or
 not ours), it says which file it waits on and how to remove it.
+
+The first start on a machine builds the op (a minute or so, printing nothing of its own): the
+watch says so as it starts, naming the folder and that it happens once (:func:`op_to_build`).
 """
 
 from __future__ import annotations
@@ -38,6 +41,28 @@ def extensions_root() -> Path:
     else:
         accel = "cpu"
     return Path(get_default_build_root()) / f"py{sys.version_info.major}{sys.version_info.minor}{sys.abiflags}_{accel}"
+
+
+def op_to_build(root: Path) -> tuple[str, Path] | None:
+    """The op DeepSpeed's start will JIT-build here, and the folder it builds it in
+    (``root/<op>``); ``None`` when it builds none: no such op on this accelerator (CUDA), one
+    installed prebuilt with DeepSpeed, or one built already (its ``.so`` is there)."""
+    try:
+        import deepspeed.ops
+        from deepspeed.accelerator import get_accelerator
+        from deepspeed.git_version_info import installed_ops
+
+        builder = get_accelerator().create_op_builder("ShareMemCommBuilder")  # deepspeed/comm/torch.py
+        if builder is None or not deepspeed.ops.__compatible_ops__.get(builder.NAME, False):
+            return None
+        if installed_ops.get(builder.NAME, False):
+            return None
+    except Exception:  # noqa: BLE001 - another DeepSpeed: the line is a courtesy, never a failure
+        return None
+    folder = root / builder.NAME
+    if (folder / f"{builder.NAME}.so").exists():
+        return None
+    return builder.NAME, folder
 
 
 def lock_holders(lock: Path) -> set[int] | None:
@@ -89,6 +114,11 @@ class BuildLockWatch:
 
     def __enter__(self) -> BuildLockWatch:
         self.root = self.root or extensions_root()
+        building = op_to_build(self.root)
+        if building:  # the first start on this machine: a minute or so that would be silent
+            name, folder = building
+            self.say(f"building DeepSpeed's {name} extension in {folder} (once: a minute or so; later starts "
+                     "reuse it)")
         self.check()  # before DeepSpeed looks: a lock left long ago is removed at once
         self._thread = threading.Thread(target=self._run, name="reflexdb-buildlock", daemon=True)
         self._thread.start()

@@ -118,7 +118,7 @@ class Learner:
         self.specs = [get_loss_spec(t.loss) for t in self.terms]
         self.transforms = self.method.transforms(cfg) if self.method.transforms else []
         self.temperature = cfg.collector.sampling.temperature or 1.0
-        self.base_model = resolve_model(cfg.model)
+        self.base_model = resolve_model(cfg.model, say=lambda msg: self.echo(msg))  # a first conversion is said
         # Every database call below goes through db(): an outage of up to db_retry_s is waited out.
         self.db = DbRetry(self.L.db_retry_s, lambda msg: self.echo(msg), who="the learner")
         self.run_id = self.db(lambda: store.create_run(cfg.run, algorithm=cfg.algorithm, config=cfg.masked()))

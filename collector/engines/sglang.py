@@ -1,6 +1,6 @@
 """The ``sglang`` engine: the engine interface over SGLang's offline ``sglang.Engine`` (GPU only).
 
-SGLang is an optional dependency (``pip install reflexdb[gpu]``) and is imported only when this
+SGLang is an optional dependency (``pip install -e '.[gpu]'`` in reflexdb's clone) and is imported only when this
 engine is built. What maps onto what:
 
 - ``generate`` → ``Engine.generate(input_ids=..., sampling_params=..., return_logprob=True,
@@ -59,7 +59,7 @@ class SGLangEngine:
             import sglang
         except ImportError as exc:
             raise ModelUnavailable(
-                "the sglang engine needs SGLang and a CUDA GPU: pip install 'reflexdb[gpu]'"
+                "the sglang engine needs SGLang and a CUDA GPU: pip install -e '.[gpu]' in reflexdb's clone"
             ) from exc
         from transformers import AutoConfig, AutoTokenizer
 

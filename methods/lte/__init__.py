@@ -162,5 +162,8 @@ plugin = Plugin(
         ("lte_stages", "run_id = %(run)s", "group_id"),
         ("trajectory_hints", "run_id = %(run)s", "trajectory_id"),
     ),
+    # its branch's first revision split it out of the column trajectories.hint_id, and its downgrade puts the
+    # links back there: dropping it loses nothing (reflexdb.migrate.RowsGuard)
+    kept_by_downgrade=("trajectory_hints",),
     migrations=Path(__file__).parent / "migrations",
 )

@@ -232,5 +232,8 @@ plugin = Plugin(
         ("reflections", "run_id = %(run)s", "id"),
         ("trajectory_reflections", "run_id = %(run)s", "trajectory_id"),
     ),
+    # its branch's first revision split it out of the column trajectories.reflection_id, and its downgrade puts the
+    # links back there: dropping it loses nothing (reflexdb.migrate.RowsGuard)
+    kept_by_downgrade=("trajectory_reflections",),
     migrations=Path(__file__).parent / "migrations",
 )

@@ -7,7 +7,8 @@ examples/plugins/bestofn. Two checks keep the text and the code one thing:
   path, for the child processes only), does what the tutorial says: ``reflexdb plugins`` lists it,
   ``reflexdb check`` accepts its YAML and refuses what its config refuses, ``reflexdb db upgrade``
   adds its branch, ``reflexdb run`` takes 2 learner steps with its SFT term, metrics and rows, the
-  tutorial's SQL runs, and ``reflexdb db downgrade bestofn@base`` removes its branch again.
+  tutorial's SQL runs, and ``reflexdb db downgrade bestofn@base`` is refused while the run holds its
+  picks, and removes its branch again once the run is archived.
 """
 
 from __future__ import annotations
@@ -143,7 +144,15 @@ def test_the_tutorial_method_loads_checks_runs_and_is_removed(store, db_url, tmp
     for query in queries:
         assert rows(store, query), query
 
-    # removing it: the branch goes (its table with it), then the package can be uninstalled
+    # removing it: refused while the run holds picks (issue 60: they were dropped with exit 0); the run
+    # archived (its picks in the archive), the branch goes (its table with it), then the package can be uninstalled
+    refused = reflexdb(env, "db", "downgrade", "bestofn@base", "--yes", timeout=300)
+    assert refused.returncode == 1 and "it drops table bestofn_picks of method package bestofn, and runs hold rows " \
+        "there: run 'bestofn-e2e' (bestofn_picks)" in refused.stderr, refused.stderr[-3000:]
+    assert len(rows(store, "SELECT * FROM bestofn_picks")) == len(picks)
+    assert "reflexdb db archive RUN -o DIR" in text and "reflexdb runs delete RUN --yes" in text
+    archived = reflexdb(env, "db", "archive", "bestofn-e2e", "-o", str(tmp_path / "archive"), timeout=300)
+    assert archived.returncode == 0, archived.stderr[-3000:]
     down = reflexdb(env, "db", "downgrade", "bestofn@base", "--yes", timeout=300)
     assert down.returncode == 0, down.stderr[-3000:]
     assert ("bestofn_0001",) not in rows(store, "SELECT version_num FROM alembic_version")

@@ -9,14 +9,17 @@ import queue
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import urllib.request
 from pathlib import Path
 
 import pytest
 
-UI = [sys.executable, "-m", "reflexdb.cli.main", "ui"]
+from reflexdb.cli.children import python_module
+from tests.e2e.test_children_path import beside_a_stale_clone
+
+# As the console script starts it: the working directory off the path (`python -m` would put it first)
+UI = [*python_module("reflexdb.cli.main"), "ui"]
 # Starts the real MLflow server: on the embedded pass of CI, as the other process tests.
 
 
@@ -58,17 +61,23 @@ def test_ui_serves_and_stops_with_its_server(tmp_path, stop):
     """Served, then stopped by ``stop``: nothing left. The checks that do not depend on the signal
     (a second UI on the same port refused, the port served again at once after the stop: the same
     handler and the same stop of the group for both signals, cli/ui.py) run with SIGTERM only: each
-    starts a UI process, one of them MLflow's server too."""
+    starts a UI process, one of them MLflow's server too.
+
+    With SIGINT it starts in a folder that holds a stale ``reflexdb/`` package whose import raises
+    (issue 60): the servers it starts with ``python -m`` took that folder for the package, and the
+    explorer exited ("the explorer exited with code 1 before serving"); it must serve all the same."""
     home = tmp_path / "home"
     home.mkdir()
-    env = dict(os.environ, REFLEXDB_HOME=str(home))
+    env = dict({k: v for k, v in os.environ.items() if k != "PYTHONSAFEPATH"}, REFLEXDB_HOME=str(home))
+    cwd = beside_a_stale_clone(tmp_path) if stop == signal.SIGINT else None
     port = _free_port()
     # Not in a session of its own: the test stops the command, as `kill PID` would, not its group.
-    proc = subprocess.Popen(UI + ["--port", str(port)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+    proc = subprocess.Popen(UI + ["--port", str(port)], env=env, cwd=cwd, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
     try:
         line = _first_line(proc, 120)
-        assert line.startswith(f"explorer on http://127.0.0.1:{port + 1} "), (line, proc.poll())
+        assert line.startswith(f"explorer on http://127.0.0.1:{port + 1} "), (
+            line, proc.poll(), proc.stderr.read()[-3000:] if proc.poll() is not None else "")
         line = _first_line(proc, 10)
         assert line.startswith(f"MLflow UI on http://127.0.0.1:{port} "), (line, proc.poll())
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=10) as resp:  # it answers once printed

@@ -179,6 +179,61 @@ def test_install_upgrade_downgrade_uninstall_reinstall(cli, db_url, tmp_path, mo
         assert rows(store, "SELECT r.name, count(*) FROM selfcheck_verifications v JOIN runs r ON r.id = v.run_id "
                            "GROUP BY 1") == [("checked-a", 1)]
 
+TUTORIAL = Path(__file__).resolve().parents[2] / "examples" / "plugins" / "bestofn"
+
+
+def test_a_downgrade_that_drops_a_plugins_table_of_runs_rows_is_refused(cli, db_url, tmp_path, monkeypatch):
+    """Issue 60: the tutorial's plug-in (docs/tutorial-method.md) writes its own table, bestofn_picks,
+    declared in ``Plugin.archived``; it adds no origin or group kind, so no foreign key stopped
+    `db downgrade bestofn@base` from dropping the table, and the runs' rows in it, with exit 0. Now
+    the downgrade is refused in one line naming the runs and the table, nothing dropped; with those
+    runs archived (their picks in the archive) and deleted, it goes through."""
+    built_in = migrate.head_revision()
+    MIGRATIONS.names()  # what loading the plug-in registers for the database (its Plugin object)
+    monkeypatch.setattr(MIGRATIONS, "_items", {**MIGRATIONS._items,
+                                               "bestofn": TUTORIAL / "src" / "reflexdb_bestofn" / "migrations"})
+    monkeypatch.setattr(ARCHIVED, "_items", {**ARCHIVED._items, "bestofn": (
+        ("bestofn_picks", "run_id = %(run)s", "step, trajectory_id"),)})
+    with_branch = migrate.head_revision()  # the branches' heads, sorted
+    code, out, err = cli("db", "upgrade")
+    assert code == 0 and out.strip() == f"schema upgraded {built_in} -> {with_branch}", err
+    rng = np.random.default_rng(4)
+    with Store.open(db_url) as store:
+        for name, picks in (("picked-a", 2), ("picked-b", 1), ("plain", 0)):
+            run, [task] = setup_run(store, name, n_tasks=1)
+            written = store.write_group(make_group(rng, run, task, size=2))
+            with store.engine.begin() as conn:
+                for i in range(picks):
+                    conn.execute(text("INSERT INTO bestofn_picks VALUES (:r, :s, :t, :g)"),
+                                 {"r": run, "s": i + 1, "t": written.trajectory_ids[0], "g": written.group_id})
+        picks_before = rows(store, "SELECT * FROM bestofn_picks ORDER BY 1, 2")
+    assert len(picks_before) == 3
+
+    code, _, err = cli("db", "downgrade", "bestofn@base", "--yes")
+    assert code == MigrationRefused.exit_code == 1
+    assert _one_line_error(err) == (
+        "error: cannot downgrade to bestofn@base: it drops table bestofn_picks of method package bestofn, and runs "
+        "hold rows there: run 'picked-a' (bestofn_picks), run 'picked-b' (bestofn_picks); archive each run "
+        "(`reflexdb db archive RUN -o DIR`: written to Parquet, those rows too, checked, then deleted) or delete it "
+        "(`reflexdb runs delete RUN --yes`), then downgrade again; or keep the branch (and its package installed) "
+        "while those runs are kept; nothing was changed")
+    with Store.open(db_url) as store:  # nothing dropped, the revision unchanged
+        assert rows(store, "SELECT * FROM bestofn_picks ORDER BY 1, 2") == picks_before
+        assert rows(store, "SELECT version_num FROM alembic_version WHERE version_num = 'bestofn_0001'") == [
+            ("bestofn_0001",)]
+
+    # one run archived (its picks with it), the other deleted: then the downgrade goes through
+    code, _, err = cli("db", "archive", "picked-a", "-o", str(tmp_path / "picked-a"))
+    assert code == 0 and ["bestofn_picks", "2", "rows"] in [line.split() for line in err.splitlines()], err
+    code, _, err = cli("runs", "delete", "picked-b", "--yes")
+    assert code == 0, err
+    code, out, err = cli("db", "downgrade", "bestofn@base", "--yes")
+    assert code == 0 and out.strip() == f"schema downgraded {with_branch} -> {built_in}", err
+    with Store.open(db_url, check_schema=False) as store:
+        assert rows(store, "SELECT to_regclass('bestofn_picks')::text") == [(None,)]
+        assert [r["name"] for r in runs.list_runs(store)] == ["plain"]
+
+
 BRANCH = {
     "kindcheck_0001.py": '''"""A test method's origin and group kind.
 

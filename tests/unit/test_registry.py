@@ -157,6 +157,10 @@ def test_a_plugin_that_archives_a_table_it_does_not_declare_is_refused_when_load
     assert any("sql: /no/such/folder is not a folder" in p for p in problems)
     assert any("tables: module 'no_such_module_for_reflexdb' failed to import: ModuleNotFoundError" in p for p in problems)
     assert any("does not name the run (%(run)s)" in p for p in problems)
+    # a table a downgrade may drop with rows in it must be one of its archived tables (reflexdb.migrate.RowsGuard)
+    kept = plugins.Plugin(name="mymethod", tables=lte_tables, archived=(("lte_stages", "run_id = %(run)s", "id"),),
+                          kept_by_downgrade=("lte_stages", "mymethod_links"))
+    assert kept.problems() == ["kept_by_downgrade: 'mymethod_links' is not one of its archived tables"]
     with pytest.raises(PluginError, match=r"its Plugin object is named 'other'; name the entry point as the plugin"):
         _load(monkeypatch, _EntryPoint("mymethod", plugins.Plugin(name="other")))
 
