@@ -184,6 +184,8 @@ class Collector:
             work.report_progress(self.store, self.collector_id, policy_version=self.version, skipped_rows=skipped)
         self.echo(f"collector {self.name}: run {cfg.run!r} (id {self.run_id}), {len(tasks)} tasks"
                   f"{f', {skipped} dataset rows skipped' if skipped else ''}, policy v{self.version}")
+        if getattr(self.engine, "plan", None):  # the fast engine's memory planner: rows x context
+            self.echo(f"engine {self.c.engine}: {self.engine.plan}")
 
     def install_signal_handlers(self) -> None:
         def handler(signum, _frame):

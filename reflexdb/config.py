@@ -69,14 +69,15 @@ class TasksConfig(_Section):
 ENGINE_OPTIONS = {
     "hf": ("max_batch_size", "score_token_budget", "dtype", "share_prefixes", "min_shared_prefix", "keep_kv_tokens"),
 }
-ENGINE_OPTIONS["fast"] = ENGINE_OPTIONS["hf"] + ("check_every", "cuda_graphs", "compile", "context_multiple")
+ENGINE_OPTIONS["fast"] = ENGINE_OPTIONS["hf"] + ("check_every", "cuda_graphs", "compile", "block_size", "kv_tokens",
+                                                  "kv_memory_fraction", "prefill_chunk")
 
 
 class CollectorConfig(_Section):
     name: str | None = Field(None, description="Collector name, unique per run (default: host-pid).")
     engine: Literal["hf", "fast", "sglang"] = Field("hf", description="Generation backend: hf (transformers, a token-by-token loop; the CPU default), fast (continuous batching over a preallocated KV cache, one CUDA graph per decode step: for GPUs, with tasks_per_batch large enough to fill its 256 slots), sglang (a separate SGLang install). See docs/collector-engines.md.")
     device: str = Field("cpu", description="Device for the hf and fast engines: cpu, cuda, cuda:1, ...")
-    engine_options: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments of the engine's constructor. hf: max_batch_size, score_token_budget, dtype, share_prefixes, min_shared_prefix, keep_kv_tokens; fast: those and check_every, cuda_graphs, compile, context_multiple (max_batch_size: its slots); sglang: any argument of sglang.Engine (tp_size, mem_fraction_static, ...). See docs/collector-engines.md.")
+    engine_options: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments of the engine's constructor. hf: max_batch_size, score_token_budget, dtype, share_prefixes, min_shared_prefix, keep_kv_tokens; fast: those and check_every, cuda_graphs, compile, block_size, kv_tokens, kv_memory_fraction, prefill_chunk (max_batch_size: its slots; kv_tokens or kv_memory_fraction: the paged KV pool); sglang: any argument of sglang.Engine (tp_size, mem_fraction_static, ...). See docs/collector-engines.md.")
     group_size: int = Field(8, ge=1, le=1024, description="G: samples per task (one group).")
     tasks_per_batch: int = Field(1, ge=1, le=256, description="Tasks generated together in one engine call (each still written as its own group).")
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)

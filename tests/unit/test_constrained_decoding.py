@@ -155,9 +155,9 @@ def test_a_schema_xgrammar_refuses_is_a_value_error(tiny):
 def test_compiled_grammars_are_cached_per_schema(tiny):
     params = SamplingParams(max_new_tokens=3, json_schema=SCHEMA_JSON, seed=0)
     tiny.generate(PROMPTS[:1], params=params)
-    compiler, compiled = tiny._grammar_compiler, tiny._grammars[SCHEMA_JSON]
+    compiler, compiled = tiny.grammars.compiler, tiny.grammars.compiled[SCHEMA_JSON]
     tiny.generate(PROMPTS[:1], params=params)
-    assert tiny._grammar_compiler is compiler and tiny._grammars[SCHEMA_JSON] is compiled
+    assert tiny.grammars.compiler is compiler and tiny.grammars.compiled[SCHEMA_JSON] is compiled
 
 
 def test_shared_prefix_and_kept_cache_prefills(tiny):
