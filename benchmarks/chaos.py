@@ -34,8 +34,9 @@ What it does, on the tiny model in a private ``REFLEXDB_HOME`` with its own embe
 (moto's, benchmarks/s3server.py) and adds two actions: a storage outage (the server stopped with
 SIGSTOP for 30-40 s right after a version is recorded, then SIGCONT: uploads and fetches hang, time
 out and are retried) and a learner killed mid-upload. Checked besides: every version the collectors loaded came from s3:// and was
-verified against its row; each version kept is in storage, whole, with the recorded sha256 (a
-fresh fetch checks it), and the pruned ones are gone from it.
+verified against its row (its manifest's recorded sha256); each version kept is in storage, whole,
+with the recorded sha256 and manifest_sha256 (a fresh fetch checks both), and the pruned ones are
+gone from it.
 
 It prints a table of figures (kills by phase, stalls, restarts, outage seconds, groups, steps,
 violations) and exits 1 if any check failed, keeping the home directory for inspection.
@@ -601,8 +602,8 @@ class Drill:
                                          r=run, mr=L.get("max_reuse", 1))]
 
         steps = [s for (s,) in self.sql("SELECT step FROM learner_steps WHERE run_id = :r ORDER BY 1", r=run)]
-        versions = self.sql("SELECT version, step, checkpoint_uri, sha256, meta->>'learner_state', meta->>'state_tag' "
-                            "FROM policy_versions WHERE run_id = :r ORDER BY version", r=run)
+        versions = self.sql("SELECT version, step, checkpoint_uri, sha256, meta->>'learner_state', meta->>'state_tag', "
+                            "manifest_sha256 FROM policy_versions WHERE run_id = :r ORDER BY version", r=run)
         v["steps and versions contiguous"] = []
         if steps != list(range(1, len(steps) + 1)):
             v["steps and versions contiguous"].append(f"learner steps are {steps[:5]}...{steps[-5:]}")
@@ -617,7 +618,7 @@ class Drill:
         keep_p, keep_s = L["keep_policies"], L["keep_states"]
         if self.s3 is not None:
             v["checkpoints present with their sha256"] += self._check_storage(versions, newest, keep_p)
-        for version, step, uri, sha, states, tag in versions:
+        for version, step, uri, sha, states, tag, _manifest in versions:
             if self.s3 is not None:  # in storage (checked above); the learner state is local
                 if version > newest - keep_s and states and not (Path(states) / tag).is_dir():
                     v["checkpoints present with their sha256"].append(f"v{version}: learner state {Path(states) / tag} missing")
@@ -676,7 +677,9 @@ class Drill:
         cache = storage.CheckpointCache(self.home / "verify-cache", keep=10**6)
         base = self.cfg["learner"]["checkpoint_url"]
         in_storage = set(storage.versions_in(base, None))
-        for version, _step, uri, sha, _states, _tag in versions:
+        for version, _step, uri, sha, _states, _tag, manifest in versions:
+            if manifest is None:
+                out.append(f"v{version}: published to storage with no manifest_sha256")
             if uri != storage.version_uri(base, version):
                 out.append(f"v{version}: recorded as {uri}, not in storage")
             elif version <= newest - keep:
@@ -684,14 +687,14 @@ class Drill:
                     out.append(f"v{version} should have been pruned from storage")
             else:
                 try:
-                    cache.fetch(uri, version, sha)
+                    cache.fetch(uri, version, sha, manifest)
                 except Exception as exc:  # noqa: BLE001 - any failure is the violation
                     out.append(f"v{version}: {type(exc).__name__}: {exc}")
         logs = {p.name: p.read_text(errors="replace") for p in self.logs.glob("*.log")}
         collector_logs = "".join(t for n, t in logs.items() if "collector" in n)
         import re
 
-        loads = re.findall(r"loaded policy v\d+ from (\S+) \((sha256 \w+… verified)?", collector_logs)
+        loads = re.findall(r"loaded policy v\d+ from (\S+) \((manifest sha256 \w+… verified)?", collector_logs)
         out += [f"a collector loaded a version from {u} without a verified fetch" for u, ok in loads
                 if not u.startswith("s3://") or not ok]
         self.storage_figures = {

@@ -35,7 +35,7 @@ import psycopg
 
 from reflexdb import GroupIn, Store, TrajectoryIn, drill, storage, work
 from reflexdb.config import Config
-from reflexdb.errors import ClaimLost, InvalidGroup
+from reflexdb.errors import ClaimLost, InvalidGroup, NotFound
 from reflexdb.retry import TRANSIENT, DbRetry
 from reflexdb.storable import storable_json, storable_text
 from reflexdb.timing import PhaseTimer
@@ -85,6 +85,17 @@ def _sampled_tokens(t: TrajectoryIn) -> int:
     were not generated), or all its response tokens."""
     spans = [u.token_end - u.token_start for u in t.turns if u.role == "assistant" and u.token_start is not None]
     return sum(spans) if spans else len(t.response_ids)
+
+
+def _checked(policy) -> str:
+    """What was checked of a version fetched from storage, for the log line (unclosed bracket)."""
+    if policy.manifest_sha256:
+        return f" (manifest sha256 {policy.manifest_sha256[:12]}… verified, and every file against it"
+    log.warning("policy v%s was published before revision 0029: its config and tokenizer files are checked only "
+                "against its manifest in storage", policy.version)
+    weights = f"weights' sha256 {policy.sha256[:12]}… verified" if policy.sha256 else "no sha256 recorded"
+    return (f" ({weights}; published before revision 0029, so its other files are checked only against its manifest "
+            "in storage")
 
 
 class Abandon(Exception):
@@ -154,6 +165,7 @@ class Collector:
                                             self.timer.timed("reward", self.reward_fn), cfg.tasks.template)
         self.rollout_stats = RolloutStats()
         self._said_waiting = float("-inf")  # when the admission wait was last reported
+        self._held = False  # whether admission control held new groups at the last look (nothing sampled)
         self.version = 0
         self.fetcher: Fetcher | None = None  # made when a version lies in storage (learner.checkpoint_url)
         self.stopping = False
@@ -176,6 +188,8 @@ class Collector:
         latest = self.store.latest_policy(self.run_id)
         if latest is not None and latest.version > 0:
             self._load(latest, wait=True)
+            if self.version != latest.version and self.fetcher is not None:  # it could not be fetched
+                self._fall_back(latest)
         self.collector_id = work.register_collector(
             self.store, self.run_id, self.name, engine=self.c.engine, model=model_display_name(self.model_location),
             policy_version=self.version,
@@ -221,7 +235,9 @@ class Collector:
                 if free and self._claim_and_collect(free, want):
                     continue
                 if not self._admitted(wait_s=self.c.poll_interval_s if free else self.c.progress_every_s):
+                    self._held = True
                     continue
+                self._held = False
                 if self._claim_and_collect(self.workflows, want):
                     continue
                 finite = [w for w in self.workflows if hasattr(w, "exhausted")]
@@ -261,27 +277,51 @@ class Collector:
 
     def _load(self, policy, *, wait: bool = False) -> None:
         """Load ``policy``'s weights. A version in storage is fetched first, in the background
-        (``wait``: here); until it is whole and verified the collector samples with its current
-        version, and a fetch that fails is reported and tried again (collector/fetch.py)."""
+        (``wait``: here, at start-up); until it is whole and verified the collector keeps its current
+        version, and a fetch that fails is reported and tried again (collector/fetch.py). The
+        cache refuses a version larger than the run's model can be (:func:`reflexdb.storage.size_bound`)."""
         path, fetched = checkpoint_path(policy.checkpoint_uri), ""
         if storage.is_remote(policy.checkpoint_uri):
             if self.fetcher is None:
                 cache = storage.CheckpointCache(storage.cache_root(self.cfg.run), storage.options_for(
                     policy.checkpoint_uri, self.cfg.learner.checkpoint_url, self.cfg.learner.checkpoint_storage_options),
-                    keep=self.c.checkpoint_cache_versions)
+                    keep=self.c.checkpoint_cache_versions, max_bytes=storage.size_bound(self.model_location))
                 self.fetcher = Fetcher(cache, self.echo)
-            path = self.fetcher.ready(policy, self.version, wait=wait)
+            path = self.fetcher.ready(policy, None if wait else self.version, wait=wait, sampling=not self._held)
             self.stats.fetch_failures = self.fetcher.failures
             if path is None:
                 return
-            fetched = (f" (sha256 {policy.sha256[:12]}… verified" if policy.sha256 else " (checked against its manifest") \
-                + f", cached in {path})"
+            fetched = f"{_checked(policy)}, cached in {path})"
         drill.phase("reload")
         t0 = time.monotonic()
         self.engine.load_weights(path)
         self.version = policy.version
         self.echo(f"loaded policy v{policy.version} from {storage.mask(policy.checkpoint_uri)}{fetched} in "
                   f"{time.monotonic() - t0:.1f}s")
+
+    def _fall_back(self, wanted) -> None:
+        """``wanted`` (the newest version) could not be fetched at start-up: start from the newest
+        version this collector's cache holds whole and verified for its row, not the base model."""
+        cache = self.fetcher.cache
+        for version in reversed(cache.versions()):
+            if not 0 < version < wanted.version:
+                continue
+            try:
+                policy = self.store.get_policy(self.run_id, version)
+            except NotFound:
+                continue
+            path = cache.cached(policy.checkpoint_uri, version, policy.sha256, policy.manifest_sha256)
+            if path is None:  # not the version that row recorded (a run recreated under the same name)
+                continue
+            t0 = time.monotonic()
+            self.engine.load_weights(path)
+            self.version = version
+            self.echo(f"loaded policy v{version} from this collector's cache ({path}, verified when it was fetched) in "
+                      f"{time.monotonic() - t0:.1f}s: the newest verified version it holds, until policy "
+                      f"v{wanted.version} can be fetched")
+            return
+        self.echo(f"starting with the base model (policy v0) until policy v{wanted.version} can be fetched: this "
+                  "collector's cache holds no verified version of the run")
 
     def _claim_and_collect(self, workflows: list[Workflow], want: int) -> bool:
         """Ask ``workflows`` for work in priority order; the first with work wins. Whether one had any."""

@@ -661,15 +661,19 @@ class Store:
 
     def publish_policy(
         self, run_id: int, version: int, checkpoint_uri: str, *, sha256: str | None = None, step: int = 0,
-        meta: dict | None = None,
+        meta: dict | None = None, manifest_sha256: str | None = None,
     ) -> PolicyVersion:
-        """Record a new policy version and NOTIFY collectors (delivered when the row commits)."""
+        """Record a new policy version and NOTIFY collectors (delivered when the row commits).
+
+        ``sha256``: of the weights (:func:`reflexdb.storage.weights_sha256`); ``manifest_sha256``: of
+        the ``manifest.json`` uploaded with a version in object storage (:func:`reflexdb.storage.upload`),
+        through which collectors check every file of it."""
         try:
             with self.transaction() as conn:
                 row = conn.execute(
                     Q["insert_policy"],
                     {"run_id": run_id, "version": version, "checkpoint_uri": checkpoint_uri, "sha256": sha256,
-                     "step": step, "meta": Jsonb(meta or {})},
+                     "step": step, "meta": Jsonb(meta or {}), "manifest_sha256": manifest_sha256},
                 ).fetchone()
         except psycopg.errors.UniqueViolation:
             row = None
@@ -679,7 +683,8 @@ class Store:
             # The same version again is a retry whose first commit was not acknowledged; another
             # version under the same number is an error.
             existing = self.get_policy(run_id, version)
-            if (existing.checkpoint_uri, existing.sha256, existing.step) != (checkpoint_uri, sha256, step):
+            if (existing.checkpoint_uri, existing.sha256, existing.step, existing.manifest_sha256) != (
+                    checkpoint_uri, sha256, step, manifest_sha256):
                 raise ReflexdbError(f"run {run_id} already has policy version {version}")
             return existing
         return PolicyVersion(*row)

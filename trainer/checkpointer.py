@@ -22,7 +22,8 @@ stop and :meth:`Checkpointer.wait` wait for it first, and raise its error there
 With a remote ``learner.checkpoint_url`` (``url``: ``s3://...``), the version's files are written
 locally as always, then uploaded to ``<url>/vK/`` (reflexdb/storage.py, retried for
 ``upload_retry_s``; in the writer thread when in the background), and only then is the row
-recorded, naming ``<url>/vK``: a collector never sees a version that is not wholly uploaded.
+recorded, naming ``<url>/vK`` and the sha256 of the uploaded ``manifest.json`` (every file of the
+version is checked through it): a collector never sees a version that is not wholly uploaded.
 Storage that stays down past ``upload_retry_s`` is a :class:`PublishFailed` naming the URL and the
 cause. Pruning deletes old versions in storage too.
 """
@@ -214,15 +215,15 @@ class Checkpointer:
             if state:
                 self.engine.save_state(states, tag, {"step": step, "version": version})
             sha = self.engine.export_hf(weights, state_dict=snapshot)
-        uri = f"file://{weights}"
+        uri, manifest_sha = f"file://{weights}", None
         if self.main:
-            if self.url is not None:  # uploaded whole before the row names it
-                uri = self._upload(weights, version, step, previous)
+            if self.url is not None:  # uploaded whole before the row names it, with the digest of its manifest
+                uri, manifest_sha = self._upload(weights, version, step, previous)
             meta = {"mlflow_run_id": getattr(tracker, "run_id", None)}
             if state:
                 meta.update(learner_state=str(states), state_tag=tag)
             self.db(lambda: self.store.publish_policy(self.run_id, version, uri, sha256=sha,
-                                                      step=step, meta=meta))
+                                                      step=step, meta=meta, manifest_sha256=manifest_sha))
             if state:
                 self._prune_states(states)
             self._prune_policies(version)
@@ -232,9 +233,10 @@ class Checkpointer:
         self.echo(f"published policy v{version} at step {step} ({storage.mask(uri) if self.url else weights})"
                   + (" in the background" if snapshot is not None else ""))
 
-    def _upload(self, weights: Path, version: int, step: int, previous: tuple[int, int]) -> str:
+    def _upload(self, weights: Path, version: int, step: int, previous: tuple[int, int]) -> tuple[str, str]:
         """Upload version ``version``'s weights to ``<url>/vK`` (retried for ``upload_retry_s``); the
-        URI the row names (``<read_url>/vK`` with a ``read_url``).
+        URI the row names (``<read_url>/vK`` with a ``read_url``) and the sha256 of the uploaded
+        manifest (``policy_versions.manifest_sha256``: collectors check every file through it).
 
         Raises:
             PublishFailed: storage kept failing; nothing was recorded for the version.
@@ -242,12 +244,13 @@ class Checkpointer:
         uri = storage.version_uri(self.url, version)
         drill.phase("upload")
         try:
-            storage.upload(weights, uri, self.storage_options, limit_s=self.upload_retry_s, echo=self.echo)
+            manifest_sha = storage.upload(weights, uri, self.storage_options, limit_s=self.upload_retry_s,
+                                          echo=self.echo)
         except storage.StorageError as exc:
             raise PublishFailed(f"publishing policy v{version} at step {step} failed: {exc}. Nothing was recorded "
                                 f"for v{version}. When the storage answers again, run the same command: the learner "
                                 f"resumes from policy v{previous[0]} (step {previous[1]}).") from None
-        return storage.version_uri(self.read_url, version) if self.read_url else uri
+        return (storage.version_uri(self.read_url, version) if self.read_url else uri), manifest_sha
 
     def finish(self, step: int, *, tracker=None) -> None:
         """On a clean stop: publish the steps trained since the last publish, with the learner

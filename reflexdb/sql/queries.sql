@@ -114,20 +114,20 @@ SELECT coalesce(max(id), 0) FROM groups WHERE run_id = %(run_id)s;
 
 -- name: latest_policy
 -- The newest policy version of a run.
-SELECT run_id, version, checkpoint_uri, sha256, step, meta, created_at
+SELECT run_id, version, checkpoint_uri, sha256, step, meta, created_at, manifest_sha256
 FROM policy_versions WHERE run_id = %(run_id)s ORDER BY version DESC LIMIT 1;
 
 -- name: latest_state_policy
 -- The newest policy version of a run that has a learner state (where resume starts).
-SELECT run_id, version, checkpoint_uri, sha256, step, meta, created_at
+SELECT run_id, version, checkpoint_uri, sha256, step, meta, created_at, manifest_sha256
 FROM policy_versions WHERE run_id = %(run_id)s AND meta ? 'learner_state' ORDER BY version DESC LIMIT 1;
 
 -- name: insert_policy
 -- Publish a policy version and wake the collectors (NOTIFY is delivered at commit).
 WITH p AS (
-    INSERT INTO policy_versions (run_id, version, checkpoint_uri, sha256, step, meta)
-    VALUES (%(run_id)s, %(version)s, %(checkpoint_uri)s, %(sha256)s, %(step)s, %(meta)s)
-    RETURNING run_id, version, checkpoint_uri, sha256, step, meta, created_at
+    INSERT INTO policy_versions (run_id, version, checkpoint_uri, sha256, step, meta, manifest_sha256)
+    VALUES (%(run_id)s, %(version)s, %(checkpoint_uri)s, %(sha256)s, %(step)s, %(meta)s, %(manifest_sha256)s)
+    RETURNING run_id, version, checkpoint_uri, sha256, step, meta, created_at, manifest_sha256
 ), n AS (
     SELECT pg_notify('reflexdb_policy',
                      json_build_object('run_id', p.run_id, 'version', p.version)::text)

@@ -168,21 +168,22 @@ def test_a_collector_loads_a_version_from_s3_and_samples_on_while_one_cannot_be_
             p.add_(torch.randn_like(p) * 0.5)
     model.save_pretrained(tmp_path / "v1")
     options = {"endpoint_url": s3_env.endpoint}
-    storage.upload(tmp_path / "v1", "s3://ckpt/collect/v1", options, limit_s=30)
+    manifest_sha = storage.upload(tmp_path / "v1", "s3://ckpt/collect/v1", options, limit_s=30)
     cfg = parse_config({"run": "collect-s3", "model": "tiny", "max_staleness": 100,
                         "collector": {"group_size": 2, "sampling": {"max_new_tokens": 4}, "poll_interval_s": 0.1},
                         "learner": {"checkpoint_url": "s3://ckpt/collect/", "checkpoint_storage_options": options}})
     msgs = []
     c = Collector(cfg, store, make_engine("hf", model=src, device="cpu"), echo=msgs.append)
     c.setup()
-    store.publish_policy(c.run_id, 1, "s3://ckpt/collect/v1", sha256=storage.weights_sha256(tmp_path / "v1"), step=1)
+    store.publish_policy(c.run_id, 1, "s3://ckpt/collect/v1", sha256=storage.weights_sha256(tmp_path / "v1"), step=1,
+                         manifest_sha256=manifest_sha)
     deadline = time.monotonic() + 60
     while c.version < 1 and time.monotonic() < deadline:  # fetched in the background, loaded between groups
         c._maybe_reload()
         time.sleep(0.05)
     [loaded] = [m for m in msgs if m.startswith("loaded policy v1")]
-    assert re.match(r"loaded policy v1 from s3://ckpt/collect/v1 \(sha256 \w{12}… verified, cached in .*/collector-home/"
-                    r"cache/collect-s3/v1\)", loaded), loaded
+    assert re.match(r"loaded policy v1 from s3://ckpt/collect/v1 \(manifest sha256 \w{12}… verified, and every file "
+                    r"against it, cached in .*/collector-home/cache/collect-s3/v1\)", loaded), loaded
     store.publish_policy(c.run_id, 2, "s3://ckpt/collect/v2", sha256="0" * 64, step=2)  # nothing uploaded there
     t0 = time.monotonic()
     while c.stats.fetch_failures < 2 and time.monotonic() - t0 < 60:
