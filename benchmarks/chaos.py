@@ -6,6 +6,7 @@ and every process picked up where it was.
     python benchmarks/chaos.py --short                 # about 2-3 minutes: CI runs this
     python benchmarks/chaos.py --minutes 10 --seed 3 --collectors 3 --json out.json
     python benchmarks/chaos.py --short --storage s3    # weights through a local S3 server, and its outages
+    python benchmarks/chaos.py --short --method sevenths   # a method that never trains every seventh group
 
 What it does, on the tiny model in a private ``REFLEXDB_HOME`` with its own embedded PostgreSQL
 (or ``--url`` and your server; outages then need ``--db-stop-cmd``/``--db-start-cmd``):
@@ -99,6 +100,14 @@ S3_ACTIONS = ("storage-outage", "kill-learner-upload")
 LTE_CONFIG = {"algorithm": "lte", "lte": {"hint_timeout_s": 15}}
 LTE_ACTIONS = ("kill-collector-hint",)
 
+#: ``--method sevenths``: the same run under a method whose batch rule never trains every seventh
+#: group and declares it (``Method.drops``; the test plug-in tests/data/plugins/sevenths, installed
+#: for the drill's processes as pip installs a package). Admission control must count only the
+#: groups a step can take: collectors and the learner never wait on each other, and
+#: ``untrained_groups`` calls a dropped group ``seventh``, never ``passed_over`` (issue 60).
+SEVENTHS_PLUGIN = REPO / "tests" / "data" / "plugins" / "sevenths"
+SEVENTHS_CONFIG = {"algorithm": "sevenths"}
+
 SIGNAL_NAMES = {signal.SIGKILL: "SIGKILL", signal.SIGTERM: "SIGTERM", signal.SIGSTOP: "SIGSTOP"}
 
 
@@ -163,12 +172,15 @@ class Drill:
         from reflexdb.ops import admin
         from reflexdb.store import Store
 
-        admin.upgrade(self.url)
+        plugin_path = self._install_sevenths() if self.args.method == "sevenths" else None
+        admin.upgrade(self.url)  # with --method sevenths: the plug-in's branch too
         self.store = Store.open(self.url)
         cfg = json.loads(json.dumps(RUN_CONFIG))
         cfg["run"] = self.args.run
         if self.args.method == "lte":
             cfg.update(json.loads(json.dumps(LTE_CONFIG)))
+        if self.args.method == "sevenths":
+            cfg.update(json.loads(json.dumps(SEVENTHS_CONFIG)))
         s3_env = {}
         if self.args.storage == "s3":
             from s3server import S3Server
@@ -186,6 +198,8 @@ class Drill:
         env = dict(os.environ, REFLEXDB_DATABASE_URL=self.url, REFLEXDB_DRILL_DIR=str(self.drill_dir),
                    TORCH_EXTENSIONS_DIR=str(self.extensions), OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
                    DS_ACCELERATOR="cpu", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", **s3_env)
+        if plugin_path:
+            env["PYTHONPATH"] = os.pathsep.join(filter(None, (plugin_path, env.get("PYTHONPATH"))))
         for key in ("MASTER_PORT", "MASTER_ADDR", "RANK", "WORLD_SIZE", "LOCAL_RANK", "MLFLOW_TRACKING_URI"):
             env.pop(key, None)
         self.env = env
@@ -193,6 +207,19 @@ class Drill:
             name = f"{self.args.run}-collector-{i}"
             self.procs.append(Proc("collector", name, ["collect", "--name", name]))
         self.procs.append(Proc("learner", f"{self.args.run}-learner", ["learn"]))
+
+    def _install_sevenths(self) -> str:
+        """Install the sevenths test plug-in as pip would (its dist-info with the entry point, its
+        source on the path), for this process (its branch is migrated here) and the children.
+        Returns their PYTHONPATH entries."""
+        site = self.home / "site"
+        info = site / "reflexdb_sevenths-0.1.0.dist-info"
+        info.mkdir(parents=True, exist_ok=True)
+        (info / "METADATA").write_text("Metadata-Version: 2.1\nName: reflexdb-sevenths\nVersion: 0.1.0\n")
+        (info / "entry_points.txt").write_text("[reflexdb.plugins]\nsevenths = reflexdb_sevenths:plugin\n")
+        paths = [str(site), str(SEVENTHS_PLUGIN / "src")]
+        sys.path[:0] = paths  # before the first registry read loads the plug-ins
+        return os.pathsep.join(paths)
 
     def _extensions_dir(self) -> Path:
         """A private TORCH_EXTENSIONS_DIR (the drill plants nothing in yours), seeded with this
@@ -528,9 +555,13 @@ class Drill:
         B = self.cfg["learner"]["groups_per_step"]
         deadline = time.monotonic() + 240
         run_id = self.store.run_id(self.args.run)
+        # groups its method never trains are eligible by the core view's rules, but no step takes them
+        dropped = " AND group_id NOT IN (SELECT group_id FROM sevenths_group_holds)" \
+            if self.args.method == "sevenths" else ""
         while time.monotonic() < deadline and lr.alive():  # it trains while a batch is eligible
             self.watch_stuck()
-            [(waiting,)] = self.sql("SELECT count(*) FROM learner_eligible WHERE run_id = :r AND eligible", r=run_id)
+            [(waiting,)] = self.sql("SELECT count(*) FROM learner_eligible WHERE run_id = :r AND eligible" + dropped,
+                                    r=run_id)
             if waiting < B and self.phase(lr) == "wait":
                 break
             time.sleep(1)
@@ -794,8 +825,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--outages", type=int, default=2, help="database stops during the drill (default 2)")
     ap.add_argument("--home", help="REFLEXDB_HOME for the drill (default: a new temporary directory)")
     ap.add_argument("--run", default="chaos", help="run name")
-    ap.add_argument("--method", choices=("grpo", "lte"), default="grpo",
-                    help="lte: the run under LTE, collectors also killed inside hint stages")
+    ap.add_argument("--method", choices=("grpo", "lte", "sevenths"), default="grpo",
+                    help="lte: the run under LTE, collectors also killed inside hint stages; sevenths: a method "
+                         "that never trains every seventh group (Method.drops; tests/data/plugins/sevenths)")
     ap.add_argument("--url", help="use this PostgreSQL instead of a private embedded one")
     ap.add_argument("--db-stop-cmd", help="with --url: a shell command that stops the server (for outages)")
     ap.add_argument("--db-start-cmd", help="with --url: a shell command that starts it again")

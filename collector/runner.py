@@ -166,6 +166,9 @@ class Collector:
         self.rollout_stats = RolloutStats()
         self._said_waiting = float("-inf")  # when the admission wait was last reported
         self._held = False  # whether admission control held new groups at the last look (nothing sampled)
+        self._said_bound: int | None = None  # the published max_staleness last said to differ from the config's
+        # The groups the run's method never trains (Method.drops): admission does not count them.
+        self.drops = cfg.method.drops
         self.version = 0
         self.fetcher: Fetcher | None = None  # made when a version lies in storage (learner.checkpoint_url)
         self.stopping = False
@@ -185,6 +188,7 @@ class Collector:
         tasks, skipped = build_tasks(cfg.tasks)
         self.store.add_tasks(self.run_id, tasks)
         self.stats.skipped_rows = skipped
+        work.check_drops(self.store, cfg.algorithm, self.drops)
         latest = self.store.latest_policy(self.run_id)
         if latest is not None and latest.version > 0:
             self._load(latest, wait=True)
@@ -198,6 +202,25 @@ class Collector:
             work.report_progress(self.store, self.collector_id, policy_version=self.version, skipped_rows=skipped)
         self.echo(f"collector {self.name}: run {cfg.run!r} (id {self.run_id}), {len(tasks)} tasks"
                   f"{f', {skipped} dataset rows skipped' if skipped else ''}, policy v{self.version}")
+        if self.drops:
+            self.echo(f"admission control leaves out the groups in {self.drops}: method {cfg.algorithm} never trains "
+                      "them (Method.drops)")
+        self._staleness_bound(self.store.get_settings(self.run_id))  # says so if the config's bound is not the run's
+
+    def _staleness_bound(self, settings: dict) -> int:
+        """η for admission control: the run's ``learner.max_staleness`` as the learner published it
+        (what the views and the learner enforce), or this collector's ``max_staleness`` while
+        nothing is published yet. A config that disagrees with the published bound is said once
+        (and again if the published one changes)."""
+        published = settings.get("learner.max_staleness")
+        if published is None:
+            return self.cfg.max_staleness
+        eta = int(published)
+        if eta != self.cfg.max_staleness and eta != self._said_bound:
+            self._said_bound = eta
+            self.echo(f"max_staleness {self.cfg.max_staleness} in this collector's config differs from the run's "
+                      f"learner.max_staleness {eta}, which the learner published: admission control uses {eta}")
+        return eta
 
     def install_signal_handlers(self) -> None:
         def handler(signum, _frame):
@@ -234,11 +257,12 @@ class Collector:
                 free = [w for w in self.workflows if getattr(w, "admission_free", False)]
                 if free and self._claim_and_collect(free, want):
                     continue
-                if not self._admitted(wait_s=self.c.poll_interval_s if free else self.c.progress_every_s):
+                room = self._admitted(wait_s=self.c.poll_interval_s if free else self.c.progress_every_s)
+                if not room:
                     self._held = True
                     continue
                 self._held = False
-                if self._claim_and_collect(self.workflows, want):
+                if self._claim_and_collect(self.workflows, min(want, room)):  # no group past the bound
                     continue
                 finite = [w for w in self.workflows if hasattr(w, "exhausted")]
                 if finite and all(w.exhausted() for w in finite):
@@ -334,27 +358,31 @@ class Collector:
                 return True
         return False
 
-    def _admitted(self, wait_s: float) -> bool:
+    def _admitted(self, wait_s: float) -> int:
+        """How many on-policy groups may start now (admission control, reflexdb/work.py); 0: none,
+        after waiting up to ``wait_s`` for a newer policy."""
         settings = self.db(lambda: self.store.get_settings(self.run_id))
         # groups other collectors are making from a method's own claims (a workflow's in_flight)
         in_flight = sum(self.db(w.in_flight) for w in self.workflows if hasattr(w, "in_flight"))
+        # Every number of the bound as the learner published it (run_settings), this config's before that.
+        eta = self._staleness_bound(settings)
         a = self.db(lambda: work.admission(
-            self.store, self.run_id, self.name, policy_version=self.version, eta=self.cfg.max_staleness,
+            self.store, self.run_id, self.name, policy_version=self.version, eta=eta,
             groups_per_step=int(settings.get("learner.groups_per_step", self.cfg.learner.groups_per_step)),
             publish_every=int(settings.get("learner.publish_every", self.cfg.learner.publish_every)),
             imported_per_step=int(settings.get("learner.imported_per_step", self.cfg.learner.imported_per_step)),
-            claim_ttl_s=self.c.claim_ttl_s, in_flight=in_flight,
+            claim_ttl_s=self.c.claim_ttl_s, in_flight=in_flight, drops=self.drops,
         ))
         if a.allowed:
-            return True
+            return a.room
         drill.phase("admission")
         if time.monotonic() - self._said_waiting >= self.c.progress_every_s:  # short waits: say it now and then
             self._said_waiting = time.monotonic()
-            self.echo(f"waiting for policy v{a.consume_version - self.cfg.max_staleness}: group {a.next_group} would be "
-                      f"{a.staleness} versions stale when consumed (max_staleness {self.cfg.max_staleness})")
+            self.echo(f"waiting for policy v{a.consume_version - eta}: group {a.next_group} would be "
+                      f"{a.staleness} versions stale when consumed (max_staleness {eta})")
         self.db(lambda: self.store.wait_for_policy(self.run_id, self.version, timeout=wait_s,
                                                        poll_interval=self.c.poll_interval_s))
-        return False
+        return 0
 
     # ------------------------------------------------------------------ what workflows use
 

@@ -43,7 +43,7 @@ from pathlib import Path
 
 import torch
 
-from reflexdb import Store, drill, storage
+from reflexdb import Store, drill, storage, work
 from reflexdb.config import Config
 from reflexdb.errors import ReflexdbError
 from reflexdb.records import TokenSignals
@@ -122,6 +122,8 @@ class Learner:
         # Every database call below goes through db(): an outage of up to db_retry_s is waited out.
         self.db = DbRetry(self.L.db_retry_s, lambda msg: self.echo(msg), who="the learner")
         self.run_id = self.db(lambda: store.create_run(cfg.run, algorithm=cfg.algorithm, config=cfg.masked()))
+        # the view of the groups the method never trains (Method.drops) is readable, or a clear stop
+        self.db(lambda: work.check_drops(store, self.method.name, self.method.drops))
         self.ckpt_dir = Path(self.L.checkpoint_dir or storage.local_dir(self.L.checkpoint_url)
                              or home() / "checkpoints" / cfg.run).expanduser().resolve()
         self.step_no = 0
@@ -211,7 +213,8 @@ class Learner:
             self.hooks = self.method.hooks(self.cfg, self)
             if hasattr(self.hooks, "setup"):
                 self.hooks.setup()
-        self.sources: list[BatchSource] = [MethodGroups(self.store, self.run_id, getattr(self.hooks, "select", None))]
+        self.sources: list[BatchSource] = [MethodGroups(self.store, self.run_id, getattr(self.hooks, "select", None),
+                                                        drops=self.method.drops)]
         if self.L.imported_per_step:
             self.sources.append(ImportedGroups(self.store, self.run_id, self.L.imported_per_step))
 

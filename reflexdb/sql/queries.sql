@@ -91,10 +91,13 @@ ORDER BY trajectory_id, turn_index;
 -- snapshot this statement saw (recorded with the step; view untrained_groups). min_version (the
 -- learner's version minus max_staleness) only narrows the scan to the staleness window. Imported
 -- groups come only through eligible_imported_groups (at most learner.imported_per_step a step).
+-- {drops}: the groups the run's method never trains (the view its Method.drops names, column
+-- group_id; an empty relation otherwise), left out.
 SELECT array_agg(group_id ORDER BY group_id), pg_current_snapshot()::text
-FROM (SELECT group_id FROM learner_eligible
-      WHERE run_id = %(run_id)s AND eligible AND policy_version >= %(min_version)s AND kind <> 'imported'
-      ORDER BY group_id LIMIT %(n)s) x;
+FROM (SELECT e.group_id FROM learner_eligible e
+      WHERE e.run_id = %(run_id)s AND e.eligible AND e.policy_version >= %(min_version)s AND e.kind <> 'imported'
+        AND NOT EXISTS (SELECT 1 FROM {drops} d WHERE d.group_id = e.group_id)
+      ORDER BY e.group_id LIMIT %(n)s) x;
 
 -- name: eligible_imported_groups
 -- The n oldest eligible imported groups of a run (reflexdb import; view learner_eligible: no
