@@ -6,10 +6,16 @@ directory of old (``learner.checkpoint_dir``): nothing here is used, and the row
 extras install their fsspec filesystems) is written through fsspec:
 
 - **Upload** (:func:`upload`): the learner writes a version's files locally as always, then puts
-  each under ``<url>/v<K>/`` and, last, ``manifest.json`` (each file's name, size and sha256).
-  Only then does it record the ``policy_versions`` row, with ``<url>/v<K>`` and the sha256 of the
+  each under ``<prefix>/v<K>/`` and, last, ``manifest.json`` (each file's name, size and sha256).
+  Only then does it record the ``policy_versions`` row, with ``<prefix>/v<K>`` and the sha256 of the
   weights (:func:`weights_sha256`), so a collector never sees a version that is not wholly
   uploaded. Errors are retried with backoff for ``learner.upload_retry_s``.
+- **One prefix per run**: ``<prefix>`` is ``<url>/<name>.r<id>`` (:func:`run_prefix`), and its
+  marker :data:`OWNER_FILE` names the run (:class:`Owner`). Upload claims it (:func:`claim`),
+  prune and delete check it (:func:`check_owner`): a run never writes into, prunes or deletes
+  another run's versions, though their configs name the same URL. Versions recorded before
+  (``<url>/v<K>``) are deleted only while their weights are the recorded ones
+  (:func:`remove_if_recorded`).
 - **Fetch** (:class:`CheckpointCache`): a collector downloads a version into
   ``$REFLEXDB_HOME/cache/<run>/v<K>.partial/``, each file through ``<name>.part`` with ranged
   reads, so a broken download resumes where it stopped; checks every file against the manifest

@@ -7,7 +7,8 @@ that could insert a run could aim its config anywhere. A place is deleted only w
 run's own:
 
 - ``<url>/<name>.r<id>/vK`` in storage and ``<dir>/<name>.r<id>/vK`` on disk (the run's prefix and
-  directory, :func:`reflexdb.storage.run_prefix`): only when the marker there
+  directory, :func:`reflexdb.storage.run_prefix`; ``$REFLEXDB_HOME/checkpoints/<name>.r<id>`` too,
+  where a learner that recorded nothing yet claimed it): only when the marker there
   (``reflexdb-run.json``) names the run: the directory whole (weights and learner states); the
   prefix's ``vK`` and its marker;
 - ``$REFLEXDB_HOME/checkpoints/<name>/vK``: the directory of a run from before runs had one of their
@@ -112,6 +113,9 @@ def plan(store, run_id: int, name: str, created_at, config: Any = None) -> Plan:
                 p.old_dirs.append(path.parent)
         else:
             p.versions.append((version, stored, sha, {}))
+    default = home() / "checkpoints" / key  # the default place, claimed at start even if nothing was recorded
+    if default.is_dir() and default.resolve() not in [d.resolve() for d in p.dirs]:
+        p.dirs.append(default)
     for version, state in states:
         if not any(state.is_relative_to(d) for d in p.dirs + p.old_dirs) and state.exists():
             p.left.append(f"the learner state of v{version} ({state}): recorded in a directory other runs may share")
