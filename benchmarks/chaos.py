@@ -648,7 +648,7 @@ class Drill:
         newest = versions[-1][0] if versions else 0
         keep_p, keep_s = L["keep_policies"], L["keep_states"]
         if self.s3 is not None:
-            v["checkpoints present with their sha256"] += self._check_storage(versions, newest, keep_p)
+            v["checkpoints present with their sha256"] += self._check_storage(run, versions, newest, keep_p)
         for version, step, uri, sha, states, tag, _manifest in versions:
             if self.s3 is not None:  # in storage (checked above); the learner state is local
                 if version > newest - keep_s and states and not (Path(states) / tag).is_dir():
@@ -691,14 +691,16 @@ class Drill:
             v["no eligible group left untrained"].append(f"{self.untrained['waiting']} eligible groups were left "
                                                          f"waiting: a batch is {B}")
 
-        ckpt = self.home / "checkpoints" / self.args.run
+        from reflexdb import storage
+
+        ckpt = self.home / "checkpoints" / storage.run_key(run, self.args.run)  # the run's own (<name>.r<id>)
         leftovers = [p for p in ckpt.rglob("*") if p.is_dir() and (".tmp-" in p.name or p.name.startswith(".partial-"))]
         leftovers += list(self.extensions.glob("*/lock"))
         v["no leftover temporary files"] = [str(p) for p in leftovers]
         v["processes rode everything out"] = list(self.problems)
         return v
 
-    def _check_storage(self, versions: list[tuple], newest: int, keep: int) -> list[str]:
+    def _check_storage(self, run: int, versions: list[tuple], newest: int, keep: int) -> list[str]:
         """``--storage s3``: every version recorded with an s3:// URI; the kept ones whole in storage
         with the recorded sha256 (a fresh fetch checks both), the pruned ones gone; every version a
         collector loaded came from s3:// and was verified. Also counts the retries seen in the logs."""
@@ -706,7 +708,7 @@ class Drill:
 
         out = []
         cache = storage.CheckpointCache(self.home / "verify-cache", keep=10**6)
-        base = self.cfg["learner"]["checkpoint_url"]
+        base = storage.run_prefix(self.cfg["learner"]["checkpoint_url"], run, self.args.run)  # the run's own prefix
         in_storage = set(storage.versions_in(base, None))
         for version, _step, uri, sha, _states, _tag, manifest in versions:
             if manifest is None:

@@ -184,7 +184,7 @@ class Collector:
 
     def setup(self) -> None:
         cfg = self.cfg
-        self.run_id = self.store.create_run(cfg.run, algorithm=cfg.algorithm, config=cfg.masked())
+        self.run_id = self._join_run()
         tasks, skipped = build_tasks(cfg.tasks)
         self.store.add_tasks(self.run_id, tasks)
         self.stats.skipped_rows = skipped
@@ -221,6 +221,28 @@ class Collector:
             self.echo(f"max_staleness {self.cfg.max_staleness} in this collector's config differs from the run's "
                       f"learner.max_staleness {eta}, which the learner published: admission control uses {eta}")
         return eta
+
+    def _join_run(self) -> int:
+        """The run's id: the run is created when this login may create runs (the owner's); a login
+        that may not (the collector role) waits until the learner has created it and recorded its
+        embedding dimension, saying so once a minute."""
+        from reflexdb import runs
+
+        may_create, may_record = runs.privileges(self.store)
+        if may_create:
+            return self.store.create_run(self.cfg.run, algorithm=self.cfg.algorithm, config=self.cfg.masked())
+        said = float("-inf")
+        while True:
+            found = runs.find(self.store, self.cfg.run)
+            if found is not None and (found[1] is not None or may_record):
+                return found[0]
+            if time.monotonic() - said >= 60:
+                what = ("does not exist yet, and this login may not create runs" if found is None else
+                        "has no embedding dimension recorded yet, and this login may not record it")
+                self.echo(f"run {self.cfg.run!r} {what} (the collector role): waiting for `reflexdb learn` of the "
+                          "run to start (it does both)")
+                said = time.monotonic()
+            time.sleep(self.c.poll_interval_s)
 
     def install_signal_handlers(self) -> None:
         def handler(signum, _frame):

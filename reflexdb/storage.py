@@ -6,11 +6,17 @@ directory of old (``learner.checkpoint_dir``): nothing here is used, and the row
 extras install their fsspec filesystems) is written through fsspec:
 
 - **Upload** (:func:`upload`): the learner writes a version's files locally as always, then puts
-  each under ``<url>/v<K>/`` and, last, ``manifest.json`` (each file's name, size and sha256).
-  Only then does it record the ``policy_versions`` row, with ``<url>/v<K>``, the sha256 of the
+  each under ``<prefix>/v<K>/`` and, last, ``manifest.json`` (each file's name, size and sha256).
+  Only then does it record the ``policy_versions`` row, with ``<prefix>/v<K>``, the sha256 of the
   weights (:func:`weights_sha256`) and the sha256 of the manifest's bytes (``manifest_sha256``),
   so a collector never sees a version that is not wholly uploaded. Errors are retried with backoff
   for ``learner.upload_retry_s``.
+- **One prefix per run**: ``<prefix>`` is ``<url>/<name>.r<id>`` (:func:`run_prefix`), and its
+  marker :data:`OWNER_FILE` names the run (:class:`Owner`). Upload claims it (:func:`claim`),
+  prune and delete check it (:func:`check_owner`): a run never writes into, prunes or deletes
+  another run's versions, though their configs name the same URL. Versions recorded before
+  (``<url>/v<K>``) are deleted only while their weights are the recorded ones
+  (:func:`remove_if_recorded`).
 - **Fetch** (:class:`CheckpointCache`): what a bucket holds is hostile input. A collector reads the
   manifest (at most 1 MiB) and checks it against the row's ``manifest_sha256`` before anything
   else, then its form (:func:`parse_manifest`), the total it lists against what the run's model can
@@ -43,6 +49,8 @@ import re
 import shutil
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -153,8 +161,22 @@ def options_for(uri: str, url: str | None, options: dict[str, Any]) -> dict[str,
 
 
 def version_uri(base: str, version: int) -> str:
-    """``<base>/v<K>``: where version ``K`` of a run publishing to ``base`` lies."""
+    """``<base>/v<K>``: where version ``K`` lies under a run's prefix ``base`` (:func:`run_prefix`)."""
     return f"{base.rstrip('/')}/v{version}"
+
+
+def run_key(run_id: int, name: str) -> str:
+    """``<name>.r<id>``: the folder of one run under ``learner.checkpoint_url`` (and under the local
+    checkpoint directory). The name is kept readable but only ``[A-Za-z0-9._-]`` survive (others
+    become ``_``, no leading dot, at most 100 characters); the id makes it unique, so two runs
+    sharing a URL, or a run deleted and made again under the same name, never share a folder."""
+    slug = re.sub(r"[^A-Za-z0-9._-]", "_", name)[:100].lstrip(".") or "run"
+    return f"{slug}.r{int(run_id)}"
+
+
+def run_prefix(base: str, run_id: int, name: str) -> str:
+    """``<base>/<name>.r<id>``: where run ``run_id`` publishes its versions under ``base``."""
+    return f"{base.rstrip('/')}/{run_key(run_id, name)}"
 
 
 def mask(url: str) -> str:
@@ -334,14 +356,124 @@ def _retrying(limit_s: float, what: str, url: str, echo: Callable[[str], None]):
                     before_sleep=before_sleep, reraise=True)
 
 
-def upload(directory: Path, url: str, options: dict[str, Any] | None, *, limit_s: float,
-           echo: Callable[[str], None] = print) -> str:
-    """Put the files of ``directory`` under ``url`` (``<base>/v<K>``), then its manifest, retrying
-    for ``limit_s`` seconds with backoff. Whatever lay at ``url`` before is removed first: no row
-    names it (a version is recorded only after its upload). Returns the sha256 of the manifest's
-    bytes as uploaded (``policy_versions.manifest_sha256``: collectors check every file through it).
+# ---------------------------------------------------------------------- whose prefix it is
+
+#: the marker at the top of a run's prefix (``<url>/<name>.r<id>/``) and of its local directory:
+#: which run owns it. Upload, prune and ``runs delete`` read it before they write or delete there.
+OWNER_FILE = "reflexdb-run.json"
+#: a marker is a few hundred bytes; one longer than this is not reflexdb's
+MAX_MARKER = 4096
+#: a manifest read to tell whose a version is (:func:`remove_if_recorded`) is at most this long
+MAX_MANIFEST = 16 << 20
+
+
+@dataclass(frozen=True)
+class Owner:
+    """The run a prefix belongs to, as its marker (:data:`OWNER_FILE`) records it: the name, id and
+    creation time (UTC, ISO 8601) of its ``runs`` row. Together they tell a run from one of the same
+    name and id in another database, or from one made again under the same name."""
+
+    run: str
+    run_id: int
+    created_at: str
+
+    @classmethod
+    def of(cls, run: str, run_id: int, created_at: datetime) -> Owner:
+        return cls(run, int(run_id), created_at.astimezone(timezone.utc).isoformat())
+
+    def __str__(self) -> str:
+        return f"run {self.run!r} (id {self.run_id}, created {self.created_at})"
+
+
+class PrefixOwned(StorageError):
+    """A prefix or local directory belongs to another run (its marker says so), or holds a marker
+    reflexdb did not write: nothing was written or deleted there."""
+
+
+def _marker(prefix: str, options: dict[str, Any] | None) -> tuple[Any, str]:
+    fs, root = filesystem(prefix, options)
+    return fs, f"{root.rstrip('/')}/{OWNER_FILE}"
+
+
+def read_owner(prefix: str, options: dict[str, Any] | None) -> Owner | None:
+    """The run that owns ``prefix`` (a URL or a local directory); ``None`` when it has no marker.
 
     Raises:
+        PrefixOwned: a marker is there, but not one reflexdb wrote (not JSON, fields missing, too long).
+    """
+    fs, path = _marker(prefix, options)
+    fs.invalidate_cache()
+    try:
+        data = fs.cat_file(path, start=0, end=MAX_MARKER + 1)
+    except FileNotFoundError:
+        return None
+    try:
+        if len(data) > MAX_MARKER:
+            raise ValueError(f"longer than {MAX_MARKER} bytes")
+        got = json.loads(data)
+        return Owner(str(got["run"]), int(got["run_id"]), str(got["created_at"]))
+    except (ValueError, KeyError, TypeError) as exc:
+        raise PrefixOwned(f"{mask(prefix)}/{OWNER_FILE} is not a marker reflexdb wrote ({reason(exc)}): nothing is "
+                          "written or deleted there; give the run a learner.checkpoint_url of its own") from None
+
+
+def claim(prefix: str, options: dict[str, Any] | None, owner: Owner) -> None:
+    """Make ``prefix`` (a URL or a local directory) ``owner``'s: write its marker if it has none;
+    refuse if it is another run's. Two learners claiming at once: the last write wins and the other
+    is refused here or at its next upload.
+
+    Raises:
+        PrefixOwned: another run owns it; the message names that run.
+    """
+    from fsspec.implementations.local import LocalFileSystem
+
+    found = read_owner(prefix, options)
+    if found is None:
+        fs, path = _marker(prefix, options)
+        body = json.dumps(asdict(owner), indent=1).encode()
+        if isinstance(fs, LocalFileSystem):  # whole or not at all: a torn marker would refuse the run forever
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            tmp = Path(f"{path}.tmp-{os.getpid()}")
+            tmp.write_bytes(body)
+            os.replace(tmp, path)
+        else:
+            fs.pipe_file(path, body)
+        found = read_owner(prefix, options)
+    if found != owner:
+        raise PrefixOwned(f"{mask(prefix)} belongs to {found} ({OWNER_FILE} there), not to {owner}: refusing to "
+                          "publish there. Another run (of this database or another) uses this learner.checkpoint_url "
+                          "or checkpoint_dir; give this run one of its own, or delete that run (`reflexdb runs "
+                          "delete NAME` in its database)")
+
+
+def check_owner(prefix: str, options: dict[str, Any] | None, owner: Owner, doing: str) -> None:
+    """Refuse to act on ``prefix`` unless its marker names ``owner`` (``doing``: what is not done,
+    ``"not pruning"``, ``"not deleting"``).
+
+    Raises:
+        PrefixOwned: no marker, or another run's; the message names it.
+    """
+    found = read_owner(prefix, options)
+    if found != owner:
+        holds = f"no {OWNER_FILE}" if found is None else f"the {OWNER_FILE} of {found}"
+        raise PrefixOwned(f"{mask(prefix)} holds {holds}, not {owner}'s: {doing} anything there")
+
+
+def _parent(url: str) -> str:
+    return url.rstrip("/").rsplit("/", 1)[0]
+
+
+def upload(directory: Path, url: str, options: dict[str, Any] | None, *, limit_s: float,
+           echo: Callable[[str], None] = print, owner: Owner | None = None) -> str:
+    """Put the files of ``directory`` under ``url`` (``<prefix>/v<K>``), then its manifest, retrying
+    for ``limit_s`` seconds with backoff. With ``owner``, the prefix is claimed for that run first
+    (:func:`claim`) and an upload into another run's prefix is refused. Whatever lay at ``url``
+    before is removed first: no row names it (a version is recorded only after its upload).
+    Returns the sha256 of the manifest's bytes as uploaded (``policy_versions.manifest_sha256``:
+    collectors check every file through it).
+
+    Raises:
+        PrefixOwned: the prefix is another run's; nothing was written.
         StorageError: it kept failing for ``limit_s`` seconds; the message names the URL and the last cause.
     """
     from fsspec.implementations.local import LocalFileSystem
@@ -352,14 +484,16 @@ def upload(directory: Path, url: str, options: dict[str, Any] | None, *, limit_s
     man = manifest(directory)
     body = json.dumps(man, indent=1).encode()
     done: set[str] = set()
-    first = [True]
+    cleared = [False]
 
     def attempt() -> None:
-        if first[0]:  # files of an upload that never recorded its row (a killed learner's)
-            first[0] = False
+        if not cleared[0]:  # files of an upload that never recorded its row (a killed learner's)
+            if owner is not None:
+                claim(_parent(url), options, owner)
             fs.invalidate_cache()
             if fs.exists(root):
                 fs.rm(root, recursive=True)
+            cleared[0] = True
         for f in man["files"]:
             if f["name"] not in done:
                 if local:  # object stores have no directories; a local filesystem (a served tree) does
@@ -399,11 +533,15 @@ def versions_in(base: str, options: dict[str, Any] | None) -> dict[int, str]:
 
 
 def prune(base: str, options: dict[str, Any] | None, newest: int, keep: int,
-          echo: Callable[[str], None] = print) -> list[int]:
-    """Delete the versions under ``base`` older than the newest ``keep`` (``learner.keep_policies``);
-    return those deleted. A failure is reported, not raised: the next publish prunes again."""
+          echo: Callable[[str], None] = print, *, owner: Owner | None = None) -> list[int]:
+    """Delete the versions under the run's prefix ``base`` older than the newest ``keep``
+    (``learner.keep_policies``); return those deleted. With ``owner``, only when the prefix's
+    marker names that run. A failure (or another run's marker) is reported, not raised: the next
+    publish prunes again."""
     deleted = []
     try:
+        if owner is not None:
+            check_owner(base, options, owner, "not pruning")
         fs, _ = filesystem(base, options)
         for version, path in sorted(versions_in(base, options).items()):
             if version <= newest - keep:
@@ -414,21 +552,68 @@ def prune(base: str, options: dict[str, Any] | None, newest: int, keep: int,
     return deleted
 
 
-def remove_versions(base: str, options: dict[str, Any] | None) -> list[int]:
-    """Delete every version (``v<K>``) under ``base``: a deleted run's. Other objects under the
-    prefix are left alone. Returns the versions deleted.
+def remove_versions(base: str, options: dict[str, Any] | None, *, owner: Owner) -> list[int]:
+    """Delete every version (``v<K>``) under the run's prefix ``base``, then its marker: a deleted
+    run's. Only when the marker names ``owner`` (a prefix with neither marker nor versions: nothing
+    to do). Other objects under the prefix are left alone. Returns the versions deleted.
 
     Raises:
+        PrefixOwned: the prefix has versions but no marker, or another run's: nothing was deleted.
         StorageError: storage did not answer or refused; the message names the URL and the cause.
     """
     try:
-        fs, _ = filesystem(base, options)
         found = versions_in(base, options)
+        marked = read_owner(base, options)
+        if marked is None and not found:
+            return []
+        check_owner(base, options, owner, "not deleting")
+        fs, _ = filesystem(base, options)
         for path in found.values():
             fs.rm(path, recursive=True)
+        marker_fs, marker = _marker(base, options)
+        marker_fs.rm(marker)
+    except StorageError:
+        raise
     except Exception as exc:  # noqa: BLE001 - any storage error, named
         raise StorageError(f"could not delete the versions in {mask(base)}: {reason(exc, base)}") from None
     return sorted(found)
+
+
+def remove_if_recorded(uri: str, sha256: str | None, options: dict[str, Any] | None) -> bool:
+    """Delete the version at ``uri`` when its weights are the ones recorded (``sha256``): for a
+    version published before runs had prefixes of their own (``<url>/v<K>``), which another run
+    on the same URL may have written over since. Remote: the manifest's ``weights_sha256``; a local
+    directory: its ``*.safetensors`` read again. Returns whether it was deleted (``False``: gone
+    already, or not these weights).
+
+    Raises:
+        Exception: the storage library's error (unreachable, denied).
+    """
+    from fsspec.implementations.local import LocalFileSystem
+
+    if not sha256:
+        return False
+    fs, root = filesystem(uri, options)
+    root = root.rstrip("/")
+    fs.invalidate_cache()
+    if isinstance(fs, LocalFileSystem):
+        path = Path(root)
+        if not path.is_dir() or not any(path.glob("*.safetensors")) or weights_sha256(path) != sha256:
+            return False
+        shutil.rmtree(path)
+        return True
+    try:
+        data = fs.cat_file(f"{root}/{MANIFEST}", start=0, end=MAX_MANIFEST)
+    except FileNotFoundError:
+        return False
+    try:
+        recorded = json.loads(data).get("weights_sha256")
+    except (ValueError, AttributeError):
+        return False
+    if recorded != sha256:
+        return False
+    fs.rm(root, recursive=True)
+    return True
 
 
 # ---------------------------------------------------------------------- the collector's cache

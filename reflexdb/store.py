@@ -318,6 +318,17 @@ class Store:
             raise
         raise AssertionError("unreachable")
 
+    def record_embedding_dim(self, run_id: int, dim: int, model: str) -> int:
+        """Record the run's embedding dimension ``dim`` (the model's hidden size) unless one is
+        recorded already; return the run's. The learner does it at start, so that collectors whose
+        login may not update runs (the collector role) find it."""
+        with self.transaction() as conn:
+            row = conn.execute(Q["claim_embedding_dim"], {"dim": dim, "model": model, "run_id": run_id}).fetchone() \
+                or conn.execute(Q["run_embedding_dim"], {"run_id": run_id}).fetchone()
+        if row is None:
+            raise NotFound(f"no run with id {run_id}")
+        return row[0]
+
     def run_id(self, name: str) -> int:
         with self.engine.connect() as conn:
             rid = conn.execute(select(schema.runs.c.id).where(schema.runs.c.name == name)).scalar()
@@ -498,9 +509,12 @@ class Store:
         run_id = p.src.run_id
         dim = self._embedding_dims.get(run_id) or self._claimed_dims.get(run_id)
         if dim is None:
-            row = cur.execute(
-                Q["claim_embedding_dim"], {"dim": p.embedding_dim, "model": p.src.embedding_model, "run_id": run_id}
-            ).fetchone() or cur.execute(Q["run_embedding_dim"], {"run_id": run_id}).fetchone()
+            # read first: a login that may not update runs (the collector role) finds it recorded by the learner
+            row = cur.execute(Q["run_embedding_dim"], {"run_id": run_id}).fetchone()
+            if row is not None and row[0] is None:
+                row = cur.execute(
+                    Q["claim_embedding_dim"], {"dim": p.embedding_dim, "model": p.src.embedding_model, "run_id": run_id}
+                ).fetchone() or cur.execute(Q["run_embedding_dim"], {"run_id": run_id}).fetchone()
             if row is None:
                 raise InvalidGroup("run_id", f"run {run_id} does not exist")
             dim = row[0]  # cached by write_groups only once this transaction has committed
