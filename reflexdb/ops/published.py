@@ -62,7 +62,13 @@ def _options(uri: str, config: Any) -> dict[str, Any]:
     if not isinstance(learner, dict) or not isinstance(learner.get("checkpoint_url"), str):
         return {}
     options = learner.get("checkpoint_storage_options")
-    return storage.options_for(uri, learner["checkpoint_url"], options) if isinstance(options, dict) else {}
+    if not isinstance(options, dict):
+        return {}
+    try:  # stored by a learner that checked them; checked again: the row is the database's, not ours
+        storage.check_options(options)
+    except ValueError:
+        return {}
+    return storage.options_for(uri, learner["checkpoint_url"], options)
 
 
 def _old_default(directory: Path, name: str) -> bool:

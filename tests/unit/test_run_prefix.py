@@ -74,3 +74,18 @@ def test_an_old_version_is_deleted_only_while_its_weights_are_the_recorded_ones(
     assert not storage.remove_if_recorded(f"file://{v}", None, None) and v.is_dir()
     assert storage.remove_if_recorded(f"file://{v}", storage.weights_sha256(v), None) and not v.exists()
     assert not storage.remove_if_recorded(f"file://{v}", "0" * 64, None)  # gone already
+
+
+def test_runs_delete_lends_only_storage_options_that_pass_the_secret_check():
+    """A ``runs.config`` is the database's row: its storage options are checked again before
+    ``runs delete`` reaches storage with them (an endpoint with a login, a secret key: none)."""
+    from reflexdb.ops.published import _options
+
+    def config(options):
+        return {"learner": {"checkpoint_url": "s3://b/runs", "checkpoint_storage_options": options}}
+
+    assert _options("s3://b/runs/x.r1/v1", config({"endpoint_url": "http://minio:9000"})) == {
+        "endpoint_url": "http://minio:9000"}
+    assert _options("s3://b/runs/x.r1/v1", config({"endpoint_url": "http://u:pw@evil:9000"})) == {}
+    assert _options("s3://b/runs/x.r1/v1", config({"s3_additional_kwargs": {"SSECustomerKey": "k"}})) == {}
+    assert _options("s3://b/runs/x.r1/v1", config("not a mapping")) == {}
