@@ -123,6 +123,7 @@ def test_each_method_grants_its_own_tables(roles, store):
               ("reflexdb_collector", "trajectory_hints", "INSERT", True),
               ("reflexdb_collector", "lte_stages", "INSERT", True),
               ("reflexdb_collector", "lte_hint_pool", "SELECT", True),
+              ("reflexdb_collector", "lte_group_drops", "SELECT", True),  # LTE's Method.drops: admission reads it
               ("reflexdb_collector", "nexgrpo_retired_tasks", "SELECT", True),
               ("reflexdb_collector", "replay_requests", "INSERT", False),
               ("reflexdb_collector", "reflections", "DELETE", False),
@@ -137,3 +138,4 @@ def test_each_method_grants_its_own_tables(roles, store):
              "hint_id = NULL, lte_group_id = NULL, n_sampled = 0, n_correct = 0, completed_at = now()")
     assert _refused(roles["collector"], [claim, "UPDATE replay_requests SET status = 'done'"]) == []
     assert _refused(roles["collector"], ["UPDATE lte_stages SET run_id = 0"]) == ["UPDATE lte_stages SET run_id = 0"]
+    assert _refused(roles["collector"], ["SELECT group_id FROM lte_group_drops"]) == []
