@@ -6,6 +6,7 @@ and every process picked up where it was.
     python benchmarks/chaos.py --short                 # about 2-3 minutes: CI runs this
     python benchmarks/chaos.py --minutes 10 --seed 3 --collectors 3 --json out.json
     python benchmarks/chaos.py --short --storage s3    # weights through a local S3 server, and its outages
+    python benchmarks/chaos.py --short --method sevenths   # a method that never trains every seventh group
 
 What it does, on the tiny model in a private ``REFLEXDB_HOME`` with its own embedded PostgreSQL
 (or ``--url`` and your server; outages then need ``--db-stop-cmd``/``--db-start-cmd``):
@@ -34,8 +35,9 @@ What it does, on the tiny model in a private ``REFLEXDB_HOME`` with its own embe
 (moto's, benchmarks/s3server.py) and adds two actions: a storage outage (the server stopped with
 SIGSTOP for 30-40 s right after a version is recorded, then SIGCONT: uploads and fetches hang, time
 out and are retried) and a learner killed mid-upload. Checked besides: every version the collectors loaded came from s3:// and was
-verified against its row; each version kept is in storage, whole, with the recorded sha256 (a
-fresh fetch checks it), and the pruned ones are gone from it.
+verified against its row (its manifest's recorded sha256); each version kept is in storage, whole,
+with the recorded sha256 and manifest_sha256 (a fresh fetch checks both), and the pruned ones are
+gone from it.
 
 It prints a table of figures (kills by phase, stalls, restarts, outage seconds, groups, steps,
 violations) and exits 1 if any check failed, keeping the home directory for inspection.
@@ -97,6 +99,14 @@ S3_ACTIONS = ("storage-outage", "kill-learner-upload")
 #: ``held_past_staleness``, never ``passed_over`` (issue 37, item 6; docs/reliability.md).
 LTE_CONFIG = {"algorithm": "lte", "lte": {"hint_timeout_s": 15}}
 LTE_ACTIONS = ("kill-collector-hint",)
+
+#: ``--method sevenths``: the same run under a method whose batch rule never trains every seventh
+#: group and declares it (``Method.drops``; the test plug-in tests/data/plugins/sevenths, installed
+#: for the drill's processes as pip installs a package). Admission control must count only the
+#: groups a step can take: collectors and the learner never wait on each other, and
+#: ``untrained_groups`` calls a dropped group ``seventh``, never ``passed_over`` (issue 60).
+SEVENTHS_PLUGIN = REPO / "tests" / "data" / "plugins" / "sevenths"
+SEVENTHS_CONFIG = {"algorithm": "sevenths"}
 
 SIGNAL_NAMES = {signal.SIGKILL: "SIGKILL", signal.SIGTERM: "SIGTERM", signal.SIGSTOP: "SIGSTOP"}
 
@@ -162,12 +172,15 @@ class Drill:
         from reflexdb.ops import admin
         from reflexdb.store import Store
 
-        admin.upgrade(self.url)
+        plugin_path = self._install_sevenths() if self.args.method == "sevenths" else None
+        admin.upgrade(self.url)  # with --method sevenths: the plug-in's branch too
         self.store = Store.open(self.url)
         cfg = json.loads(json.dumps(RUN_CONFIG))
         cfg["run"] = self.args.run
         if self.args.method == "lte":
             cfg.update(json.loads(json.dumps(LTE_CONFIG)))
+        if self.args.method == "sevenths":
+            cfg.update(json.loads(json.dumps(SEVENTHS_CONFIG)))
         s3_env = {}
         if self.args.storage == "s3":
             from s3server import S3Server
@@ -185,6 +198,8 @@ class Drill:
         env = dict(os.environ, REFLEXDB_DATABASE_URL=self.url, REFLEXDB_DRILL_DIR=str(self.drill_dir),
                    TORCH_EXTENSIONS_DIR=str(self.extensions), OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
                    DS_ACCELERATOR="cpu", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", **s3_env)
+        if plugin_path:
+            env["PYTHONPATH"] = os.pathsep.join(filter(None, (plugin_path, env.get("PYTHONPATH"))))
         for key in ("MASTER_PORT", "MASTER_ADDR", "RANK", "WORLD_SIZE", "LOCAL_RANK", "MLFLOW_TRACKING_URI"):
             env.pop(key, None)
         self.env = env
@@ -192,6 +207,19 @@ class Drill:
             name = f"{self.args.run}-collector-{i}"
             self.procs.append(Proc("collector", name, ["collect", "--name", name]))
         self.procs.append(Proc("learner", f"{self.args.run}-learner", ["learn"]))
+
+    def _install_sevenths(self) -> str:
+        """Install the sevenths test plug-in as pip would (its dist-info with the entry point, its
+        source on the path), for this process (its branch is migrated here) and the children.
+        Returns their PYTHONPATH entries."""
+        site = self.home / "site"
+        info = site / "reflexdb_sevenths-0.1.0.dist-info"
+        info.mkdir(parents=True, exist_ok=True)
+        (info / "METADATA").write_text("Metadata-Version: 2.1\nName: reflexdb-sevenths\nVersion: 0.1.0\n")
+        (info / "entry_points.txt").write_text("[reflexdb.plugins]\nsevenths = reflexdb_sevenths:plugin\n")
+        paths = [str(site), str(SEVENTHS_PLUGIN / "src")]
+        sys.path[:0] = paths  # before the first registry read loads the plug-ins
+        return os.pathsep.join(paths)
 
     def _extensions_dir(self) -> Path:
         """A private TORCH_EXTENSIONS_DIR (the drill plants nothing in yours), seeded with this
@@ -527,9 +555,13 @@ class Drill:
         B = self.cfg["learner"]["groups_per_step"]
         deadline = time.monotonic() + 240
         run_id = self.store.run_id(self.args.run)
+        # groups its method never trains are eligible by the core view's rules, but no step takes them
+        dropped = " AND group_id NOT IN (SELECT group_id FROM sevenths_group_holds)" \
+            if self.args.method == "sevenths" else ""
         while time.monotonic() < deadline and lr.alive():  # it trains while a batch is eligible
             self.watch_stuck()
-            [(waiting,)] = self.sql("SELECT count(*) FROM learner_eligible WHERE run_id = :r AND eligible", r=run_id)
+            [(waiting,)] = self.sql("SELECT count(*) FROM learner_eligible WHERE run_id = :r AND eligible" + dropped,
+                                    r=run_id)
             if waiting < B and self.phase(lr) == "wait":
                 break
             time.sleep(1)
@@ -601,8 +633,8 @@ class Drill:
                                          r=run, mr=L.get("max_reuse", 1))]
 
         steps = [s for (s,) in self.sql("SELECT step FROM learner_steps WHERE run_id = :r ORDER BY 1", r=run)]
-        versions = self.sql("SELECT version, step, checkpoint_uri, sha256, meta->>'learner_state', meta->>'state_tag' "
-                            "FROM policy_versions WHERE run_id = :r ORDER BY version", r=run)
+        versions = self.sql("SELECT version, step, checkpoint_uri, sha256, meta->>'learner_state', meta->>'state_tag', "
+                            "manifest_sha256 FROM policy_versions WHERE run_id = :r ORDER BY version", r=run)
         v["steps and versions contiguous"] = []
         if steps != list(range(1, len(steps) + 1)):
             v["steps and versions contiguous"].append(f"learner steps are {steps[:5]}...{steps[-5:]}")
@@ -616,8 +648,8 @@ class Drill:
         newest = versions[-1][0] if versions else 0
         keep_p, keep_s = L["keep_policies"], L["keep_states"]
         if self.s3 is not None:
-            v["checkpoints present with their sha256"] += self._check_storage(versions, newest, keep_p)
-        for version, step, uri, sha, states, tag in versions:
+            v["checkpoints present with their sha256"] += self._check_storage(run, versions, newest, keep_p)
+        for version, step, uri, sha, states, tag, _manifest in versions:
             if self.s3 is not None:  # in storage (checked above); the learner state is local
                 if version > newest - keep_s and states and not (Path(states) / tag).is_dir():
                     v["checkpoints present with their sha256"].append(f"v{version}: learner state {Path(states) / tag} missing")
@@ -659,14 +691,16 @@ class Drill:
             v["no eligible group left untrained"].append(f"{self.untrained['waiting']} eligible groups were left "
                                                          f"waiting: a batch is {B}")
 
-        ckpt = self.home / "checkpoints" / self.args.run
+        from reflexdb import storage
+
+        ckpt = self.home / "checkpoints" / storage.run_key(run, self.args.run)  # the run's own (<name>.r<id>)
         leftovers = [p for p in ckpt.rglob("*") if p.is_dir() and (".tmp-" in p.name or p.name.startswith(".partial-"))]
         leftovers += list(self.extensions.glob("*/lock"))
         v["no leftover temporary files"] = [str(p) for p in leftovers]
         v["processes rode everything out"] = list(self.problems)
         return v
 
-    def _check_storage(self, versions: list[tuple], newest: int, keep: int) -> list[str]:
+    def _check_storage(self, run: int, versions: list[tuple], newest: int, keep: int) -> list[str]:
         """``--storage s3``: every version recorded with an s3:// URI; the kept ones whole in storage
         with the recorded sha256 (a fresh fetch checks both), the pruned ones gone; every version a
         collector loaded came from s3:// and was verified. Also counts the retries seen in the logs."""
@@ -674,9 +708,11 @@ class Drill:
 
         out = []
         cache = storage.CheckpointCache(self.home / "verify-cache", keep=10**6)
-        base = self.cfg["learner"]["checkpoint_url"]
+        base = storage.run_prefix(self.cfg["learner"]["checkpoint_url"], run, self.args.run)  # the run's own prefix
         in_storage = set(storage.versions_in(base, None))
-        for version, _step, uri, sha, _states, _tag in versions:
+        for version, _step, uri, sha, _states, _tag, manifest in versions:
+            if manifest is None:
+                out.append(f"v{version}: published to storage with no manifest_sha256")
             if uri != storage.version_uri(base, version):
                 out.append(f"v{version}: recorded as {uri}, not in storage")
             elif version <= newest - keep:
@@ -684,14 +720,14 @@ class Drill:
                     out.append(f"v{version} should have been pruned from storage")
             else:
                 try:
-                    cache.fetch(uri, version, sha)
+                    cache.fetch(uri, version, sha, manifest)
                 except Exception as exc:  # noqa: BLE001 - any failure is the violation
                     out.append(f"v{version}: {type(exc).__name__}: {exc}")
         logs = {p.name: p.read_text(errors="replace") for p in self.logs.glob("*.log")}
         collector_logs = "".join(t for n, t in logs.items() if "collector" in n)
         import re
 
-        loads = re.findall(r"loaded policy v\d+ from (\S+) \((sha256 \w+… verified)?", collector_logs)
+        loads = re.findall(r"loaded policy v\d+ from (\S+) \((manifest sha256 \w+… verified)?", collector_logs)
         out += [f"a collector loaded a version from {u} without a verified fetch" for u, ok in loads
                 if not u.startswith("s3://") or not ok]
         self.storage_figures = {
@@ -791,8 +827,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--outages", type=int, default=2, help="database stops during the drill (default 2)")
     ap.add_argument("--home", help="REFLEXDB_HOME for the drill (default: a new temporary directory)")
     ap.add_argument("--run", default="chaos", help="run name")
-    ap.add_argument("--method", choices=("grpo", "lte"), default="grpo",
-                    help="lte: the run under LTE, collectors also killed inside hint stages")
+    ap.add_argument("--method", choices=("grpo", "lte", "sevenths"), default="grpo",
+                    help="lte: the run under LTE, collectors also killed inside hint stages; sevenths: a method "
+                         "that never trains every seventh group (Method.drops; tests/data/plugins/sevenths)")
     ap.add_argument("--url", help="use this PostgreSQL instead of a private embedded one")
     ap.add_argument("--db-stop-cmd", help="with --url: a shell command that stops the server (for outages)")
     ap.add_argument("--db-start-cmd", help="with --url: a shell command that starts it again")

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
-from pathlib import Path
-
 import typer
 
 from . import screen
@@ -109,17 +106,15 @@ def delete(
                                     "storage) and the FAISS index."),
     url: str = URL_OPTION,
 ) -> None:
-    """Delete a run: every row of it (tasks, groups, trajectories, steps, versions, ...), its
-    checkpoints (with ``learner.checkpoint_url`` in object storage, the ``vK`` versions there too,
-    with the credentials of this environment) and its FAISS index. Refused while a process of the
-    run (collect, learn, eval, import) is connected or a collector of it reported in the last 2
-    minutes."""
+    """Delete a run: every row of it (tasks, groups, trajectories, steps, versions, ...), the
+    checkpoints its learner recorded as published (its own directory ``<name>.r<id>``, and in object
+    storage its prefix's ``vK`` versions, with the credentials of this environment; never what the
+    run's config names) and its FAISS index. Refused while a process of the run (collect, learn,
+    eval, import) is connected or a collector of it reported in the last 2 minutes."""
     from reflexdb import Store
     from reflexdb.errors import ReflexdbError
-    from reflexdb.ops import admin
+    from reflexdb.ops import admin, published
     from reflexdb.index import default_directory
-    from reflexdb.settings import home
-    from reflexdb.storage import StorageError, local_dir, mask, remote_url, remove_versions
     from reflexdb import runs
 
     with Store.open(url) as store:
@@ -128,29 +123,20 @@ def delete(
         if live:
             raise ReflexdbError(f"run {name!r} is in use: {', '.join(live)}; stop it first (Ctrl-C or SIGTERM stops "
                                 "cleanly)")
-        cfg = r["config"] or {}
-        learner = cfg.get("learner") or {}
-        remote = remote_url(learner.get("checkpoint_url"))
-        options = learner.get("checkpoint_storage_options") or {}
-        ckpt = Path(learner.get("checkpoint_dir") or local_dir(learner.get("checkpoint_url"))
-                    or home() / "checkpoints" / name).expanduser()
+        plan = published.plan(store, r["id"], name, r["created_at"], r["config"])  # from its rows, before they go
         index_files = sorted(default_directory(store).glob(f"run-{r['id']}.*"))
         what = (f"run {name!r}: {r['trajectories']:,} trajectories, {r['steps'] or 0} steps"
-                + ("" if keep_files else f", {ckpt}" if ckpt.exists() else "")
-                + ("" if keep_files or not remote else f", its versions in {mask(remote)}"))
+                + ("" if keep_files else plan.describe()))
         if not yes:
             typer.confirm(f"delete {what}?", abort=True)
         runs.delete(store, r["id"])
-    left = ""
+    said, left = "", []
     if not keep_files:
-        if ckpt.exists():
-            shutil.rmtree(ckpt)
         for f in index_files:
             f.unlink(missing_ok=True)
-        if remote:  # the rows are gone already: storage that fails now leaves objects no row names, said
-            try:
-                removed = remove_versions(remote, options)
-                left = f" ({len(removed)} there)"
-            except StorageError as exc:
-                left = f"; {exc}: remove the vK prefixes there yourself"
-    typer.echo(f"deleted {what}" + ("; files kept" if keep_files else "") + left)
+        # the rows are gone already: storage that fails now leaves objects no row names, said
+        removed, left = published.remove(plan)
+        said = f" ({removed} there)" if plan.prefixes or removed else ""
+    typer.echo(f"deleted {what}" + ("; files kept" if keep_files else said))
+    for line in left:
+        typer.echo(f"not deleted: {line}")

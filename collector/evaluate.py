@@ -10,6 +10,7 @@ correct, ``pass@k = 1 − C(n−c, k) / C(n, k)``; here ``n = k``, so it is 1 wh
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +20,8 @@ from typing import Any, Callable
 from reflexdb import Store, storage, work
 from reflexdb.config import Config
 from reflexdb.errors import NotFound, ReflexdbError
+
+log = logging.getLogger("reflexdb.eval")
 
 
 @dataclass(frozen=True)
@@ -41,11 +44,14 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
 
 def resolve_checkpoint(store: Store, run_id: int, spec: str, base_model, cfg: Config | None = None,
-                       ) -> tuple[str, Path | str, int | None]:
+                       echo: Callable[[str], None] | None = None) -> tuple[str, Path | str, int | None]:
     """``base``, ``latest``, ``vN`` (a published version of the run) or a directory → (label, path, version).
 
     A version in storage (``learner.checkpoint_url``) is fetched into ``$REFLEXDB_HOME/cache/<run>/``
-    with ``cfg``'s storage options and checked against its recorded sha256."""
+    with ``cfg``'s storage options, its manifest checked against the recorded ``manifest_sha256``
+    and every file against the manifest, at most what ``base_model`` can be
+    (:func:`reflexdb.storage.size_bound`); ``echo``: where the warning for a version published
+    before revision 0029 goes (its weights alone are checked against the database)."""
     from reflexdb.collector.engines.base import checkpoint_path
 
     if spec == "base":
@@ -55,7 +61,7 @@ def resolve_checkpoint(store: Store, run_id: int, spec: str, base_model, cfg: Co
         if policy is None:
             raise NotFound("the run has no published policy yet")
         if storage.is_remote(policy.checkpoint_uri):  # learner.checkpoint_url: fetched into the cache, verified
-            return f"v{policy.version}", _fetch(cfg, policy), policy.version
+            return f"v{policy.version}", _fetch(cfg, policy, base_model, echo), policy.version
         path = checkpoint_path(policy.checkpoint_uri)
         if not path.is_dir():
             raise NotFound(f"the weights of policy v{policy.version} ({path}) are gone: the learner keeps only the "
@@ -68,16 +74,25 @@ def resolve_checkpoint(store: Store, run_id: int, spec: str, base_model, cfg: Co
     return path.name, path, None
 
 
-def _fetch(cfg: Config | None, policy) -> Path:
+def _fetch(cfg: Config | None, policy, base_model, echo: Callable[[str], None] | None) -> Path:
     """A version in storage, downloaded (or found) in ``$REFLEXDB_HOME/cache/<run>/`` and checked
-    against its recorded sha256; storage errors are retried for a minute."""
+    against its recorded digests; storage errors are retried for a minute, a version refused for
+    its bytes is not."""
     run = cfg.run if cfg is not None else f"run-{policy.run_id}"
     options = storage.options_for(policy.checkpoint_uri, cfg.learner.checkpoint_url,
                                   cfg.learner.checkpoint_storage_options) if cfg is not None else {}
+    if policy.manifest_sha256 is None:
+        (echo or log.warning)(f"policy v{policy.version} was published before revision 0029: only its weights are "
+                              "checked against the database (policy_versions.sha256), its config, tokenizer and chat "
+                              "template files only against its manifest in storage")
     # every version evaluated is kept: a collector sharing this home keeps its own newest few
-    cache = storage.CheckpointCache(storage.cache_root(run), options, keep=1_000_000)
+    cache = storage.CheckpointCache(storage.cache_root(run), options, keep=1_000_000,
+                                    max_bytes=storage.size_bound(base_model))
     try:
-        return storage.fetch_with_retries(cache, policy.checkpoint_uri, policy.version, policy.sha256, limit_s=60)
+        return storage.fetch_with_retries(cache, policy.checkpoint_uri, policy.version, policy.sha256, limit_s=60,
+                                          manifest_sha256=policy.manifest_sha256)
+    except storage.Rejected as exc:
+        raise storage.Rejected(f"not evaluating policy v{policy.version}: {exc}") from None
     except NotFound:
         raise NotFound(f"the weights of policy v{policy.version} ({storage.mask(policy.checkpoint_uri)}) are gone: "
                        "the learner keeps only the newest learner.keep_policies versions; evaluate a newer one, or "
@@ -134,7 +149,7 @@ def evaluate(cfg: Config, store: Store, checkpoint: str = "latest", *, split: st
     tasks = [EvalTask(*row) for row in work.split_tasks(store, run_id, split, max_tasks)]
     if not tasks:
         raise ReflexdbError(f"run {cfg.run!r} has no tasks in split {split!r} (tasks.eval_size is 0?)")
-    label, path, version = resolve_checkpoint(store, run_id, checkpoint, resolve_model(cfg.model, say=echo), cfg)
+    label, path, version = resolve_checkpoint(store, run_id, checkpoint, resolve_model(cfg.model, say=echo), cfg, echo)
     reward = Deadline(get_reward(cfg.collector.reward), cfg.collector.reward_timeout_s)  # forked before the engine
     engine = make_engine(cfg.collector.engine, model=path, device=cfg.collector.device,
                          **cfg.collector.engine_options)

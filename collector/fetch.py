@@ -6,7 +6,11 @@ off, checked against the recorded sha256) by a background thread, so generation 
 current policy meanwhile. The collector asks :meth:`Fetcher.ready` between groups; once the
 download is whole it loads it. A fetch that fails is reported (a log line, the counter
 ``fetch_failures``) and tried again after a backoff (2 s doubling to 60 s); the collector never
-stops for it: admission control keeps what it samples within the staleness bound.
+stops for it: admission control keeps what it samples within the staleness bound. A version whose
+bytes storage holds other than published (:class:`reflexdb.storage.Rejected`: a manifest or file
+that fails its digest, sizes beyond the run's model) is checked again only every 60 s, and the
+cache downloads nothing of it until its row or its objects change; the same refusal is said once,
+then only logged.
 """
 
 from __future__ import annotations
@@ -60,12 +64,15 @@ class Fetcher:
         self._job: tuple[PolicyVersion, _Job] | None = None
         self._retry_at = 0.0
         self._backoff = BACKOFF_S[0]
+        self._said: tuple | None = None  # the last refusal said: (version, why, meanwhile); not said again
 
-    def ready(self, policy: PolicyVersion, current: int, *, wait: bool = False) -> Path | None:
+    def ready(self, policy: PolicyVersion, current: int | None, *, wait: bool = False,
+              sampling: bool = True) -> Path | None:
         """The local directory of ``policy`` once it is fetched and verified; ``None`` while it
-        downloads or after a failure (reported; tried again after the backoff). ``current``: the
-        version the collector samples with meanwhile (for the report). ``wait``: block until this
-        try ends (start-up)."""
+        downloads or after a failure (reported; tried again after the backoff).
+        ``current``: the version the collector keeps meanwhile (``None``: none yet, start-up);
+        ``sampling``: whether it samples with it (``False``: admission control holds new groups),
+        for the report. ``wait``: block until this try ends (start-up)."""
         if self._job is not None and self._job[0].version != policy.version and not self._job[1].done.is_set():
             return None  # an older version is still downloading: its files are on their way, let it finish
         if self._job is None or self._job[0].version != policy.version:
@@ -73,15 +80,16 @@ class Fetcher:
                 self._finish()  # an older version's result, superseded
             if time.monotonic() < self._retry_at:
                 return None
-            self._job = (policy, _Job(lambda: self.cache.fetch(policy.checkpoint_uri, policy.version, policy.sha256)))
+            self._job = (policy, _Job(lambda: self.cache.fetch(policy.checkpoint_uri, policy.version, policy.sha256,
+                                                               policy.manifest_sha256)))
         policy, job = self._job
         if wait:
             job.done.wait()
         if not job.done.is_set():
             return None
-        return self._finish(current)
+        return self._finish(current, sampling)
 
-    def _finish(self, current: int | None = None) -> Path | None:
+    def _finish(self, current: int | None = None, sampling: bool = True) -> Path | None:
         policy, job = self._job
         self._job = None
         self.seconds += job.seconds
@@ -89,12 +97,23 @@ class Fetcher:
             self._backoff = BACKOFF_S[0]
             return job.path
         self.failures += 1
-        wait_s = self._backoff
+        rejected = isinstance(job.error, storage.Rejected)
+        wait_s = BACKOFF_S[1] if rejected else self._backoff  # its bytes will not change soon: no fast retries
         self._retry_at = time.monotonic() + wait_s
         self._backoff = min(self._backoff * 2, BACKOFF_S[1])
         why = storage.reason(job.error, policy.checkpoint_uri)
-        meanwhile = f"; sampling with policy v{current} meanwhile" if current is not None else ""
-        self.echo(f"could not fetch policy v{policy.version} from {storage.mask(policy.checkpoint_uri)} ({why})"
-                  f"{meanwhile}, retrying in {wait_s:.0f} s ({self.failures} failed fetch(es) so far)")
         log.warning("fetching policy v%s failed: %s", policy.version, why)
+        if current is None:
+            meanwhile = ""
+        elif sampling:
+            meanwhile = f"; sampling with policy v{current} meanwhile"
+        else:
+            meanwhile = (f"; policy v{current} stays loaded, but nothing is sampled meanwhile: admission control "
+                         "holds new groups until a newer version loads")
+        if rejected and self._said == (policy.version, why, meanwhile):
+            return None  # said already (the log has each try)
+        self._said = (policy.version, why, meanwhile) if rejected else None
+        again = "checking again" if rejected else "retrying"
+        self.echo(f"could not fetch policy v{policy.version} from {storage.mask(policy.checkpoint_uri)} ({why})"
+                  f"{meanwhile}, {again} in {wait_s:.0f} s ({self.failures} failed fetch(es) so far)")
         return None

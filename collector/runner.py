@@ -35,7 +35,7 @@ import psycopg
 
 from reflexdb import GroupIn, Store, TrajectoryIn, drill, storage, work
 from reflexdb.config import Config
-from reflexdb.errors import ClaimLost, InvalidGroup
+from reflexdb.errors import ClaimLost, InvalidGroup, NotFound
 from reflexdb.retry import TRANSIENT, DbRetry
 from reflexdb.storable import storable_json, storable_text
 from reflexdb.timing import PhaseTimer
@@ -85,6 +85,17 @@ def _sampled_tokens(t: TrajectoryIn) -> int:
     were not generated), or all its response tokens."""
     spans = [u.token_end - u.token_start for u in t.turns if u.role == "assistant" and u.token_start is not None]
     return sum(spans) if spans else len(t.response_ids)
+
+
+def _checked(policy) -> str:
+    """What was checked of a version fetched from storage, for the log line (unclosed bracket)."""
+    if policy.manifest_sha256:
+        return f" (manifest sha256 {policy.manifest_sha256[:12]}… verified, and every file against it"
+    log.warning("policy v%s was published before revision 0029: its config and tokenizer files are checked only "
+                "against its manifest in storage", policy.version)
+    weights = f"weights' sha256 {policy.sha256[:12]}… verified" if policy.sha256 else "no sha256 recorded"
+    return (f" ({weights}; published before revision 0029, so its other files are checked only against its manifest "
+            "in storage")
 
 
 class Abandon(Exception):
@@ -154,6 +165,10 @@ class Collector:
                                             self.timer.timed("reward", self.reward_fn), cfg.tasks.template)
         self.rollout_stats = RolloutStats()
         self._said_waiting = float("-inf")  # when the admission wait was last reported
+        self._held = False  # whether admission control held new groups at the last look (nothing sampled)
+        self._said_bound: int | None = None  # the published max_staleness last said to differ from the config's
+        # The groups the run's method never trains (Method.drops): admission does not count them.
+        self.drops = cfg.method.drops
         self.version = 0
         self.fetcher: Fetcher | None = None  # made when a version lies in storage (learner.checkpoint_url)
         self.stopping = False
@@ -169,13 +184,16 @@ class Collector:
 
     def setup(self) -> None:
         cfg = self.cfg
-        self.run_id = self.store.create_run(cfg.run, algorithm=cfg.algorithm, config=cfg.masked())
+        self.run_id = self._join_run()
         tasks, skipped = build_tasks(cfg.tasks)
         self.store.add_tasks(self.run_id, tasks)
         self.stats.skipped_rows = skipped
+        work.check_drops(self.store, cfg.algorithm, self.drops)
         latest = self.store.latest_policy(self.run_id)
         if latest is not None and latest.version > 0:
             self._load(latest, wait=True)
+            if self.version != latest.version and self.fetcher is not None:  # it could not be fetched
+                self._fall_back(latest)
         self.collector_id = work.register_collector(
             self.store, self.run_id, self.name, engine=self.c.engine, model=model_display_name(self.model_location),
             policy_version=self.version,
@@ -184,8 +202,49 @@ class Collector:
             work.report_progress(self.store, self.collector_id, policy_version=self.version, skipped_rows=skipped)
         self.echo(f"collector {self.name}: run {cfg.run!r} (id {self.run_id}), {len(tasks)} tasks"
                   f"{f', {skipped} dataset rows skipped' if skipped else ''}, policy v{self.version}")
+        if self.drops:
+            self.echo(f"admission control leaves out the groups in {self.drops}: method {cfg.algorithm} never trains "
+                      "them (Method.drops)")
         if getattr(self.engine, "plan", None):  # the fast engine's memory planner: rows x context
             self.echo(f"engine {self.c.engine}: {self.engine.plan}")
+        self._staleness_bound(self.store.get_settings(self.run_id))  # says so if the config's bound is not the run's
+
+    def _staleness_bound(self, settings: dict) -> int:
+        """η for admission control: the run's ``learner.max_staleness`` as the learner published it
+        (what the views and the learner enforce), or this collector's ``max_staleness`` while
+        nothing is published yet. A config that disagrees with the published bound is said once
+        (and again if the published one changes)."""
+        published = settings.get("learner.max_staleness")
+        if published is None:
+            return self.cfg.max_staleness
+        eta = int(published)
+        if eta != self.cfg.max_staleness and eta != self._said_bound:
+            self._said_bound = eta
+            self.echo(f"max_staleness {self.cfg.max_staleness} in this collector's config differs from the run's "
+                      f"learner.max_staleness {eta}, which the learner published: admission control uses {eta}")
+        return eta
+
+    def _join_run(self) -> int:
+        """The run's id: the run is created when this login may create runs (the owner's); a login
+        that may not (the collector role) waits until the learner has created it and recorded its
+        embedding dimension, saying so once a minute."""
+        from reflexdb import runs
+
+        may_create, may_record = runs.privileges(self.store)
+        if may_create:
+            return self.store.create_run(self.cfg.run, algorithm=self.cfg.algorithm, config=self.cfg.masked())
+        said = float("-inf")
+        while True:
+            found = runs.find(self.store, self.cfg.run)
+            if found is not None and (found[1] is not None or may_record):
+                return found[0]
+            if time.monotonic() - said >= 60:
+                what = ("does not exist yet, and this login may not create runs" if found is None else
+                        "has no embedding dimension recorded yet, and this login may not record it")
+                self.echo(f"run {self.cfg.run!r} {what} (the collector role): waiting for `reflexdb learn` of the "
+                          "run to start (it does both)")
+                said = time.monotonic()
+            time.sleep(self.c.poll_interval_s)
 
     def install_signal_handlers(self) -> None:
         def handler(signum, _frame):
@@ -222,9 +281,12 @@ class Collector:
                 free = [w for w in self.workflows if getattr(w, "admission_free", False)]
                 if free and self._claim_and_collect(free, want):
                     continue
-                if not self._admitted(wait_s=self.c.poll_interval_s if free else self.c.progress_every_s):
+                room = self._admitted(wait_s=self.c.poll_interval_s if free else self.c.progress_every_s)
+                if not room:
+                    self._held = True
                     continue
-                if self._claim_and_collect(self.workflows, want):
+                self._held = False
+                if self._claim_and_collect(self.workflows, min(want, room)):  # no group past the bound
                     continue
                 finite = [w for w in self.workflows if hasattr(w, "exhausted")]
                 if finite and all(w.exhausted() for w in finite):
@@ -263,27 +325,51 @@ class Collector:
 
     def _load(self, policy, *, wait: bool = False) -> None:
         """Load ``policy``'s weights. A version in storage is fetched first, in the background
-        (``wait``: here); until it is whole and verified the collector samples with its current
-        version, and a fetch that fails is reported and tried again (collector/fetch.py)."""
+        (``wait``: here, at start-up); until it is whole and verified the collector keeps its current
+        version, and a fetch that fails is reported and tried again (collector/fetch.py). The
+        cache refuses a version larger than the run's model can be (:func:`reflexdb.storage.size_bound`)."""
         path, fetched = checkpoint_path(policy.checkpoint_uri), ""
         if storage.is_remote(policy.checkpoint_uri):
             if self.fetcher is None:
                 cache = storage.CheckpointCache(storage.cache_root(self.cfg.run), storage.options_for(
                     policy.checkpoint_uri, self.cfg.learner.checkpoint_url, self.cfg.learner.checkpoint_storage_options),
-                    keep=self.c.checkpoint_cache_versions)
+                    keep=self.c.checkpoint_cache_versions, max_bytes=storage.size_bound(self.model_location))
                 self.fetcher = Fetcher(cache, self.echo)
-            path = self.fetcher.ready(policy, self.version, wait=wait)
+            path = self.fetcher.ready(policy, None if wait else self.version, wait=wait, sampling=not self._held)
             self.stats.fetch_failures = self.fetcher.failures
             if path is None:
                 return
-            fetched = (f" (sha256 {policy.sha256[:12]}… verified" if policy.sha256 else " (checked against its manifest") \
-                + f", cached in {path})"
+            fetched = f"{_checked(policy)}, cached in {path})"
         drill.phase("reload")
         t0 = time.monotonic()
         self.engine.load_weights(path)
         self.version = policy.version
         self.echo(f"loaded policy v{policy.version} from {storage.mask(policy.checkpoint_uri)}{fetched} in "
                   f"{time.monotonic() - t0:.1f}s")
+
+    def _fall_back(self, wanted) -> None:
+        """``wanted`` (the newest version) could not be fetched at start-up: start from the newest
+        version this collector's cache holds whole and verified for its row, not the base model."""
+        cache = self.fetcher.cache
+        for version in reversed(cache.versions()):
+            if not 0 < version < wanted.version:
+                continue
+            try:
+                policy = self.store.get_policy(self.run_id, version)
+            except NotFound:
+                continue
+            path = cache.cached(policy.checkpoint_uri, version, policy.sha256, policy.manifest_sha256)
+            if path is None:  # not the version that row recorded (a run recreated under the same name)
+                continue
+            t0 = time.monotonic()
+            self.engine.load_weights(path)
+            self.version = version
+            self.echo(f"loaded policy v{version} from this collector's cache ({path}, verified when it was fetched) in "
+                      f"{time.monotonic() - t0:.1f}s: the newest verified version it holds, until policy "
+                      f"v{wanted.version} can be fetched")
+            return
+        self.echo(f"starting with the base model (policy v0) until policy v{wanted.version} can be fetched: this "
+                  "collector's cache holds no verified version of the run")
 
     def _claim_and_collect(self, workflows: list[Workflow], want: int) -> bool:
         """Ask ``workflows`` for work in priority order; the first with work wins. Whether one had any."""
@@ -296,27 +382,31 @@ class Collector:
                 return True
         return False
 
-    def _admitted(self, wait_s: float) -> bool:
+    def _admitted(self, wait_s: float) -> int:
+        """How many on-policy groups may start now (admission control, reflexdb/work.py); 0: none,
+        after waiting up to ``wait_s`` for a newer policy."""
         settings = self.db(lambda: self.store.get_settings(self.run_id))
         # groups other collectors are making from a method's own claims (a workflow's in_flight)
         in_flight = sum(self.db(w.in_flight) for w in self.workflows if hasattr(w, "in_flight"))
+        # Every number of the bound as the learner published it (run_settings), this config's before that.
+        eta = self._staleness_bound(settings)
         a = self.db(lambda: work.admission(
-            self.store, self.run_id, self.name, policy_version=self.version, eta=self.cfg.max_staleness,
+            self.store, self.run_id, self.name, policy_version=self.version, eta=eta,
             groups_per_step=int(settings.get("learner.groups_per_step", self.cfg.learner.groups_per_step)),
             publish_every=int(settings.get("learner.publish_every", self.cfg.learner.publish_every)),
             imported_per_step=int(settings.get("learner.imported_per_step", self.cfg.learner.imported_per_step)),
-            claim_ttl_s=self.c.claim_ttl_s, in_flight=in_flight,
+            claim_ttl_s=self.c.claim_ttl_s, in_flight=in_flight, drops=self.drops,
         ))
         if a.allowed:
-            return True
+            return a.room
         drill.phase("admission")
         if time.monotonic() - self._said_waiting >= self.c.progress_every_s:  # short waits: say it now and then
             self._said_waiting = time.monotonic()
-            self.echo(f"waiting for policy v{a.consume_version - self.cfg.max_staleness}: group {a.next_group} would be "
-                      f"{a.staleness} versions stale when consumed (max_staleness {self.cfg.max_staleness})")
+            self.echo(f"waiting for policy v{a.consume_version - eta}: group {a.next_group} would be "
+                      f"{a.staleness} versions stale when consumed (max_staleness {eta})")
         self.db(lambda: self.store.wait_for_policy(self.run_id, self.version, timeout=wait_s,
                                                        poll_interval=self.c.poll_interval_s))
-        return False
+        return 0
 
     # ------------------------------------------------------------------ what workflows use
 

@@ -8,6 +8,12 @@ after every stage, staleness, the loss terms); a task across policy versions (co
 Model text is hostile input: the templates autoescape everything, and every response carries a
 Content-Security-Policy that runs no script at all, so a ``<script>`` a model wrote is shown as
 text and could not run even if it were not escaped.
+
+A request is hostile input too: every integer parameter is checked against its column's type
+before any SQL runs (explorer/data.py, :func:`~reflexdb.explorer.data.read_int`), a path or a
+parameter holding a character PostgreSQL cannot store is refused before any page reads it, and a
+page that fails all the same answers 500 with the security headers (:class:`Guard`, inside
+:class:`SecurityHeaders`), logged with the request's text escaped (:func:`printable`).
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import logging
 import math
 import re
 import time
+import traceback
 import zlib
 from datetime import datetime
 from decimal import Decimal
@@ -28,6 +35,7 @@ from urllib.parse import quote, urlencode
 import numpy as np
 from markupsafe import Markup
 from starlette.applications import Starlette
+from starlette.convertors import IntegerConvertor, register_url_convertor
 from starlette.datastructures import MutableHeaders
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
@@ -46,7 +54,7 @@ from reflexdb.errors import DatabaseUnavailable
 
 from . import side, tables
 from .charts import ChartCache, RunCurves, run_charts
-from .data import FILTERS, GROUP_FILTERS, PAGE, BadFilter, Explorer, parse_filters
+from .data import FILTERS, GROUP_FILTERS, PAGE, BadFilter, Explorer, int_type, parse_filters, read_int
 from .tokens import (COLOUR_MAPS, MAX_SHADED, ColourMap, colour_map, masked_out, piece_marks, pieces, shown,
                      tokenizer_for, tokens)
 
@@ -62,6 +70,84 @@ SECURITY_HEADERS = {
 }
 #: the most runs whose curves a run page draws beside its own (``?with=``)
 MAX_BESIDE = 4
+#: the most digits a number in a path may have (``{x:digits}``): Starlette's ``int`` reads any
+#: number of them, and Python refuses to read more than 4,300 (a 500); no id has more than 19
+MAX_DIGITS = 1000
+
+
+class Digits(IntegerConvertor):
+    """``{x:digits}``: a whole number of at most :data:`MAX_DIGITS` digits (a longer one matches no
+    number route, so it is a 404, not Python's "Exceeds the limit (4300 digits)")."""
+
+    regex = f"[0-9]{{1,{MAX_DIGITS}}}"
+
+
+register_url_convertor("digits", Digits())
+
+#: a lone surrogate: no character (UTF-8 and PostgreSQL refuse it)
+_SURROGATE = re.compile("[\ud800-\udfff]")
+#: what :func:`printable` escapes: C0 and C1 controls, DEL, lone surrogates, the Unicode line and
+#: paragraph separators, and the marks that turn text round (bidi overrides, isolates)
+_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff\u2028\u2029\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def printable(text: str, limit: int = 300, *, newlines: bool = False) -> str:
+    """``text`` as a log line may hold it: its first ``limit`` characters, each control character,
+    lone surrogate and line separator written as an escape (``\\x00``, ``\\n``, ``\\ud800``), so
+    that nothing a request carries can end a log line, start a false one or move a terminal's
+    cursor (``newlines``: keep ``\\n``, for a traceback's own lines)."""
+    cut = text[:limit] + (f"… ({len(text) - limit:,} more characters)" if len(text) > limit else "")
+
+    def escape(m: re.Match[str]) -> str:
+        c = m.group()
+        return c if newlines and c == "\n" else ascii(c)[1:-1]
+
+    return _UNPRINTABLE.sub(escape, cut)
+
+
+def unreadable(text: str) -> str | None:
+    """Why PostgreSQL could not take ``text`` (a NUL character, a lone surrogate), or None."""
+    if "\x00" in text:
+        return "contains a NUL character (%00), which PostgreSQL cannot store and no name or value holds"
+    found = _SURROGATE.search(text)
+    if found:
+        return f"contains a lone surrogate ({ascii(found.group())[1:-1]}), which is no character"
+    return None
+
+
+def refused(scope: dict[str, Any]) -> str | None:
+    """Why a request cannot be answered as asked, naming the part of it: its path, a parameter's
+    name or a parameter's value holds what no name or number stored can (:func:`unreadable`)."""
+    path = scope.get("path") or ""
+    why = unreadable(path)
+    if why:
+        return f"the path {path[:200]!r}: {why}"
+    for name, value in Request(scope).query_params.multi_items():
+        why = unreadable(name)
+        if why:
+            return f"a parameter's name {name[:80]!r}: {why}"
+        why = unreadable(value)
+        if why:
+            return f"{name[:80]!r}: {why}"
+    return None
+
+
+def _trace(exc: BaseException) -> str:
+    """``exc``'s traceback for the log: the frames (code lines, as written), each exception's own
+    text escaped (:func:`printable`: a message may quote what the request sent)."""
+    chain: list[BaseException] = []
+    at: BaseException | None = exc
+    while at is not None and len(chain) < 5 and at not in chain:
+        chain.append(at)
+        at = at.__cause__ or (None if at.__suppress_context__ else at.__context__)
+    parts = []
+    for e in reversed(chain):
+        if parts:
+            parts.append("\nwhich led to:\n")
+        parts.append("Traceback (most recent call last):\n")
+        parts.extend(printable(line, 2000, newlines=True) for line in traceback.format_tb(e.__traceback__))
+        parts.append(f"{type(e).__module__}.{type(e).__qualname__}: {printable(str(e), 2000)}")
+    return "".join(parts)
 
 
 def _fmt(value: Any, digits: int = 3) -> str:
@@ -190,19 +276,20 @@ def create_app(db: Explorer, *, mlflow_url: str | None = None, tracking_uri: str
         resp = templates.TemplateResponse(request, name, context, status_code=status)
         return resp
 
-    def _int(value: str | None, name: str) -> int | None:
-        if value in (None, ""):
-            return None
-        try:
-            return int(value)
-        except ValueError:
-            raise BadFilter(f"{name!r}: {value[:80]!r} is not an integer") from None
-
     def _run(name: str) -> dict[str, Any]:
         run = db.run(name)
         if run is None:
-            raise HTTPException(404, f"no run named {name!r}")
+            raise HTTPException(404, f"no run named {name[:200]!r}")
         return run
+
+    def _path_id(request: Request, key: str, column: str, missing: str) -> int:
+        """The number ``key`` of the path, compared in SQL with ``column``: one past what the
+        column's type holds names no row (404 before any SQL, ``missing`` and the bound)."""
+        value = request.path_params[key]
+        sql, low, high = int_type(column)
+        if not low <= value <= high:
+            raise HTTPException(404, f"{missing} {str(value)[:40]}: {column} ({sql}) holds at most {high}")
+        return value
 
     def _next(request: Request, rows: list[dict[str, Any]], key: str) -> str | None:
         """The next page's URL (keyset: before the last row shown), or None on the last page."""
@@ -220,7 +307,7 @@ def create_app(db: Explorer, *, mlflow_url: str | None = None, tracking_uri: str
 
     def run(request: Request) -> Response:
         r = _run(request.path_params["name"])
-        before = _int(request.query_params.get("before"), "before")
+        before = read_int(request.query_params.get("before"), "'before'", "learner_steps.step")
         steps = db.steps(r["id"], before, PAGE + 1)
         return render(request, "run.html", title=f"run {r['name']}", run=r, steps=steps[:PAGE],
                       next_page=_next(request, steps, "step"), **_curves(request, r))
@@ -321,14 +408,15 @@ def create_app(db: Explorer, *, mlflow_url: str | None = None, tracking_uri: str
     def groups(request: Request) -> Response:
         r = _run(request.path_params["name"])
         filters = parse_filters(dict(request.query_params), GROUP_FILTERS)
-        before = _int(request.query_params.get("before"), "before")
+        before = read_int(request.query_params.get("before"), "'before'", "groups.id")
         rows = db.groups(r["id"], filters, before, PAGE + 1)
         return render(request, "groups.html", title=f"groups of {r['name']}", run=r, rows=rows[:PAGE],
                       filters=dict(request.query_params), choices=db.choices(r), next_page=_next(request, rows, "id"))
 
     def step(request: Request) -> Response:
         r = _run(request.path_params["name"])
-        s = db.step(r["id"], request.path_params["step"])
+        number = _path_id(request, "step", "learner_steps.step", f"run {r['name'][:200]!r} has no learner step")
+        s = db.step(r["id"], number)
         if s is None:
             raise HTTPException(404, f"run {r['name']!r} has no learner step {request.path_params['step']}")
         metrics = s["metrics"] or {}
@@ -364,7 +452,7 @@ def create_app(db: Explorer, *, mlflow_url: str | None = None, tracking_uri: str
         return RedirectResponse(link, status_code=302)
 
     def group(request: Request) -> Response:
-        g = db.group(request.path_params["id"])
+        g = db.group(_path_id(request, "id", "groups.id", "no group"))
         if g is None:
             raise HTTPException(404, f"no group {request.path_params['id']}")
         stages = next((s["advantage_stages"] for s in reversed(g["steps"]) if s["advantage_stages"]), None)
@@ -378,11 +466,12 @@ def create_app(db: Explorer, *, mlflow_url: str | None = None, tracking_uri: str
                       sorting=tables.sort_links(f"/groups/{g['id']}", query, tables.GROUP_COLUMNS, order))
 
     def trajectory(request: Request) -> Response:
-        t = db.trajectory(request.path_params["id"])
+        t = db.trajectory(_path_id(request, "id", "trajectories.id", "no trajectory"))
         if t is None:
             raise HTTPException(404, f"no trajectory {request.path_params['id']}")
         colour = colour_map(request.query_params.get("color"))  # the token view's colour map (explorer/tokens.py)
-        learner = db.token_signals(t["id"], t["run_id"], _int(request.query_params.get("step"), "step")) \
+        step = read_int(request.query_params.get("step"), "'step'", "learner_steps.step")
+        learner = db.token_signals(t["id"], t["run_id"], step) \
             if t["tokens"] else {"steps": [], "step": None, "signals": None}
         run = db.run(t["run"])
         tok = tokenizer_for((run or {}).get("config", {}).get("model")) if t["tokens"] else None
@@ -392,14 +481,14 @@ def create_app(db: Explorer, *, mlflow_url: str | None = None, tracking_uri: str
                       colours=list(COLOUR_MAPS.values()), legend=colour.legend(), learner=learner)
 
     def raw(request: Request) -> Response:
-        t = db.trajectory(request.path_params["id"])
+        t = db.trajectory(_path_id(request, "id", "trajectories.id", "no trajectory"))
         if t is None:
             raise HTTPException(404, f"no trajectory {request.path_params['id']}")
         return Response(_json(_raw(t)), media_type="application/json")
 
     def task(request: Request) -> Response:
         r = _run(request.path_params["name"])
-        k = db.task(r["id"], request.path_params["task"])
+        k = db.task(r["id"], _path_id(request, "task", "tasks.id", f"run {r['name'][:200]!r} has no task"))
         if k is None:
             raise HTTPException(404, f"run {r['name']!r} has no task {request.path_params['task']}")
         return render(request, "task.html", title=f"task {k['id']} of {r['name']}", run=r, task=k)
@@ -415,7 +504,8 @@ def create_app(db: Explorer, *, mlflow_url: str | None = None, tracking_uri: str
                 return run(request)
             r = _run(name)
             try:
-                int(value)
+                if not (value.isascii() and value.isdigit()):  # digits past what {x:digits} reads: no such row
+                    int(value)
             except ValueError:
                 raise BadFilter(f"{value[:80]!r} is not a {what} of run {r['name']!r}: a {what} is a whole "
                                 f"number, as in /runs/{quote(r['name'], safe='')}/{key}s/1") from None
@@ -434,11 +524,14 @@ def create_app(db: Explorer, *, mlflow_url: str | None = None, tracking_uri: str
     async def on_database(request: Request, exc: Exception) -> Response:
         return render(request, "error.html", status=503, title="database unavailable", message=str(exc))
 
-    async def on_error(request: Request, exc: Exception) -> Response:
-        log.exception("page %s failed", request.url.path, exc_info=exc)
-        message = getattr(getattr(exc, "diag", None), "message_primary", None) or type(exc).__name__
-        return render(request, "error.html", status=500, title="error",
-                      message=f"this page failed: {message} (the server's log has the details)")
+    def error_page(request: Request, status: int, message: str) -> Response:
+        """The error page :class:`Guard` answers with (plain text if even that cannot be drawn)."""
+        try:
+            return render(request, "error.html", status=status, title="bad request" if status == 400 else "error",
+                          message=message)
+        except Exception as exc:
+            log.error("the error page could not be drawn: %s", _trace(exc))
+            return PlainTextResponse(message, status_code=status)
 
     routes = [
         Route("/", runs),
@@ -447,22 +540,24 @@ def create_app(db: Explorer, *, mlflow_url: str | None = None, tracking_uri: str
         Route("/runs/{name:path}/trajectories", trajectories),
         Route("/runs/{name:path}/trajectories.{fmt}", download),
         Route("/runs/{name:path}/groups", groups),
-        Route("/runs/{name:path}/steps/{step:int}", step),
-        Route("/runs/{name:path}/tasks/{task:int}", task),
+        Route("/runs/{name:path}/steps/{step:digits}", step),
+        Route("/runs/{name:path}/tasks/{task:digits}", task),
         Route("/runs/{name:path}/steps/{step}", not_a_number("learner step", "step")),
         Route("/runs/{name:path}/tasks/{task}", not_a_number("task", "task")),
         Route("/runs/{name:path}/mlflow", mlflow_run),
         Route("/runs/{name:path}", run),
         Route("/compare", compare),
-        Route("/groups/{id:int}", group),
-        Route("/trajectories/{id:int}", trajectory),
-        Route("/trajectories/{id:int}/raw", raw),
+        Route("/groups/{id:digits}", group),
+        Route("/trajectories/{id:digits}", trajectory),
+        Route("/trajectories/{id:digits}/raw", raw),
         *side.routes(db, render),  # /trajectories/<a>/vs/<b>, /diff, /trajectories/<id>/trace
         Mount("/static", StaticFiles(directory=str(HERE / "static")), name="static"),
     ]
-    app = Starlette(routes=routes, middleware=[Middleware(SecurityHeaders)],
+    # Guard inside SecurityHeaders: its 400s and 500s carry the headers too (Starlette's own handler
+    # of Exception sits outside every middleware, and re-raises to the server, which logs it raw)
+    app = Starlette(routes=routes, middleware=[Middleware(SecurityHeaders), Middleware(Guard, page=error_page)],
                     exception_handlers={HTTPException: on_http, BadFilter: on_bad_filter,
-                                        DatabaseUnavailable: on_database, Exception: on_error})
+                                        DatabaseUnavailable: on_database})
     app.state.db = db
     app.state.mlflow = mlflow
     return app
@@ -486,6 +581,48 @@ class SecurityHeaders:
             await send(message)
 
         await self.app(scope, receive, with_headers)
+
+
+class Guard:
+    """ASGI middleware, inside :class:`SecurityHeaders` (what it answers carries the headers):
+
+    - a request whose path, or a parameter's name or value, holds a character PostgreSQL cannot
+      store (:func:`refused`) is answered 400 naming it, before any page reads it;
+    - an exception out of a page is answered 500 (``page``: the app's error page), logged with the
+      request's path and query and the exception's text escaped (:func:`printable`), and goes no
+      further: the server would log it again, raw ("Exception in ASGI application"). A response
+      already started (a download that failed midway) is cut off instead.
+    """
+
+    def __init__(self, app, *, page):
+        self.app = app
+        self.page = page
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        why = refused(scope)
+        if why is not None:
+            return await self.page(Request(scope), 400, why)(scope, receive, send)
+        started = False
+
+        async def watched(message):
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, watched)
+        except Exception as exc:
+            query = scope.get("query_string", b"").decode("latin-1")
+            log.error("page %s failed: %s", printable(scope.get("path", "") + (f"?{query}" if query else "")),
+                      _trace(exc))
+            if started:
+                return
+            message = getattr(getattr(exc, "diag", None), "message_primary", None) or type(exc).__name__
+            response = self.page(Request(scope), 500, f"this page failed: {message} (the server's log has the details)")
+            await response(scope, receive, send)
 
 
 def _raw(t: dict[str, Any]) -> dict[str, Any]:
@@ -548,4 +685,4 @@ def _conversation(t: dict[str, Any], tok: Any, *, colour: ColourMap | None = Non
     return out
 
 
-__all__ = ["create_app"]
+__all__ = ["Guard", "SecurityHeaders", "create_app", "printable", "refused", "unreadable"]

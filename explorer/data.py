@@ -12,14 +12,15 @@ import logging
 import math
 import threading
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import cache, cached_property
 from typing import Any
 
 import numpy as np
 import psycopg
 from psycopg.rows import dict_row
-from sqlalchemy import event
+from sqlalchemy import BigInteger, Integer, SmallInteger, event
 
+from reflexdb import schema
 from reflexdb.errors import ReflexdbError
 from reflexdb.sqlfile import folders, load_queries, parse_queries
 
@@ -38,7 +39,9 @@ RESEEN_IDS = 1000
 CURVE_ROWS = 2000
 
 #: The filters of the trajectory list: name -> (parse, SQL fragment). The fragment reads only its
-#: own parameter; ``t`` is the trajectory, ``g`` its group, ``k`` its task.
+#: own parameter; ``t`` is the trajectory, ``g`` its group, ``k`` its task. An integer filter's
+#: parse is ``int:<table>.<column>``, the column it is compared with: its value must be one that
+#: column's type can hold (:func:`read_int`).
 FILTERS: dict[str, tuple[str, str]] = {
     "origin": ("text", "t.origin = %(origin)s"),
     "method": ("text", "(g.workflow = %(method)s OR t.origin IN (SELECT name FROM origins WHERE method = %(method)s)"
@@ -47,11 +50,12 @@ FILTERS: dict[str, tuple[str, str]] = {
     "reward_min": ("float", "t.reward >= %(reward_min)s"),
     "reward_max": ("float", "t.reward <= %(reward_max)s"),
     "correct": ("tristate", "t.correct IS NOT DISTINCT FROM %(correct)s"),
-    "version": ("int", "t.policy_version = %(version)s"),
-    "task": ("int", "t.task_id = %(task)s"),
-    "group": ("int", "t.group_id = %(group)s"),
-    "step": ("int", "t.id IN (SELECT c.trajectory_id FROM consumption c JOIN learner_steps s ON s.id = c.step_id"
-                    " WHERE s.run_id = %(run_id)s AND s.step = %(step)s AND c.run_id = %(run_id)s)"),
+    "version": ("int:trajectories.policy_version", "t.policy_version = %(version)s"),
+    "task": ("int:trajectories.task_id", "t.task_id = %(task)s"),
+    "group": ("int:trajectories.group_id", "t.group_id = %(group)s"),
+    "step": ("int:learner_steps.step",
+             "t.id IN (SELECT c.trajectory_id FROM consumption c JOIN learner_steps s ON s.id = c.step_id"
+             " WHERE s.run_id = %(run_id)s AND s.step = %(step)s AND c.run_id = %(run_id)s)"),
     "imported_from": ("text", "t.meta ->> 'imported_from' = %(imported_from)s"),
     # free text: the prompt (a task's) or the extracted answer, one cheap test per row; the tasks
     # that match are found once, not per row
@@ -64,8 +68,8 @@ FILTERS: dict[str, tuple[str, str]] = {
 GROUP_FILTERS: dict[str, tuple[str, str]] = {
     "kind": ("text", "g.kind = %(kind)s"),
     "method": ("text", "(g.workflow = %(method)s OR g.kind IN (SELECT name FROM group_kinds WHERE method = %(method)s))"),
-    "version": ("int", "g.policy_version = %(version)s"),
-    "task": ("int", "g.task_id = %(task)s"),
+    "version": ("int:groups.policy_version", "g.policy_version = %(version)s"),
+    "task": ("int:groups.task_id", "g.task_id = %(task)s"),
     "q": ("pattern", "k.prompt ILIKE %(q)s"),
 }
 
@@ -86,6 +90,54 @@ class BadFilter(ReflexdbError):
     """A filter's value cannot be read (shown on the page with the filter's name; HTTP 400)."""
 
 
+@cache
+def int_type(column: str) -> tuple[str, int, int]:
+    """The SQL type of the integer column ``<table>.<column>`` as reflexdb/schema.py declares it
+    (``smallint``, ``integer`` or ``bigint``), and the least and the greatest value it holds."""
+    table, name = column.split(".")
+    declared = schema.metadata.tables[table].c[name].type
+    for kind, sql, bits in ((BigInteger, "bigint", 64), (SmallInteger, "smallint", 16), (Integer, "integer", 32)):
+        if isinstance(declared, kind):
+            return sql, -2 ** (bits - 1), 2 ** (bits - 1) - 1
+    raise TypeError(f"{column} is a {declared}, not an integer column")
+
+
+def fits(value: int, column: str) -> bool:
+    """Whether ``value`` is one that the integer ``column`` (``<table>.<column>``) can hold."""
+    _, low, high = int_type(column)
+    return low <= value <= high
+
+
+def in_range(value: int, name: str, column: str) -> int:
+    """``value`` (of the parameter ``name``, as a page names it) if ``column`` can hold it.
+
+    Raises:
+        BadFilter: it cannot (PostgreSQL would answer "integer out of range" or, past a bigint,
+            compare it as a numeric), naming the parameter, the column and its range.
+    """
+    if not fits(value, column):
+        sql, low, high = int_type(column)
+        raise BadFilter(f"{name}: {str(value)[:80]!r} is not an integer {column} can hold ({sql}: {low} to {high})")
+    return value
+
+
+def read_int(raw: str | None, name: str, column: str) -> int | None:
+    """A page's integer parameter ``name`` (its text ``raw``; empty: None), compared in SQL with
+    ``column``, checked against that column's type before any SQL runs.
+
+    Raises:
+        BadFilter: not an integer, or one the column cannot hold, naming the parameter.
+    """
+    text = (raw or "").strip()
+    if not text:
+        return None
+    try:
+        value = int(text)
+    except ValueError:  # not digits, or more of them than Python reads (4,300)
+        raise BadFilter(f"{name}: {text[:80]!r} is not an integer") from None
+    return in_range(value, name, column)
+
+
 def _like(text: str) -> str:
     """``text`` as a literal substring pattern for ILIKE (its own %, _ and \\ escaped)."""
     return "%" + text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
@@ -104,13 +156,12 @@ def parse_filters(query: dict[str, str], table: dict[str, tuple[str, str]]) -> d
             continue
         if len(raw) > 1000:
             raise BadFilter(f"filter {name!r}: longer than 1000 characters")
+        if kind.startswith("int:"):
+            out[name] = read_int(raw, f"filter {name!r}", kind.removeprefix("int:"))
+            continue
         try:
-            if kind == "int":
-                value: Any = int(raw)
-                if not -2**63 <= value < 2**63:
-                    raise ValueError
-            elif kind == "float":
-                value = float(raw)
+            if kind == "float":
+                value: Any = float(raw)
                 if not math.isfinite(value):
                     raise ValueError
             elif kind == "tristate":
@@ -121,7 +172,7 @@ def parse_filters(query: dict[str, str], table: dict[str, tuple[str, str]]) -> d
             else:
                 value = raw
         except (ValueError, KeyError):
-            expected = {"int": "an integer", "float": "a number", "tristate": "true, false or null"}.get(kind, kind)
+            expected = {"float": "a number", "tristate": "true, false or null"}.get(kind, kind)
             raise BadFilter(f"filter {name!r}: {raw[:80]!r} is not {expected}") from None
         if "\x00" in str(value):
             raise BadFilter(f"filter {name!r}: contains a NUL character")
@@ -394,4 +445,5 @@ class Explorer:
         return str((self.one("SELECT current_setting('server_version') AS v") or {}).get("v"))
 
 
-__all__ = ["FILTERS", "GROUP_FILTERS", "PAGE", "READER", "BadFilter", "Explorer", "Seen", "parse_filters"]
+__all__ = ["FILTERS", "GROUP_FILTERS", "PAGE", "READER", "BadFilter", "Explorer", "Seen", "fits", "in_range",
+           "int_type", "parse_filters", "read_int"]

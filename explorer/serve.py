@@ -1,6 +1,8 @@
 """``python -m reflexdb.explorer.serve``: the explorer's web server (uvicorn), as ``reflexdb ui`` starts it.
 
-Prints nothing on stdout; answers ``/health`` once it serves. Stops on SIGTERM or SIGINT.
+Prints nothing on stdout; answers ``/health`` once it serves. Stops on SIGTERM or SIGINT. Logs
+warnings and errors on stderr, uvicorn's too, each record escaped (:class:`EscapedLog`): a
+request's text never reaches the log raw.
 """
 
 from __future__ import annotations
@@ -38,6 +40,34 @@ def warm(db, app) -> None:
     app.state.mlflow.warm()
 
 
+class EscapedLog(logging.Formatter):
+    """A log record as lines no request can forge: its control characters, lone surrogates and
+    line separators escaped (explorer/app.py, ``printable``), and every line after its first
+    indented (a traceback's, or a newline a message let through), so that no text a request
+    carries starts a line that reads as a record of its own or moves a terminal's cursor."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        from .app import printable
+
+        return printable(super().format(record), 1_000_000, newlines=True).replace("\n", "\n  ")
+
+
+def log_to(stream) -> logging.Handler:
+    """Warnings and errors of every logger (uvicorn's too: :data:`UVICORN`) to ``stream``,
+    each record escaped (:class:`EscapedLog`). Returns the handler added to the root logger."""
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(EscapedLog("%(levelname)s:%(name)s:%(message)s"))
+    root = logging.getLogger()
+    root.addHandler(handler)
+    root.setLevel(logging.WARNING)
+    return handler
+
+
+#: uvicorn's settings: warnings and worse, no access log, and no logging setup of its own
+#: (``log_config=None``: its loggers reach :func:`log_to`'s handler, escaped)
+UVICORN = {"log_level": "warning", "access_log": False, "log_config": None}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m reflexdb.explorer.serve")
     ap.add_argument("--url", default=None, help="PostgreSQL URL (default: the configured database)")
@@ -56,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     from .app import create_app
     from .data import READER, Explorer
 
-    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    log_to(sys.stderr)
     try:
         db = Explorer(args.url or database_url(), role=None if args.no_role else READER)
     except ReflexdbError as exc:
@@ -65,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     app = create_app(db, mlflow_url=args.mlflow_url, tracking_uri=args.tracking_uri)
     # the runs' tokenizers load in the background (seconds): the first trajectory page need not wait
     threading.Thread(target=warm, args=(db, app), daemon=True).start()
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False)
+    uvicorn.run(app, host=args.host, port=args.port, **UVICORN)
     db.close()
     return 0
 

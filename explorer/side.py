@@ -28,7 +28,7 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 
-from .data import BadFilter, Explorer
+from .data import BadFilter, Explorer, fits, int_type
 from .diff import SHOW_CHARS, Budget, TextDiff, align, diff_text, one_side
 
 #: Turns of each side compared; the page says how many more there are.
@@ -45,8 +45,8 @@ MAX_SPANS = 200
 PREVIEW_CHARS = 160
 #: Characters of an answer or an error shown in the facts table.
 FACT_CHARS = 2_000
-#: A database id is a bigint: a larger number names nothing.
-MAX_ID = 2**63 - 1
+#: A trajectory id is a bigint: a larger number names nothing.
+MAX_ID = int_type("trajectories.id")[2]
 
 #: The facts compared side by side: label, column.
 FACTS = (("origin", "origin"), ("policy version", "policy_version"), ("reward", "reward"), ("correct", "correct"),
@@ -73,8 +73,8 @@ def routes(db: Explorer, render: Callable[..., Response]) -> list[Route]:
             value = (request.query_params.get(key) or "").strip()
             if not value:
                 raise BadFilter(f"{key!r}: choose a trajectory for each side (?a=<id>&b=<id>)")
-            if not value.isascii() or not value.isdigit():
-                raise BadFilter(f"{key!r}: {value[:80]!r} is not a trajectory id")
+            if not value.isascii() or not value.isdigit() or len(value) > 30 or not fits(int(value), "trajectories.id"):
+                raise BadFilter(f"{key!r}: {value[:80]!r} is not a trajectory id (a whole number, at most {MAX_ID})")
             ids.append(int(value))
         return RedirectResponse(f"/trajectories/{ids[0]}/vs/{ids[1]}", 303)
 
@@ -83,13 +83,15 @@ def routes(db: Explorer, render: Callable[..., Response]) -> list[Route]:
         page = trace(db, tid)
         return render(request, "trace.html", title=f"trace of trajectory {tid}", **page)
 
-    return [Route("/trajectories/{a:int}/vs/{b:int}", side_by_side), Route("/diff", pick),
-            Route("/trajectories/{id:int}/trace", trace_page)]
+    # {x:digits}: explorer/app.py's (a whole number of at most 1,000 digits)
+    return [Route("/trajectories/{a:digits}/vs/{b:digits}", side_by_side), Route("/diff", pick),
+            Route("/trajectories/{id:digits}/trace", trace_page)]
 
 
 def _id(value: int) -> int:
+    """A trajectory id from the path: past a bigint it names no row (404 before any SQL)."""
     if value > MAX_ID:
-        raise HTTPException(404, f"no trajectory {str(value)[:40]}")
+        raise HTTPException(404, f"no trajectory {str(value)[:40]}: trajectories.id (bigint) holds at most {MAX_ID}")
     return value
 
 

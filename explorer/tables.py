@@ -35,7 +35,7 @@ from urllib.parse import urlencode
 
 import psycopg
 
-from .data import FILTERS, BadFilter, Explorer, _where
+from .data import FILTERS, BadFilter, Explorer, _where, in_range, read_int
 
 #: the most characters of a completion (and of a prompt) a grid holds; the trajectory's page has all
 COMPLETION_CHARS = 2000
@@ -86,7 +86,8 @@ class Sort:
     task), whether it may be NULL, and the join it needs besides ``g`` and ``k``. Text sorts by
     its bytes (``COLLATE "C"``: code point order, as Python's sort of the group and step pages;
     a locale's collation made a sort by prompt three times slower at a million rows) and by its
-    first :data:`TEXT_KEY_CHARS` characters."""
+    first :data:`TEXT_KEY_CHARS` characters. An integer column names the column it is
+    (``column``): a cursor's value must be one its type holds."""
 
     kind: str
     expr: str
@@ -94,6 +95,8 @@ class Sort:
     join: str = ""
     #: on an unfiltered list, the same value as (expression, join) read in one pass
     whole_run: tuple[str, str] | None = None
+    #: an integer sort's column (``<table>.<column>``, reflexdb/schema.py)
+    column: str = ""
 
     def sql(self, filtered: bool) -> tuple[str, str]:
         """(expression, join) for a list with or without filters."""
@@ -101,10 +104,10 @@ class Sort:
 
 
 SORTS: dict[str, Sort] = {
-    "id": Sort("int", "t.id", False),
+    "id": Sort("int", "t.id", False, column="trajectories.id"),
     "origin": Sort("text", 't.origin COLLATE "C"', False),
     "kind": Sort("text", 'g.kind COLLATE "C"', False),
-    "version": Sort("int", "t.policy_version", False),
+    "version": Sort("int", "t.policy_version", False, column="trajectories.policy_version"),
     "prompt": Sort("text", f'left(k.prompt, {TEXT_KEY_CHARS}) COLLATE "C"', False),
     # a scan of the run's assistant turns (as the filter "response" is)
     "completion": Sort("text", _COMPLETION, True, whole_run=("cmp.value", _COMPLETION_JOIN)),
@@ -113,8 +116,8 @@ SORTS: dict[str, Sort] = {
     "correct": Sort("bool", "t.correct", True),
     "answer": Sort("text", f'left(t.extracted_answer, {TEXT_KEY_CHARS}) COLLATE "C"', True),
     "confidence": Sort("float", "t.confidence", True),
-    "tokens": Sort("int", "t.response_length", False),
-    "turns": Sort("int", "t.num_turns", False),
+    "tokens": Sort("int", "t.response_length", False, column="trajectories.response_length"),
+    "turns": Sort("int", "t.num_turns", False, column="trajectories.num_turns"),
 }
 
 #: each grid's columns, in order
@@ -213,29 +216,20 @@ def parse_order(query: dict[str, str], columns: tuple[str, ...], default: Order,
         return Order(column, desc, after, None, True)
     if not key.startswith("v"):
         raise BadFilter(f"'key': {key[:80]!r} is not a sort value (v<value>, or n for none)")
-    return Order(column, desc, after, _key(key[1:], SORTS[column].kind))
+    return Order(column, desc, after, _key(key[1:], SORTS[column]))
 
 
 def _id(query: dict[str, str], name: str) -> int | None:
-    raw = (query.get(name) or "").strip()
-    if not raw:
-        return None
-    try:
-        value = int(raw)
-    except ValueError:
-        raise BadFilter(f"{name!r}: {raw[:80]!r} is not an integer") from None
-    if not -2**63 <= value < 2**63:
-        raise BadFilter(f"{name!r}: {raw[:80]!r} is not an integer")
-    return value
+    """A cursor's trajectory id (``before``, ``after``), one a bigint holds."""
+    return read_int(query.get(name), repr(name), "trajectories.id")
 
 
-def _key(raw: str, kind: str) -> Any:
-    """A cursor's sort value, read as its column's kind."""
+def _key(raw: str, sort: Sort) -> Any:
+    """A cursor's sort value, read as its column's kind (an integer: one its column's type holds)."""
+    kind = sort.kind
     try:
         if kind == "int":
             value: Any = int(raw)
-            if not -2**63 <= value < 2**63:
-                raise ValueError
         elif kind == "float":
             value = float(raw)
             if math.isnan(value):
@@ -248,7 +242,7 @@ def _key(raw: str, kind: str) -> Any:
             value = raw
     except (ValueError, KeyError):
         raise BadFilter(f"'key': {raw[:80]!r} is not a sort value of this column") from None
-    return value
+    return in_range(value, "'key'", sort.column) if kind == "int" else value
 
 
 def encode_key(value: Any) -> str:

@@ -234,6 +234,9 @@ class PolicyVersion:
     step: int
     meta: dict[str, Any]
     created_at: datetime
+    #: the sha256 of the version's ``manifest.json`` in object storage (revision 0029); ``None`` for a
+    #: local directory and for versions published before it (their weights alone are checked)
+    manifest_sha256: str | None = None
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from .sqlfile import load_queries
 
 if TYPE_CHECKING:
+    from .storage import Owner
     from .store import Store
 
 Q = load_queries("runs.sql")
@@ -56,10 +57,47 @@ def holding(conn, origins: list[str], kinds: list[str]) -> list[tuple[str, list[
     return [tuple(r) for r in conn.exec_driver_sql(Q["runs_holding"], {"origins": origins, "kinds": kinds})]
 
 
+def owner(store: Store, run_id: int) -> Owner:
+    """Who run ``run_id`` is, as its checkpoint prefix's marker records it (``run_owner``).
+
+    Raises:
+        NotFound: no such run.
+    """
+    from .errors import NotFound
+    from .storage import Owner
+
+    with store.transaction() as conn:
+        row = conn.execute(Q["run_owner"], {"run_id": run_id}).fetchone()
+    if row is None:
+        raise NotFound(f"no run with id {run_id}")
+    return Owner.of(row[0], run_id, row[1])
+
+
+def published(store: Store, run_id: int) -> list[tuple]:
+    """``(version, checkpoint_uri, sha256, meta)`` of each version the run's learner recorded (``run_published``)."""
+    with store.transaction() as conn:
+        return conn.execute(Q["run_published"], {"run_id": run_id}).fetchall()
+
+
+def find(store: Store, name: str) -> tuple[int, int | None] | None:
+    """``(id, embedding_dim)`` of the run named ``name``; ``None`` when there is none (``find_run``)."""
+    with store.transaction() as conn:
+        row = conn.execute(Q["find_run"], {"name": name}).fetchone()
+    return None if row is None else (row[0], row[1])
+
+
+def privileges(store: Store) -> tuple[bool, bool]:
+    """Whether this login may create a run, and record a run's embedding dimension (``run_privileges``)."""
+    with store.transaction() as conn:
+        row = conn.execute(Q["run_privileges"]).fetchone()
+    return bool(row[0]), bool(row[1])
+
+
 def delete(store: Store, run_id: int) -> None:
     """Delete a run: its partitions dropped, then its other rows (``delete_run``)."""
     with store.transaction() as conn:
         conn.execute(Q["delete_run"], {"run_id": run_id})
 
 
-__all__ = ["delete", "evals", "holding", "list_runs", "origins", "processes", "sizes"]
+__all__ = ["delete", "evals", "find", "holding", "list_runs", "origins", "owner", "privileges", "processes",
+           "published", "sizes"]

@@ -131,6 +131,9 @@ policy_versions = Table(
     Column("step", Integer, nullable=False, server_default=text("0")),
     Column("meta", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
     created_at(),
+    # the sha256 of the version's manifest.json as uploaded (0029): every file of a version in
+    # object storage is checked through it; NULL for a local directory and for older versions
+    Column("manifest_sha256", Text),
     PrimaryKeyConstraint("run_id", "version"),
     CheckConstraint("version >= 0", name="version_nonnegative"),
 )

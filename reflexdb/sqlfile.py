@@ -56,3 +56,28 @@ def find(kind: str, filename: str, missing_ok: bool = False) -> Path | None:
         where = ", ".join(str(f) for f in found) or f"no SQL folder ({', '.join(o for o, _ in folders())})"
         raise FileNotFoundError(f"{kind}/{filename}: {'found in ' if found else ''}{where}")
     return found[0]
+
+
+#: A relation's name as a method may give one: ``name`` or ``schema.name``, each a plain SQL identifier.
+_RELATION = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)?$")
+
+
+def relation_name_problem(name: object) -> str | None:
+    """What is wrong with ``name`` as the name of a view or table a method declares (``None``: nothing)."""
+    if not isinstance(name, str) or not _RELATION.match(name) or len(name) > 127:
+        return f"{name!r} is not the name of a view or table (name or schema.name: letters, digits, '_')"
+    return None
+
+
+def relation(name: str | None, column: str):
+    """``name`` (a view or table a method declares, ``schema.name`` allowed) as a quoted identifier to
+    format into a query (``psycopg.sql``), or, for ``None``, an empty relation with one bigint
+    ``column``: the query then reads as if the method had declared a view with no row."""
+    from psycopg import sql
+
+    if name is None:
+        return sql.SQL("(SELECT NULL::bigint AS {} WHERE false)").format(sql.Identifier(column))
+    problem = relation_name_problem(name)
+    if problem:
+        raise ValueError(problem)
+    return sql.Identifier(*name.split("."))

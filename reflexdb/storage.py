@@ -6,15 +6,28 @@ directory of old (``learner.checkpoint_dir``): nothing here is used, and the row
 extras install their fsspec filesystems) is written through fsspec:
 
 - **Upload** (:func:`upload`): the learner writes a version's files locally as always, then puts
-  each under ``<url>/v<K>/`` and, last, ``manifest.json`` (each file's name, size and sha256).
-  Only then does it record the ``policy_versions`` row, with ``<url>/v<K>`` and the sha256 of the
-  weights (:func:`weights_sha256`), so a collector never sees a version that is not wholly
-  uploaded. Errors are retried with backoff for ``learner.upload_retry_s``.
-- **Fetch** (:class:`CheckpointCache`): a collector downloads a version into
-  ``$REFLEXDB_HOME/cache/<run>/v<K>.partial/``, each file through ``<name>.part`` with ranged
-  reads, so a broken download resumes where it stopped; checks every file against the manifest
-  and the weights against the row's sha256; then renames the directory to ``v<K>`` and keeps the
-  newest few versions. The database's sha256 is what is trusted: storage only carries bytes.
+  each under ``<prefix>/v<K>/`` and, last, ``manifest.json`` (each file's name, size and sha256).
+  Only then does it record the ``policy_versions`` row, with ``<prefix>/v<K>``, the sha256 of the
+  weights (:func:`weights_sha256`) and the sha256 of the manifest's bytes (``manifest_sha256``),
+  so a collector never sees a version that is not wholly uploaded. Errors are retried with backoff
+  for ``learner.upload_retry_s``.
+- **One prefix per run**: ``<prefix>`` is ``<url>/<name>.r<id>`` (:func:`run_prefix`), and its
+  marker :data:`OWNER_FILE` names the run (:class:`Owner`). Upload claims it (:func:`claim`),
+  prune and delete check it (:func:`check_owner`): a run never writes into, prunes or deletes
+  another run's versions, though their configs name the same URL. Versions recorded before
+  (``<url>/v<K>``) are deleted only while their weights are the recorded ones
+  (:func:`remove_if_recorded`).
+- **Fetch** (:class:`CheckpointCache`): what a bucket holds is hostile input. A collector reads the
+  manifest (at most 1 MiB) and checks it against the row's ``manifest_sha256`` before anything
+  else, then its form (:func:`parse_manifest`), the total it lists against what the run's model can
+  be (:func:`size_bound`) and each listed object's size; it downloads only the listed files into
+  ``$REFLEXDB_HOME/cache/<run>/v<K>.partial/``, each through ``<name>.part`` with ranged reads, so
+  a broken download resumes where it stopped; checks every file against the manifest and the
+  weights against the row's sha256; then renames the directory to ``v<K>`` and keeps the newest
+  few versions. The database's digests are what is trusted: storage only carries bytes. A version
+  refused for its bytes (:class:`Rejected`) is not downloaded again until its row or its objects
+  change. A version published before revision 0029 has no ``manifest_sha256``: its weights alone
+  are checked against the database, its other files against its manifest (callers warn).
 - **Credentials** come from the environment and the library's own sources (AWS variables,
   profiles, instance roles; ``AWS_ENDPOINT_URL``), never from the config, which is stored with the
   run (``runs.config``), logged to MLflow and printed by ``reflexdb check``. So
@@ -36,6 +49,8 @@ import re
 import shutil
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -146,8 +161,22 @@ def options_for(uri: str, url: str | None, options: dict[str, Any]) -> dict[str,
 
 
 def version_uri(base: str, version: int) -> str:
-    """``<base>/v<K>``: where version ``K`` of a run publishing to ``base`` lies."""
+    """``<base>/v<K>``: where version ``K`` lies under a run's prefix ``base`` (:func:`run_prefix`)."""
     return f"{base.rstrip('/')}/v{version}"
+
+
+def run_key(run_id: int, name: str) -> str:
+    """``<name>.r<id>``: the folder of one run under ``learner.checkpoint_url`` (and under the local
+    checkpoint directory). The name is kept readable but only ``[A-Za-z0-9._-]`` survive (others
+    become ``_``, no leading dot, at most 100 characters); the id makes it unique, so two runs
+    sharing a URL, or a run deleted and made again under the same name, never share a folder."""
+    slug = re.sub(r"[^A-Za-z0-9._-]", "_", name)[:100].lstrip(".") or "run"
+    return f"{slug}.r{int(run_id)}"
+
+
+def run_prefix(base: str, run_id: int, name: str) -> str:
+    """``<base>/<name>.r<id>``: where run ``run_id`` publishes its versions under ``base``."""
+    return f"{base.rstrip('/')}/{run_key(run_id, name)}"
 
 
 def mask(url: str) -> str:
@@ -317,8 +346,9 @@ def _retrying(limit_s: float, what: str, url: str, echo: Callable[[str], None]):
         echo(f"{what} failed ({reason(state.outcome.exception(), url)}); retrying in "
              f"{state.next_action.sleep:.0f} s (for up to {limit_s:.0f} s in all)")
 
-    def retried(e: BaseException) -> bool:  # not: nothing there, a missing extra (a FetchFailed is: a new try)
-        return not isinstance(e, (NotFound, KeyboardInterrupt)) and (
+    def retried(e: BaseException) -> bool:  # not: nothing there, a missing extra, a version storage holds
+        # other than published (Rejected: waiting does not change its bytes); a FetchFailed is: a new try
+        return not isinstance(e, (NotFound, KeyboardInterrupt, Rejected)) and (
             isinstance(e, FetchFailed) or not isinstance(e, StorageError))
 
     return Retrying(retry=retry_if_exception(retried),
@@ -326,13 +356,124 @@ def _retrying(limit_s: float, what: str, url: str, echo: Callable[[str], None]):
                     before_sleep=before_sleep, reraise=True)
 
 
-def upload(directory: Path, url: str, options: dict[str, Any] | None, *, limit_s: float,
-           echo: Callable[[str], None] = print) -> None:
-    """Put the files of ``directory`` under ``url`` (``<base>/v<K>``), then its manifest, retrying
-    for ``limit_s`` seconds with backoff. Whatever lay at ``url`` before is removed first: no row
-    names it (a version is recorded only after its upload).
+# ---------------------------------------------------------------------- whose prefix it is
+
+#: the marker at the top of a run's prefix (``<url>/<name>.r<id>/``) and of its local directory:
+#: which run owns it. Upload, prune and ``runs delete`` read it before they write or delete there.
+OWNER_FILE = "reflexdb-run.json"
+#: a marker is a few hundred bytes; one longer than this is not reflexdb's
+MAX_MARKER = 4096
+#: a manifest read to tell whose a version is (:func:`remove_if_recorded`) is at most this long
+MAX_MANIFEST = 16 << 20
+
+
+@dataclass(frozen=True)
+class Owner:
+    """The run a prefix belongs to, as its marker (:data:`OWNER_FILE`) records it: the name, id and
+    creation time (UTC, ISO 8601) of its ``runs`` row. Together they tell a run from one of the same
+    name and id in another database, or from one made again under the same name."""
+
+    run: str
+    run_id: int
+    created_at: str
+
+    @classmethod
+    def of(cls, run: str, run_id: int, created_at: datetime) -> Owner:
+        return cls(run, int(run_id), created_at.astimezone(timezone.utc).isoformat())
+
+    def __str__(self) -> str:
+        return f"run {self.run!r} (id {self.run_id}, created {self.created_at})"
+
+
+class PrefixOwned(StorageError):
+    """A prefix or local directory belongs to another run (its marker says so), or holds a marker
+    reflexdb did not write: nothing was written or deleted there."""
+
+
+def _marker(prefix: str, options: dict[str, Any] | None) -> tuple[Any, str]:
+    fs, root = filesystem(prefix, options)
+    return fs, f"{root.rstrip('/')}/{OWNER_FILE}"
+
+
+def read_owner(prefix: str, options: dict[str, Any] | None) -> Owner | None:
+    """The run that owns ``prefix`` (a URL or a local directory); ``None`` when it has no marker.
 
     Raises:
+        PrefixOwned: a marker is there, but not one reflexdb wrote (not JSON, fields missing, too long).
+    """
+    fs, path = _marker(prefix, options)
+    fs.invalidate_cache()
+    try:
+        data = fs.cat_file(path, start=0, end=MAX_MARKER + 1)
+    except FileNotFoundError:
+        return None
+    try:
+        if len(data) > MAX_MARKER:
+            raise ValueError(f"longer than {MAX_MARKER} bytes")
+        got = json.loads(data)
+        return Owner(str(got["run"]), int(got["run_id"]), str(got["created_at"]))
+    except (ValueError, KeyError, TypeError) as exc:
+        raise PrefixOwned(f"{mask(prefix)}/{OWNER_FILE} is not a marker reflexdb wrote ({reason(exc)}): nothing is "
+                          "written or deleted there; give the run a learner.checkpoint_url of its own") from None
+
+
+def claim(prefix: str, options: dict[str, Any] | None, owner: Owner) -> None:
+    """Make ``prefix`` (a URL or a local directory) ``owner``'s: write its marker if it has none;
+    refuse if it is another run's. Two learners claiming at once: the last write wins and the other
+    is refused here or at its next upload.
+
+    Raises:
+        PrefixOwned: another run owns it; the message names that run.
+    """
+    from fsspec.implementations.local import LocalFileSystem
+
+    found = read_owner(prefix, options)
+    if found is None:
+        fs, path = _marker(prefix, options)
+        body = json.dumps(asdict(owner), indent=1).encode()
+        if isinstance(fs, LocalFileSystem):  # whole or not at all: a torn marker would refuse the run forever
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            tmp = Path(f"{path}.tmp-{os.getpid()}")
+            tmp.write_bytes(body)
+            os.replace(tmp, path)
+        else:
+            fs.pipe_file(path, body)
+        found = read_owner(prefix, options)
+    if found != owner:
+        raise PrefixOwned(f"{mask(prefix)} belongs to {found} ({OWNER_FILE} there), not to {owner}: refusing to "
+                          "publish there. Another run (of this database or another) uses this learner.checkpoint_url "
+                          "or checkpoint_dir; give this run one of its own, or delete that run (`reflexdb runs "
+                          "delete NAME` in its database)")
+
+
+def check_owner(prefix: str, options: dict[str, Any] | None, owner: Owner, doing: str) -> None:
+    """Refuse to act on ``prefix`` unless its marker names ``owner`` (``doing``: what is not done,
+    ``"not pruning"``, ``"not deleting"``).
+
+    Raises:
+        PrefixOwned: no marker, or another run's; the message names it.
+    """
+    found = read_owner(prefix, options)
+    if found != owner:
+        holds = f"no {OWNER_FILE}" if found is None else f"the {OWNER_FILE} of {found}"
+        raise PrefixOwned(f"{mask(prefix)} holds {holds}, not {owner}'s: {doing} anything there")
+
+
+def _parent(url: str) -> str:
+    return url.rstrip("/").rsplit("/", 1)[0]
+
+
+def upload(directory: Path, url: str, options: dict[str, Any] | None, *, limit_s: float,
+           echo: Callable[[str], None] = print, owner: Owner | None = None) -> str:
+    """Put the files of ``directory`` under ``url`` (``<prefix>/v<K>``), then its manifest, retrying
+    for ``limit_s`` seconds with backoff. With ``owner``, the prefix is claimed for that run first
+    (:func:`claim`) and an upload into another run's prefix is refused. Whatever lay at ``url``
+    before is removed first: no row names it (a version is recorded only after its upload).
+    Returns the sha256 of the manifest's bytes as uploaded (``policy_versions.manifest_sha256``:
+    collectors check every file through it).
+
+    Raises:
+        PrefixOwned: the prefix is another run's; nothing was written.
         StorageError: it kept failing for ``limit_s`` seconds; the message names the URL and the last cause.
     """
     from fsspec.implementations.local import LocalFileSystem
@@ -341,22 +482,25 @@ def upload(directory: Path, url: str, options: dict[str, Any] | None, *, limit_s
     root = root.rstrip("/")
     local = isinstance(fs, LocalFileSystem)
     man = manifest(directory)
+    body = json.dumps(man, indent=1).encode()
     done: set[str] = set()
-    first = [True]
+    cleared = [False]
 
     def attempt() -> None:
-        if first[0]:  # files of an upload that never recorded its row (a killed learner's)
-            first[0] = False
+        if not cleared[0]:  # files of an upload that never recorded its row (a killed learner's)
+            if owner is not None:
+                claim(_parent(url), options, owner)
             fs.invalidate_cache()
             if fs.exists(root):
                 fs.rm(root, recursive=True)
+            cleared[0] = True
         for f in man["files"]:
             if f["name"] not in done:
                 if local:  # object stores have no directories; a local filesystem (a served tree) does
                     fs.makedirs(f"{root}/{f['name']}".rsplit("/", 1)[0], exist_ok=True)
                 fs.put_file(str(directory / f["name"]), f"{root}/{f['name']}")
                 done.add(f["name"])
-        fs.pipe_file(f"{root}/{MANIFEST}", json.dumps(man, indent=1).encode())
+        fs.pipe_file(f"{root}/{MANIFEST}", body)
         fs.invalidate_cache(root)
 
     t0 = time.monotonic()
@@ -369,6 +513,7 @@ def upload(directory: Path, url: str, options: dict[str, Any] | None, *, limit_s
     except Exception as exc:  # noqa: BLE001 - any storage error, after the retries
         raise StorageError(f"uploading {directory.name} to {mask(url)} failed for {time.monotonic() - t0:.0f} s "
                            f"(learner.upload_retry_s {limit_s:g}): {reason(exc, url)}") from None
+    return hashlib.sha256(body).hexdigest()
 
 
 def versions_in(base: str, options: dict[str, Any] | None) -> dict[int, str]:
@@ -388,11 +533,15 @@ def versions_in(base: str, options: dict[str, Any] | None) -> dict[int, str]:
 
 
 def prune(base: str, options: dict[str, Any] | None, newest: int, keep: int,
-          echo: Callable[[str], None] = print) -> list[int]:
-    """Delete the versions under ``base`` older than the newest ``keep`` (``learner.keep_policies``);
-    return those deleted. A failure is reported, not raised: the next publish prunes again."""
+          echo: Callable[[str], None] = print, *, owner: Owner | None = None) -> list[int]:
+    """Delete the versions under the run's prefix ``base`` older than the newest ``keep``
+    (``learner.keep_policies``); return those deleted. With ``owner``, only when the prefix's
+    marker names that run. A failure (or another run's marker) is reported, not raised: the next
+    publish prunes again."""
     deleted = []
     try:
+        if owner is not None:
+            check_owner(base, options, owner, "not pruning")
         fs, _ = filesystem(base, options)
         for version, path in sorted(versions_in(base, options).items()):
             if version <= newest - keep:
@@ -403,24 +552,217 @@ def prune(base: str, options: dict[str, Any] | None, newest: int, keep: int,
     return deleted
 
 
-def remove_versions(base: str, options: dict[str, Any] | None) -> list[int]:
-    """Delete every version (``v<K>``) under ``base``: a deleted run's. Other objects under the
-    prefix are left alone. Returns the versions deleted.
+def remove_versions(base: str, options: dict[str, Any] | None, *, owner: Owner) -> list[int]:
+    """Delete every version (``v<K>``) under the run's prefix ``base``, then its marker: a deleted
+    run's. Only when the marker names ``owner`` (a prefix with neither marker nor versions: nothing
+    to do). Other objects under the prefix are left alone. Returns the versions deleted.
 
     Raises:
+        PrefixOwned: the prefix has versions but no marker, or another run's: nothing was deleted.
         StorageError: storage did not answer or refused; the message names the URL and the cause.
     """
     try:
-        fs, _ = filesystem(base, options)
         found = versions_in(base, options)
+        marked = read_owner(base, options)
+        if marked is None and not found:
+            return []
+        check_owner(base, options, owner, "not deleting")
+        fs, _ = filesystem(base, options)
         for path in found.values():
             fs.rm(path, recursive=True)
+        marker_fs, marker = _marker(base, options)
+        marker_fs.rm(marker)
+    except StorageError:
+        raise
     except Exception as exc:  # noqa: BLE001 - any storage error, named
         raise StorageError(f"could not delete the versions in {mask(base)}: {reason(exc, base)}") from None
     return sorted(found)
 
 
+def remove_if_recorded(uri: str, sha256: str | None, options: dict[str, Any] | None) -> bool:
+    """Delete the version at ``uri`` when its weights are the ones recorded (``sha256``): for a
+    version published before runs had prefixes of their own (``<url>/v<K>``), which another run
+    on the same URL may have written over since. Remote: the manifest's ``weights_sha256``; a local
+    directory: its ``*.safetensors`` read again. Returns whether it was deleted (``False``: gone
+    already, or not these weights).
+
+    Raises:
+        Exception: the storage library's error (unreachable, denied).
+    """
+    from fsspec.implementations.local import LocalFileSystem
+
+    if not sha256:
+        return False
+    fs, root = filesystem(uri, options)
+    root = root.rstrip("/")
+    fs.invalidate_cache()
+    if isinstance(fs, LocalFileSystem):
+        path = Path(root)
+        if not path.is_dir() or not any(path.glob("*.safetensors")) or weights_sha256(path) != sha256:
+            return False
+        shutil.rmtree(path)
+        return True
+    try:
+        data = fs.cat_file(f"{root}/{MANIFEST}", start=0, end=MAX_MANIFEST)
+    except FileNotFoundError:
+        return False
+    try:
+        recorded = json.loads(data).get("weights_sha256")
+    except (ValueError, AttributeError):
+        return False
+    if recorded != sha256:
+        return False
+    fs.rm(root, recursive=True)
+    return True
+
+
 # ---------------------------------------------------------------------- the collector's cache
+
+#: the most bytes a ``manifest.json`` may hold, read with one ranged read (a larger one is refused
+#: unread): the learner's lists a version's files in a few KiB (about 120 bytes a file)
+MANIFEST_MAX_BYTES = 1 << 20
+#: the most files a manifest may list (a 70B model in 30 shards with its tokenizer lists about 40)
+MANIFEST_MAX_FILES = 4096
+#: what a version may hold besides its weights (:func:`size_bound`): config, tokenizer and chat
+#: template files (Gemma's tokenizer.json, the largest we know, is 34 MB), the shards' index
+NON_WEIGHT_BYTES = 256 << 20
+#: the fields of a storage object's info that change when it is rewritten (S3's ETag, a local
+#: file's mtime, ...): what says that a refused version's objects changed (:class:`Rejected`)
+_IDENTITY = ("ETag", "etag", "LastModified", "last_modified", "mtime", "created", "generation", "md5Hash", "size")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+class Rejected(FetchFailed):
+    """What storage holds for a version is not what was published, or cannot be: a manifest that
+    is not the recorded one (``policy_versions.manifest_sha256``) or cannot be read, a file that
+    fails its sha256 or is not the size listed, more bytes than the run's model can be. The cache
+    does not download it again until the version's row or its objects change; a caller that retries
+    waits for that (``again``: this try found them unchanged since they were refused, and
+    downloaded nothing)."""
+
+    def __init__(self, message: str, *, again: bool = False):
+        super().__init__(message)
+        self.again = again
+
+
+def size_bound(model: str | Path | None) -> int | None:
+    """The most bytes a published version of a run of ``model`` (the run's base model directory)
+    can hold: each of its parameters at 4 bytes (float32, the widest dtype the learner writes), a
+    quarter more (an export that stores a tied embedding twice, headers), and
+    :data:`NON_WEIGHT_BYTES` for its config and tokenizer files. The parameters are counted from the
+    safetensors headers (nothing is loaded); pickled weights alone (``*.bin``) count as at least 2
+    bytes a parameter. ``None`` when ``model`` is not a directory with weights (then only the
+    manifest's own limits apply)."""
+    import math
+
+    d = Path(model) if model is not None else None
+    if d is None or not d.is_dir():
+        return None
+    params = 0
+    shards = sorted(d.glob("*.safetensors"))
+    if shards:
+        from safetensors import safe_open
+
+        for f in shards:
+            with safe_open(f, framework="numpy") as fh:  # reads the header only
+                params += sum(math.prod(fh.get_slice(k).get_shape()) for k in fh.keys())
+    else:
+        params = sum(f.stat().st_size for f in d.iterdir() if f.suffix in (".bin", ".pt", ".pth")) // 2
+    if params == 0:
+        return None
+    return params * 4 * 5 // 4 + NON_WEIGHT_BYTES
+
+
+def _show(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _kind(value: Any) -> str:
+    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean", type(None): "null"}.get(
+        type(value), "a number")
+
+
+def _unsafe(name: str) -> str | None:
+    """Why ``name`` (a file a manifest lists) is not a plain path inside the version; ``None`` if it is."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return "not UTF-8"
+    parts = name.split("/")
+    if name.startswith("/") or ".." in parts:
+        return "outside the version"
+    if "" in parts or "." in parts or "\\" in name or any(ord(c) < 32 or ord(c) == 127 for c in name):
+        return "not a plain relative path"
+    if any(p.startswith(".") for p in parts) or name.endswith(".part"):
+        return "a name the cache keeps for itself (hidden, or *.part)"
+    if len(name) > 1024 or any(len(p.encode()) > 255 for p in parts):
+        return "too long a name"
+    return None
+
+
+def parse_manifest(data: bytes, where: str) -> tuple[list[tuple[str, int, str]], str | None]:
+    """The files a ``manifest.json`` lists, as ``(name, size, sha256)``, and its ``weights_sha256``
+    (``None`` if absent). ``where``: the manifest's URL, masked, for the messages.
+
+    Raises:
+        Rejected: one line naming ``where`` and what is wrong (not UTF-8, not JSON, a key missing,
+            a value of the wrong type, a name outside the version, too many files).
+    """
+    def bad(why: str) -> Rejected:
+        return Rejected(f"{where}: {why}")
+
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise bad(f"not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start})") from None
+    try:
+        man = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise bad(f"not valid JSON ({e.msg}: line {e.lineno} column {e.colno})") from None
+    except (ValueError, RecursionError) as e:  # an integer of 5,000 digits; [[[[... nested too deep
+        raise bad(f"not valid JSON ({type(e).__name__}: {str(e)[:80]})") from None
+    if not isinstance(man, dict):
+        raise bad(f"holds {_kind(man)}, not an object with a 'files' list")
+    if "files" not in man:
+        raise bad("has no key 'files'")
+    files = man["files"]
+    if not isinstance(files, list):
+        raise bad(f"'files' is {_kind(files)}, not a list")
+    if not files:
+        raise bad("lists no file")
+    if len(files) > MANIFEST_MAX_FILES:
+        raise bad(f"lists {len(files):,} files, more than the {MANIFEST_MAX_FILES:,} a version may have")
+    out: list[tuple[str, int, str]] = []
+    names: set[str] = set()
+    for i, f in enumerate(files):
+        at = f"files[{i}]"
+        if not isinstance(f, dict):
+            raise bad(f"{at} is {_kind(f)}, not an object with name, size and sha256")
+        for key in ("name", "size", "sha256"):
+            if key not in f:
+                raise bad(f"{at} has no key {key!r}")
+        name, size, digest = f["name"], f["size"], f["sha256"]
+        if not isinstance(name, str):
+            raise bad(f"{at}.name is {_kind(name)}, not a string")
+        if (problem := _unsafe(name)) is not None:
+            raise bad(f"names {_show(name)}, {problem}")
+        if type(size) is not int or size < 0:
+            raise bad(f"{at}.size is {_show(size)}, not a whole number of bytes")
+        if not isinstance(digest, str) or not _SHA256.fullmatch(digest):
+            raise bad(f"{at}.sha256 is {_show(digest)}, not 64 lower-case hex digits")
+        if name in names:
+            raise bad(f"names {_show(name)} twice")
+        names.add(name)
+        out.append((name, size, digest))
+    folders = {n.rsplit("/", i)[0] for n in names for i in range(1, n.count("/") + 1)}
+    if clash := sorted(names & folders):
+        raise bad(f"names {_show(clash[0])} both as a file and as a folder")
+    weights = man.get("weights_sha256")
+    if weights is not None and (not isinstance(weights, str) or not _SHA256.fullmatch(weights)):
+        raise bad(f"weights_sha256 is {_show(weights)}, not 64 lower-case hex digits")
+    return out, weights
+
 
 def cache_root(run: str) -> Path:
     """``$REFLEXDB_HOME/cache/<run>``: where a collector keeps the versions it fetched."""
@@ -429,34 +771,63 @@ def cache_root(run: str) -> Path:
     return home() / "cache" / re.sub(r"[^A-Za-z0-9._-]", "_", run).lstrip(".")
 
 
+def _gib(n: int) -> str:
+    return f"{n / 2**30:,.2f} GiB" if n >= 2**30 else f"{n / 2**20:,.1f} MiB"
+
+
 class CheckpointCache:
     """The versions a collector (or ``reflexdb eval``) fetched from storage, under ``root``.
 
-    ``v<K>/`` is a whole, verified version (its ``.source`` says the URL and sha256 it was fetched
-    for); ``v<K>.partial/`` a download under way or broken off, resumed by the next :meth:`fetch`.
-    A lock file per version lets collectors that share a home fetch it once.
+    ``v<K>/`` is a whole, verified version (its ``.source`` says the URL and digests it was fetched
+    for) holding only the files its manifest lists; ``v<K>.partial/`` a download under way or broken
+    off, resumed by the next :meth:`fetch`; ``.v<K>.rejected`` what was refused of a version (see
+    :class:`Rejected`). A lock file per version lets collectors that share a home fetch it once.
+    ``max_bytes``: the most a version may hold (:func:`size_bound`), checked before downloading.
     """
 
-    def __init__(self, root: Path, options: dict[str, Any] | None = None, *, keep: int = 2):
-        self.root, self.options, self.keep = Path(root), options or {}, keep
+    def __init__(self, root: Path, options: dict[str, Any] | None = None, *, keep: int = 2,
+                 max_bytes: int | None = None):
+        self.root, self.options, self.keep, self.max_bytes = Path(root), options or {}, keep, max_bytes
 
     def path(self, version: int) -> Path:
         return self.root / f"v{version}"
 
-    def fetch(self, uri: str, version: int, sha256: str | None) -> Path:
-        """The local directory of version ``version`` published at ``uri`` with ``sha256``,
-        downloaded (or its download resumed) and verified if the cache lacks it.
+    @staticmethod
+    def _source(uri: str, sha256: str | None, manifest_sha256: str | None) -> str:
+        return json.dumps({"uri": uri, "sha256": sha256, "manifest_sha256": manifest_sha256})
+
+    def cached(self, uri: str, version: int, sha256: str | None, manifest_sha256: str | None = None) -> Path | None:
+        """The directory of version ``version`` if the cache holds it whole, fetched and verified for
+        this row (``uri`` and its digests); ``None`` if not."""
+        final = self.path(version)
+        return final if self._whole(final, self._source(uri, sha256, manifest_sha256)) else None
+
+    def versions(self) -> list[int]:
+        """The versions the cache holds whole, oldest first (for which rows: :meth:`cached`)."""
+        return sorted(int(p.name[1:]) for p in self.root.glob("v*") if p.name[1:].isdigit() and p.is_dir())
+
+    def fetch(self, uri: str, version: int, sha256: str | None, manifest_sha256: str | None = None) -> Path:
+        """The local directory of version ``version`` published at ``uri`` with ``sha256`` (of its
+        weights) and ``manifest_sha256`` (of its manifest; ``None``: a version published before
+        revision 0029, whose weights alone are checked against the database), downloaded (or its
+        download resumed) and verified if the cache lacks it.
+
+        The manifest is read first (at most :data:`MANIFEST_MAX_BYTES`) and checked against
+        ``manifest_sha256`` before anything else; then its form, the size it lists against
+        ``max_bytes``, and each listed object's size in storage; only listed files are downloaded,
+        each checked against the manifest's sha256, and nothing else is kept.
 
         Raises:
             NotFound: nothing is published at ``uri`` (pruned, or deleted).
-            FetchFailed: a file is missing or differs from the manifest or the recorded sha256
-                (the file is removed: the next try downloads it again).
+            Rejected: storage holds something other than what was published (see the class); it is
+                not downloaded again until the row or the objects change.
+            FetchFailed: a listed object is missing, or the cache's disk has no room; try again later.
             Exception: the storage library's error (unreachable, denied, timed out): try again later.
         """
         from .settings import make_dirs
 
         make_dirs(self.root)
-        source = json.dumps({"uri": uri, "sha256": sha256})
+        source = self._source(uri, sha256, manifest_sha256)
         final = self.path(version)
         if self._whole(final, source):
             return final
@@ -470,7 +841,7 @@ class CheckpointCache:
                 shutil.rmtree(partial)
             partial.mkdir(exist_ok=True)
             (partial / ".source").write_text(source)
-            self._download(uri, partial, sha256)
+            self._download(uri, partial, sha256, manifest_sha256, source, self.root / f".v{version}.rejected")
             os.replace(partial, final)
         self._prune(version)
         return final
@@ -482,23 +853,99 @@ class CheckpointCache:
         except OSError:
             return False
 
-    def _download(self, uri: str, partial: Path, sha256: str | None) -> None:
+    def _download(self, uri: str, partial: Path, sha256: str | None, manifest_sha256: str | None, source: str,
+                  refused: Path) -> None:
         fs, root = filesystem(uri, self.options)
         root = root.rstrip("/")
+        where = mask(uri)
         fs.invalidate_cache()
+        data = self._manifest(fs, root, uri)
+        digest = hashlib.sha256(data).hexdigest()
+        if manifest_sha256 is not None and digest != manifest_sha256:
+            raise Rejected(f"{where}/{MANIFEST}: sha256 {digest[:12]}… is not the recorded {manifest_sha256[:12]}… "
+                           "(policy_versions.manifest_sha256): the files in storage are not the version that was "
+                           "published; nothing it lists was read")
+        files, weights = parse_manifest(data, f"{where}/{MANIFEST}")
+        if sha256 is not None and weights is not None and weights != sha256:
+            raise Rejected(f"{where}: the weights' sha256 {weights[:12]}… in its {MANIFEST} is not the recorded "
+                           f"{sha256[:12]}… (policy_versions.sha256): the files in storage are not the version that "
+                           "was published; nothing it lists was read")
+        total = sum(size for _, size, _ in files)
+        if self.max_bytes is not None and total > self.max_bytes:
+            raise Rejected(f"{where}/{MANIFEST} lists {total:,} bytes ({_gib(total)}) in {len(files)} file(s), more "
+                           f"than a version of this run's model can hold ({_gib(self.max_bytes)}: its parameters at "
+                           f"4 bytes, a quarter more, and {NON_WEIGHT_BYTES >> 20} MiB for config and tokenizer "
+                           "files); refused before downloading anything")
+        objects = {}
+        for name, size, _ in files:  # one HEAD each: the size in storage, and what says it changed
+            try:
+                info = fs.info(f"{root}/{name}")
+            except FileNotFoundError:
+                raise FetchFailed(f"{where}/{name}: listed in {MANIFEST} but not in storage (deleted, or pruned "
+                                  "meanwhile)") from None
+            held = info.get("size")
+            if held is not None and int(held) != size:
+                raise Rejected(f"{where}/{name} holds {int(held):,} bytes, {MANIFEST} lists {size:,}: not the file "
+                               "that was published; refused before downloading it")
+            objects[name] = {k: str(info[k]) for k in _IDENTITY if info.get(k) is not None}
+        fingerprint = hashlib.sha256(data + json.dumps(objects, sort_keys=True).encode()).hexdigest()
         try:
-            man = json.loads(fs.cat_file(f"{root}/{MANIFEST}"))
+            before = json.loads(refused.read_text())
+        except (OSError, ValueError):
+            before = None
+        if isinstance(before, dict) and before.get("source") == source and before.get("fingerprint") == fingerprint:
+            raise Rejected(f"{before.get('why')} (its row and objects are unchanged since: nothing was downloaded "
+                           "again)", again=True)
+        try:
+            self._files(fs, root, where, partial, files, sha256)
+        except Rejected as exc:
+            refused.write_text(json.dumps({"source": source, "fingerprint": fingerprint, "why": str(exc)}))
+            raise
+        refused.unlink(missing_ok=True)
+
+    @staticmethod
+    def _manifest(fs, root: str, uri: str) -> bytes:
+        """The bytes of ``manifest.json``, at most :data:`MANIFEST_MAX_BYTES` (one ranged read)."""
+        try:
+            data = fs.cat_file(f"{root}/{MANIFEST}", start=0, end=MANIFEST_MAX_BYTES + 1)
         except FileNotFoundError:
             if not fs.exists(root):
                 raise NotFound(f"nothing is published at {mask(uri)} (pruned by learner.keep_policies, or "
                                "deleted)") from None
             raise FetchFailed(f"{mask(uri)} has no {MANIFEST}: its upload did not finish") from None
-        for f in man["files"]:
-            name, size = f["name"], int(f["size"])
-            if ".." in name.split("/") or name.startswith("/"):
-                raise FetchFailed(f"{mask(uri)}: {MANIFEST} names {name!r}, outside the version")
+        if len(data) > MANIFEST_MAX_BYTES:
+            raise Rejected(f"{mask(uri)}/{MANIFEST} holds more than {MANIFEST_MAX_BYTES >> 20} MiB (the learner "
+                           "writes a few KiB): refused unread")
+        return data
+
+    def _files(self, fs, root: str, where: str, partial: Path, files: list[tuple[str, int, str]],
+               sha256: str | None) -> None:
+        """Download the listed files into ``partial`` (resuming ``.part`` files with ranged reads),
+        remove anything else there, and check each against the manifest and the weights against
+        ``sha256``."""
+        listed = {name for name, _, _ in files}
+        for p in sorted(partial.rglob("*"), reverse=True):  # what no manifest of this row lists: never kept
+            rel = p.relative_to(partial).as_posix()
+            if (p.is_file() or p.is_symlink()) and rel != ".source" and rel.removesuffix(".part") not in listed:
+                p.unlink()
+            elif p.is_dir() and not p.is_symlink() and not any(p.iterdir()):
+                p.rmdir()
+
+        def have(name: str, size: int) -> int:
             dest = partial / name
-            if dest.exists() and dest.stat().st_size == size:
+            if dest.is_file() and dest.stat().st_size == size:
+                return size
+            part = dest.with_name(dest.name + ".part")
+            return min(part.stat().st_size, size) if part.is_file() else 0
+
+        need = sum(size - have(name, size) for name, size, _ in files)
+        free = shutil.disk_usage(partial).free
+        if need > free:
+            raise FetchFailed(f"{where}: needs {_gib(need)} more in {partial.parent}, which has {_gib(free)} free; "
+                              "free space there (collector.checkpoint_cache_versions keeps fewer versions)")
+        for name, size, _ in files:
+            dest = partial / name
+            if dest.is_file() and dest.stat().st_size == size:
                 continue  # downloaded whole by an earlier try (checked below with the others)
             dest.parent.mkdir(parents=True, exist_ok=True)
             part = dest.with_name(dest.name + ".part")
@@ -509,31 +956,40 @@ class CheckpointCache:
             with open(part, "ab") as out:
                 while offset < size:  # ranged reads, from where the last try stopped
                     end = min(offset + CHUNK, size)
-                    data = fs.cat_file(f"{root}/{name}", start=offset, end=end)
+                    try:
+                        data = fs.cat_file(f"{root}/{name}", start=offset, end=end)
+                    except FileNotFoundError:
+                        raise FetchFailed(f"{where}/{name}: listed in {MANIFEST} but gone from storage (deleted, or "
+                                          "pruned meanwhile)") from None
                     if len(data) != end - offset:
-                        raise FetchFailed(f"{mask(uri)}/{name}: asked for bytes {offset}-{end}, got {len(data)} "
-                                          "(the server does not honour ranged reads?)")
+                        out.close()
+                        part.unlink()
+                        raise FetchFailed(f"{where}/{name}: asked for bytes {offset}-{end}, got {len(data)}: the "
+                                          f"object is not the {size:,} bytes {MANIFEST} lists (rewritten meanwhile?), "
+                                          "or the server does not honour ranged reads")
                     out.write(data)
                     offset = end
             os.replace(part, dest)
-        names = [f["name"] for f in man["files"]]
+        names = [name for name, _, _ in files]
         digests, weights = _digests(partial, names)
-        for f in man["files"]:
-            if digests[f["name"]] != f["sha256"]:
-                (partial / f["name"]).unlink()
-                raise FetchFailed(f"{mask(uri)}/{f['name']}: sha256 {digests[f['name']][:12]}… is not the "
-                                  f"manifest's {f['sha256'][:12]}…; removed, downloaded again at the next try")
+        wrong = [(name, want) for name, _, want in files if digests[name] != want]
+        for name, _ in wrong:
+            (partial / name).unlink()
+        if wrong:
+            name, want = wrong[0]
+            more = f" (and {len(wrong) - 1} other file(s))" if len(wrong) > 1 else ""
+            raise Rejected(f"{where}/{name}: sha256 {digests[name][:12]}… is not the manifest's {want[:12]}…{more}; "
+                           "removed, and not downloaded again until the version's objects in storage change")
         if sha256 is not None and weights != sha256:
             for name in names:
                 if name.endswith(".safetensors"):
                     (partial / name).unlink()
-            raise FetchFailed(f"{mask(uri)}: the weights' sha256 {weights[:12]}… is not the recorded "
-                              f"{sha256[:12]}… (policy_versions.sha256): the files in storage are not the "
-                              "version that was published")
+            raise Rejected(f"{where}: the weights' sha256 {weights[:12]}… is not the recorded {sha256[:12]}… "
+                           "(policy_versions.sha256): the files in storage are not the version that was published")
 
     def _prune(self, newest: int) -> None:
         """Keep the newest ``keep`` whole versions (and partial ones newer than those)."""
-        whole = sorted(int(p.name[1:]) for p in self.root.glob("v*") if p.name[1:].isdigit() and p.is_dir())
+        whole = self.versions()
         kept = set(whole[-self.keep:]) | {newest}
         floor = min(kept)
         for p in self.root.glob("v*"):
@@ -544,21 +1000,27 @@ class CheckpointCache:
             if (p.name == stem and v not in kept) or (p.name != stem and v < floor):
                 shutil.rmtree(p, ignore_errors=True)
                 (self.root / f".{stem}.lock").unlink(missing_ok=True)
+        for p in self.root.glob(".v*.rejected"):
+            stem = p.name[1:].removesuffix(".rejected")
+            if stem[1:].isdigit() and int(stem[1:]) < floor:
+                p.unlink(missing_ok=True)
 
 
 def fetch_with_retries(cache: CheckpointCache, uri: str, version: int, sha256: str | None, *, limit_s: float,
-                       echo: Callable[[str], None] = print) -> Path:
-    """:meth:`CheckpointCache.fetch`, retried with backoff for ``limit_s`` seconds (``reflexdb eval``).
+                       manifest_sha256: str | None = None, echo: Callable[[str], None] = print) -> Path:
+    """:meth:`CheckpointCache.fetch`, retried with backoff for ``limit_s`` seconds (``reflexdb eval``);
+    a :class:`Rejected` version is not retried (its bytes will not change by waiting).
 
     Raises:
         NotFound: nothing is published there.
+        Rejected: storage holds something other than what was published.
         StorageError: it kept failing; the message names the URL and the last cause.
     """
     t0 = time.monotonic()
     try:
         for tried in _retrying(limit_s, f"fetching policy v{version} from {mask(uri)}", uri, echo):
             with tried:
-                return cache.fetch(uri, version, sha256)
+                return cache.fetch(uri, version, sha256, manifest_sha256)
     except (NotFound, StorageError):
         raise
     except Exception as exc:  # noqa: BLE001

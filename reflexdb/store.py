@@ -318,6 +318,17 @@ class Store:
             raise
         raise AssertionError("unreachable")
 
+    def record_embedding_dim(self, run_id: int, dim: int, model: str) -> int:
+        """Record the run's embedding dimension ``dim`` (the model's hidden size) unless one is
+        recorded already; return the run's. The learner does it at start, so that collectors whose
+        login may not update runs (the collector role) find it."""
+        with self.transaction() as conn:
+            row = conn.execute(Q["claim_embedding_dim"], {"dim": dim, "model": model, "run_id": run_id}).fetchone() \
+                or conn.execute(Q["run_embedding_dim"], {"run_id": run_id}).fetchone()
+        if row is None:
+            raise NotFound(f"no run with id {run_id}")
+        return row[0]
+
     def run_id(self, name: str) -> int:
         with self.engine.connect() as conn:
             rid = conn.execute(select(schema.runs.c.id).where(schema.runs.c.name == name)).scalar()
@@ -498,9 +509,12 @@ class Store:
         run_id = p.src.run_id
         dim = self._embedding_dims.get(run_id) or self._claimed_dims.get(run_id)
         if dim is None:
-            row = cur.execute(
-                Q["claim_embedding_dim"], {"dim": p.embedding_dim, "model": p.src.embedding_model, "run_id": run_id}
-            ).fetchone() or cur.execute(Q["run_embedding_dim"], {"run_id": run_id}).fetchone()
+            # read first: a login that may not update runs (the collector role) finds it recorded by the learner
+            row = cur.execute(Q["run_embedding_dim"], {"run_id": run_id}).fetchone()
+            if row is not None and row[0] is None:
+                row = cur.execute(
+                    Q["claim_embedding_dim"], {"dim": p.embedding_dim, "model": p.src.embedding_model, "run_id": run_id}
+                ).fetchone() or cur.execute(Q["run_embedding_dim"], {"run_id": run_id}).fetchone()
             if row is None:
                 raise InvalidGroup("run_id", f"run {run_id} does not exist")
             dim = row[0]  # cached by write_groups only once this transaction has committed
@@ -661,15 +675,19 @@ class Store:
 
     def publish_policy(
         self, run_id: int, version: int, checkpoint_uri: str, *, sha256: str | None = None, step: int = 0,
-        meta: dict | None = None,
+        meta: dict | None = None, manifest_sha256: str | None = None,
     ) -> PolicyVersion:
-        """Record a new policy version and NOTIFY collectors (delivered when the row commits)."""
+        """Record a new policy version and NOTIFY collectors (delivered when the row commits).
+
+        ``sha256``: of the weights (:func:`reflexdb.storage.weights_sha256`); ``manifest_sha256``: of
+        the ``manifest.json`` uploaded with a version in object storage (:func:`reflexdb.storage.upload`),
+        through which collectors check every file of it."""
         try:
             with self.transaction() as conn:
                 row = conn.execute(
                     Q["insert_policy"],
                     {"run_id": run_id, "version": version, "checkpoint_uri": checkpoint_uri, "sha256": sha256,
-                     "step": step, "meta": Jsonb(meta or {})},
+                     "step": step, "meta": Jsonb(meta or {}), "manifest_sha256": manifest_sha256},
                 ).fetchone()
         except psycopg.errors.UniqueViolation:
             row = None
@@ -679,7 +697,8 @@ class Store:
             # The same version again is a retry whose first commit was not acknowledged; another
             # version under the same number is an error.
             existing = self.get_policy(run_id, version)
-            if (existing.checkpoint_uri, existing.sha256, existing.step) != (checkpoint_uri, sha256, step):
+            if (existing.checkpoint_uri, existing.sha256, existing.step, existing.manifest_sha256) != (
+                    checkpoint_uri, sha256, step, manifest_sha256):
                 raise ReflexdbError(f"run {run_id} already has policy version {version}")
             return existing
         return PolicyVersion(*row)

@@ -19,7 +19,11 @@
   only G − k fresh groups while imported ones last, and the count goes from the learner's
   position instead: group ``n`` waits behind the ``n − c`` fresh groups not yet consumed (``c``
   consumed by the ``S`` steps so far), at G − k a step for as long as the eligible imported
-  groups fill k a step, then at G; it is consumed by step ``S + m`` of that count.
+  groups fill k a step, then at G; it is consumed by step ``S + m`` of that count. A group the
+  run's method never trains (listed by the view its ``Method.drops`` names: a batch rule that
+  drops zero-variance groups, say) is not counted: no step takes it, so it moves no group to a
+  later step. Groups still to be written are counted as trained (the safe side: a collector may
+  wait a little longer than it must, never start a group that would be too stale).
 """
 
 from __future__ import annotations
@@ -33,7 +37,8 @@ from typing import Any
 
 import numpy as np
 
-from .sqlfile import load_queries
+from .errors import ReflexdbError
+from .sqlfile import load_queries, relation
 from .storable import storable_text
 from .store import Store
 
@@ -190,31 +195,77 @@ class Admission:
     next_group: int  # run-wide index of the group about to start
     consume_version: int  # the learner version expected to consume it
     staleness: int  # consume_version - the collector's version
+    room: int = 0  # groups that may start now, this one first (0: none): a batch claims at most these
 
 
 def admission(
     store: Store, run_id: int, collector: str, *, policy_version: int, eta: int, groups_per_step: int,
     publish_every: int, claim_ttl_s: float = 600.0, imported_per_step: int = 0, in_flight: int = 0,
+    drops: str | None = None,
 ) -> Admission:
     """May ``collector`` (holding ``policy_version``) start another on-policy group now?
 
     ``in_flight``: groups other collectors are making from claims other than tasks' (a method's
     work, counted by its workflow's ``in_flight``: NexGRPO's claimed replay requests).
+    ``drops``: the view of the groups the run's method never trains (``Method.drops``): they are
+    not counted.
     """
+    from psycopg import sql
+
+    produced = sql.SQL(W["produced_groups"]).format(drops=relation(drops, "group_id"))
     with store.transaction() as conn:
         written, claimed = conn.execute(
-            W["produced_groups"], {"run_id": run_id, "collector": collector, "ttl": claim_ttl_s}
+            produced, {"run_id": run_id, "collector": collector, "ttl": claim_ttl_s}
         ).fetchone()
         n = written + claimed + in_flight
-        G = max(1, groups_per_step)
+        G, P = max(1, groups_per_step), max(1, publish_every)
         if imported_per_step > 0:
             steps, consumed, imported_left = conn.execute(W["imported_share"], {"run_id": run_id}).fetchone()
-            step = steps + steps_until_consumed(n - consumed, G, min(imported_per_step, G), int(imported_left))
+
+            def step_of(j: int) -> int:  # the step that consumes the group j places after group n
+                return steps + steps_until_consumed(n + j - consumed, G, min(imported_per_step, G), int(imported_left))
         else:
-            step = n // G
-    consume_version = step // max(1, publish_every)
-    stale = consume_version - policy_version
-    return Admission(stale <= eta, n, consume_version, stale)
+            def step_of(j: int) -> int:
+                return (n + j) // G
+    stale = step_of(0) // P - policy_version
+    room = 0
+    if stale <= eta:  # the last place whose group is consumed within the bound (step_of never decreases)
+        room, hi = 1, 2
+        while step_of(hi - 1) // P - policy_version <= eta:
+            room, hi = hi, hi * 2
+        while hi - room > 1:
+            mid = (room + hi) // 2
+            room, hi = (mid, hi) if step_of(mid - 1) // P - policy_version <= eta else (room, mid)
+    return Admission(stale <= eta, n, step_of(0) // P, stale, room)
+
+
+def check_drops(store: Store, method: str, drops: str | None) -> None:
+    """Refuse to start when the view ``drops`` that method ``method`` declares (``Method.drops``)
+    cannot be read here: missing (its migration branch not applied), without a ``group_id``
+    column, or not readable by this login.
+
+    Raises:
+        ReflexdbError: naming the method, the view and the way out.
+    """
+    import psycopg
+    from psycopg import sql
+
+    if drops is None:
+        return
+    probe = sql.SQL("SELECT group_id FROM {} LIMIT 0").format(relation(drops, "group_id"))
+    where = f"method {method!r} declares the groups it never trains in {drops!r} (Method.drops)"
+    try:
+        with store.transaction() as conn:
+            conn.execute(probe)
+    except psycopg.errors.UndefinedTable:
+        raise ReflexdbError(f"{where}, but the database has no such view: its migration branch creates it "
+                            "(run `reflexdb db upgrade` with the method's package installed)") from None
+    except psycopg.errors.UndefinedColumn:
+        raise ReflexdbError(f"{where}, but it has no column group_id: admission control and the learner read "
+                            "the group ids there") from None
+    except psycopg.errors.InsufficientPrivilege:
+        raise ReflexdbError(f"{where}, but this login may not read it: the method's sql/roles.sql grants SELECT "
+                            "on it to reflexdb_collector (then run `reflexdb db roles`)") from None
 
 
 def steps_until_consumed(ahead: int, groups_per_step: int, imported_per_step: int, imported_left: int) -> int:

@@ -72,6 +72,7 @@ LONG_TESTS = {
     "tests/e2e/test_gpu_suite.py::test_dry_run_measures_every_stage_on_the_cpu": 95,
     "tests/e2e/test_quickstart.py::test_quickstart_short_mode_end_to_end": 95,
     "tests/e2e/test_reliability.py::test_backup_of_a_live_run_restores_and_resumes_with_nothing_lost": 55,
+    "tests/e2e/test_method_drops.py": 50,  # 50 learner steps at max_staleness 1 (issue 60)
     "tests/store/test_reliability.py::test_the_learner_rides_out_a_database_outage": 37,
     "tests/e2e/test_smollm2.py::test_three_attempt_episode_with_smollm2": 35,
     "tests/methods/r3l/store/test_r3l.py::test_the_learner_trains_exploration_groups_and_the_sft_pairs": 34,

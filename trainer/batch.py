@@ -21,7 +21,7 @@ import torch
 
 from reflexdb import Group, Store, Trajectory
 from reflexdb.origins import Origin, matching
-from reflexdb.sqlfile import load_queries
+from reflexdb.sqlfile import load_queries, relation
 
 Q = load_queries()
 
@@ -155,7 +155,8 @@ class Selection:
     extra: list[int] = field(default_factory=list)
 
 
-def eligible_group_ids(store: Store, run_id: int, n: int, *, min_version: int | None = None) -> Selection:
+def eligible_group_ids(store: Store, run_id: int, n: int, *, min_version: int | None = None,
+                       drops: str | None = None) -> Selection:
     """The ``n`` oldest eligible groups of the run (see the view ``learner_eligible``).
 
     Args:
@@ -166,13 +167,18 @@ def eligible_group_ids(store: Store, run_id: int, n: int, *, min_version: int | 
             eligible group is ever below it. (A bound on group *ids* was used once, and skipped
             groups whose writers committed after newer ids had been trained: ids are handed out
             at INSERT, not at COMMIT.)
+        drops: the view of the groups the method never trains (``Method.drops``, column
+            ``group_id``): left out. ``None``: none is.
 
     Returns:
         The ids in increasing order, and the query's snapshot.
     """
+    from psycopg import sql
+
     params = {"run_id": run_id, "n": n, "min_version": min_version if min_version is not None else -2**31}
+    query = sql.SQL(Q["eligible_groups"]).format(drops=relation(drops, "group_id"))
     with store.transaction() as conn:
-        ids, snapshot = conn.execute(Q["eligible_groups"], params).fetchone()
+        ids, snapshot = conn.execute(query, params).fetchone()
     return Selection([int(g) for g in ids or ()], snapshot)
 
 

@@ -22,9 +22,18 @@ stop and :meth:`Checkpointer.wait` wait for it first, and raise its error there
 With a remote ``learner.checkpoint_url`` (``url``: ``s3://...``), the version's files are written
 locally as always, then uploaded to ``<url>/vK/`` (reflexdb/storage.py, retried for
 ``upload_retry_s``; in the writer thread when in the background), and only then is the row
-recorded, naming ``<url>/vK``: a collector never sees a version that is not wholly uploaded.
+recorded, naming ``<url>/vK`` and the sha256 of the uploaded ``manifest.json`` (every file of the
+version is checked through it): a collector never sees a version that is not wholly uploaded.
 Storage that stays down past ``upload_retry_s`` is a :class:`PublishFailed` naming the URL and the
 cause. Pruning deletes old versions in storage too.
+
+Each run has places of its own: the learner gives its checkpointer ``<checkpoint_dir>/<name>.r<id>``
+and ``<checkpoint_url>/<name>.r<id>`` (:func:`reflexdb.storage.run_prefix`), and each holds a
+marker naming the run (``reflexdb-run.json``): :meth:`Checkpointer.prepare` claims the directory,
+the first upload claims the prefix, and pruning checks it, so a run never publishes into, or
+prunes, another run's versions (:class:`PublishFailed` names the other run). Versions a run
+recorded before it had places of its own (``<url>/vK``, ``<checkpoint_dir>/vK``) are pruned only
+while their weights are still the ones its rows record (another run may have written over them).
 """
 
 from __future__ import annotations
@@ -37,7 +46,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from reflexdb import Store, drill, storage
+from reflexdb import Store, drill, runs, storage
 from reflexdb.errors import ReflexdbError
 from reflexdb.records import PolicyVersion
 from reflexdb.settings import make_dirs
@@ -64,6 +73,16 @@ def _free_space(path: Path) -> str:
         return f"{shutil.disk_usage(path).free / 2**20:,.0f} MiB free in {path}"
     except OSError:
         return f"free space in {path} unknown"
+
+
+def run_places(run_id: int, run: str, directory: Path, url: str | None = None,
+               read_url: str | None = None) -> tuple[Path, str | None, str | None]:
+    """The run's own places under the configured ones: ``(<directory>/<name>.r<id>,
+    <url>/<name>.r<id>, <read_url>/<name>.r<id>)`` (:func:`reflexdb.storage.run_prefix`; ``None``
+    stays ``None``), so runs that share a ``checkpoint_dir`` or ``checkpoint_url`` never share versions."""
+    key = storage.run_key(run_id, run)
+    return (Path(directory) / key, storage.run_prefix(url, run_id, run) if url else None,
+            storage.run_prefix(read_url, run_id, run) if read_url else None)
 
 
 def find_resume(store: Store, run_id: int, run: str,
@@ -114,11 +133,27 @@ class Checkpointer:
         self.published_any = False  # whether any version exists (the first publish is version 0)
         self.since_state = 0  # publishes since the last one that wrote the learner state
         self.last_has_state = True
+        self.owner: storage.Owner | None = None  # the run, as the markers of its places name it (prepare)
+        # versions recorded at other places than this run's own (before runs had their own): pruned when verified
+        self._elsewhere: list[tuple[int, str, str | None]] = []
 
     def prepare(self) -> None:
-        """Create the directory and remove what publishes that were killed or failed left there."""
+        """Create the directory, claim it for the run (refused when its marker names another run),
+        and remove what publishes that were killed or failed left there.
+
+        Raises:
+            PublishFailed: the directory is another run's; nothing in it was touched.
+        """
         if self.main:
             make_dirs(self.dir)
+            self.owner = self.db(lambda: runs.owner(self.store, self.run_id))
+            try:  # before anything is removed there: the temporary files could be another run's
+                storage.claim(str(self.dir), None, self.owner)
+            except storage.PrefixOwned as exc:
+                raise PublishFailed(f"learner.checkpoint_dir: {exc}") from None
+            self._elsewhere = [(v, (meta or {}).get("stored_at") or uri, sha)
+                               for v, uri, sha, meta in self.db(lambda: runs.published(self.store, self.run_id))
+                               if not self._own((meta or {}).get("stored_at") or uri)]
             for path in clean_partial_files(self.dir):
                 self.echo(f"removed {path}, left by a publish that did not finish")
             if self.url is not None:
@@ -126,6 +161,12 @@ class Checkpointer:
                     storage.filesystem(self.url, self.storage_options)
                 except storage.StorageError as exc:
                     raise PublishFailed(f"learner.checkpoint_url: {exc}") from None
+
+    def _own(self, uri: str) -> bool:
+        """Whether ``uri`` lies in this run's own places (its directory, or its prefix in storage)."""
+        if storage.is_remote(uri):
+            return any(base is not None and uri.startswith(base.rstrip("/") + "/") for base in (self.url, self.read_url))
+        return storage.local_path(uri).is_relative_to(self.dir)
 
     def restore(self, latest: PolicyVersion, stateful: PolicyVersion) -> tuple[int, int]:
         """Load ``stateful``'s learner state into the engine and roll back the steps recorded after
@@ -214,15 +255,17 @@ class Checkpointer:
             if state:
                 self.engine.save_state(states, tag, {"step": step, "version": version})
             sha = self.engine.export_hf(weights, state_dict=snapshot)
-        uri = f"file://{weights}"
+        uri, manifest_sha = f"file://{weights}", None
         if self.main:
-            if self.url is not None:  # uploaded whole before the row names it
-                uri = self._upload(weights, version, step, previous)
             meta = {"mlflow_run_id": getattr(tracker, "run_id", None)}
+            if self.url is not None:  # uploaded whole before the row names it
+                uri, stored, manifest_sha = self._upload(weights, version, step, previous)
+                if stored != uri:  # read by collectors elsewhere (read_url): where `runs delete` deletes it
+                    meta["stored_at"] = stored
             if state:
                 meta.update(learner_state=str(states), state_tag=tag)
             self.db(lambda: self.store.publish_policy(self.run_id, version, uri, sha256=sha,
-                                                      step=step, meta=meta))
+                                                      step=step, meta=meta, manifest_sha256=manifest_sha))
             if state:
                 self._prune_states(states)
             self._prune_policies(version)
@@ -232,22 +275,29 @@ class Checkpointer:
         self.echo(f"published policy v{version} at step {step} ({storage.mask(uri) if self.url else weights})"
                   + (" in the background" if snapshot is not None else ""))
 
-    def _upload(self, weights: Path, version: int, step: int, previous: tuple[int, int]) -> str:
-        """Upload version ``version``'s weights to ``<url>/vK`` (retried for ``upload_retry_s``); the
-        URI the row names (``<read_url>/vK`` with a ``read_url``).
+    def _upload(self, weights: Path, version: int, step: int, previous: tuple[int, int]) -> tuple[str, str, str]:
+        """Upload version ``version``'s weights to ``<url>/vK`` (retried for ``upload_retry_s``) once
+        the prefix is this run's (its marker); ``(the URI the row names, the URI uploaded to, the
+        sha256 of the uploaded manifest)``: the first is ``<read_url>/vK`` with a ``read_url``; the
+        last is ``policy_versions.manifest_sha256`` (collectors check every file through it).
 
         Raises:
-            PublishFailed: storage kept failing; nothing was recorded for the version.
+            PublishFailed: the prefix is another run's, or storage kept failing; nothing was recorded
+                for the version.
         """
         uri = storage.version_uri(self.url, version)
         drill.phase("upload")
         try:
-            storage.upload(weights, uri, self.storage_options, limit_s=self.upload_retry_s, echo=self.echo)
+            manifest_sha = storage.upload(weights, uri, self.storage_options, limit_s=self.upload_retry_s, echo=self.echo,
+                           owner=self.owner)
+        except storage.PrefixOwned as exc:
+            raise PublishFailed(f"publishing policy v{version} at step {step} failed: {exc}. Nothing was recorded "
+                                f"for v{version}.") from None
         except storage.StorageError as exc:
             raise PublishFailed(f"publishing policy v{version} at step {step} failed: {exc}. Nothing was recorded "
                                 f"for v{version}. When the storage answers again, run the same command: the learner "
                                 f"resumes from policy v{previous[0]} (step {previous[1]}).") from None
-        return storage.version_uri(self.read_url, version) if self.read_url else uri
+        return (storage.version_uri(self.read_url, version) if self.read_url else uri), uri, manifest_sha
 
     def finish(self, step: int, *, tracker=None) -> None:
         """On a clean stop: publish the steps trained since the last publish, with the learner
@@ -307,4 +357,26 @@ class Checkpointer:
             if d.is_dir() and d.name[1:].isdigit() and int(d.name[1:]) <= newest - self.keep_policies:
                 shutil.rmtree(d, ignore_errors=True)
         if self.url is not None:  # and in storage (a failure there is reported; the next publish prunes again)
-            storage.prune(self.url, self.storage_options, newest, self.keep_policies, echo=self.echo)
+            storage.prune(self.url, self.storage_options, newest, self.keep_policies, echo=self.echo,
+                          owner=self.owner)
+        self._prune_elsewhere(newest - self.keep_policies)
+
+    def _prune_elsewhere(self, floor: int) -> None:
+        """Delete the versions up to ``floor`` that the run recorded before it had places of its own
+        (``<url>/vK``, ``<checkpoint_dir>/vK``), each only if its weights are still the ones recorded
+        (:func:`reflexdb.storage.remove_if_recorded`): a run that shared the URL or the directory may
+        have written over them. A failure is reported; the next publish tries again."""
+        left = []
+        for version, uri, sha in self._elsewhere:
+            if version > floor or storage.scheme(uri) in storage.READ_ONLY:  # https://: nothing to delete through
+                left.append((version, uri, sha))
+                continue
+            options = self.storage_options if self.url is not None and \
+                storage.scheme(uri) == storage.scheme(self.url) else None
+            try:
+                storage.remove_if_recorded(uri, sha, options)
+            except Exception as exc:  # noqa: BLE001 - housekeeping: never stops a publish
+                self.echo(f"could not prune policy v{version} at {storage.mask(uri)} ({storage.reason(exc, uri)}); "
+                          "the next publish tries again")
+                left.append((version, uri, sha))
+        self._elsewhere = left

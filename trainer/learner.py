@@ -43,7 +43,7 @@ from pathlib import Path
 
 import torch
 
-from reflexdb import Store, drill, storage
+from reflexdb import Store, drill, storage, work
 from reflexdb.config import Config
 from reflexdb.errors import ReflexdbError
 from reflexdb.records import TokenSignals
@@ -54,7 +54,7 @@ from reflexdb.tracking import Tracker
 
 from .advantages import advantage_stages
 from .batch import AUXILIARY, Batch, Selection, pack
-from .checkpointer import Checkpointer, find_resume
+from .checkpointer import Checkpointer, find_resume, run_places
 from .engine import EngineSettings, TrainingEngine
 from .losses.registry import get_loss_spec
 from .scoring import Scorer
@@ -122,8 +122,13 @@ class Learner:
         # Every database call below goes through db(): an outage of up to db_retry_s is waited out.
         self.db = DbRetry(self.L.db_retry_s, lambda msg: self.echo(msg), who="the learner")
         self.run_id = self.db(lambda: store.create_run(cfg.run, algorithm=cfg.algorithm, config=cfg.masked()))
-        self.ckpt_dir = Path(self.L.checkpoint_dir or storage.local_dir(self.L.checkpoint_url)
-                             or home() / "checkpoints" / cfg.run).expanduser().resolve()
+        # the view of the groups the method never trains (Method.drops) is readable, or a clear stop
+        self.db(lambda: work.check_drops(store, self.method.name, self.method.drops))
+        # the run's own places: <checkpoint_dir>/<name>.r<id>, <checkpoint_url>/<name>.r<id>, ...
+        self.ckpt_dir, self.ckpt_url, self.ckpt_read_url = run_places(
+            self.run_id, cfg.run, Path(self.L.checkpoint_dir or storage.local_dir(self.L.checkpoint_url)
+                                       or home() / "checkpoints").expanduser().resolve(),
+            storage.remote_url(self.L.checkpoint_url), self.L.checkpoint_read_url)
         self.step_no = 0
         self.checkpoints: Checkpointer | None = None  # built in setup(), with the engine
         self.bad_in_row = 0
@@ -162,8 +167,8 @@ class Learner:
             self.store, self.run_id, self.cfg.run, self.ckpt_dir, self.engine, state_every=self.L.state_every,
             keep_states=self.L.keep_states, keep_policies=self.L.keep_policies, main=self.main, db=self.db,
             echo=lambda msg: self.echo(msg), background=self.L.publish_in_background,
-            url=storage.remote_url(self.L.checkpoint_url), storage_options=self.L.checkpoint_storage_options,
-            upload_retry_s=self.L.upload_retry_s, read_url=self.L.checkpoint_read_url)
+            url=self.ckpt_url, storage_options=self.L.checkpoint_storage_options,
+            upload_retry_s=self.L.upload_retry_s, read_url=self.ckpt_read_url)
         self.update = PolicyUpdate(self.engine, self.terms, self.specs, ref=self.ref, rank=self.rank, world=self.world,
                                    n_micro=self.n_micro, lr=self.L.lr, pi_old=self.L.pi_old, temperature=self.temperature,
                                    max_tokens=self.L.micro_batch_tokens, packed=self.engine.packed,
@@ -178,6 +183,12 @@ class Learner:
                 **self.method.settings(self.cfg),
             }
             self.db(lambda: self.store.set_settings(self.run_id, settings))
+            from reflexdb.models import model_display_name
+
+            hidden = getattr(getattr(self.engine.ds.module, "config", None), "hidden_size", None)
+            if hidden:  # what collectors' embeddings measure: recorded for those that may not record it
+                self.db(lambda: self.store.record_embedding_dim(self.run_id, int(hidden),
+                                                                model_display_name(self.base_model)))
         self.checkpoints.prepare()
         if resume:
             self.step_no, rolled = self.checkpoints.restore(latest, stateful)
@@ -211,7 +222,8 @@ class Learner:
             self.hooks = self.method.hooks(self.cfg, self)
             if hasattr(self.hooks, "setup"):
                 self.hooks.setup()
-        self.sources: list[BatchSource] = [MethodGroups(self.store, self.run_id, getattr(self.hooks, "select", None))]
+        self.sources: list[BatchSource] = [MethodGroups(self.store, self.run_id, getattr(self.hooks, "select", None),
+                                                        drops=self.method.drops)]
         if self.L.imported_per_step:
             self.sources.append(ImportedGroups(self.store, self.run_id, self.L.imported_per_step))
 

@@ -33,12 +33,15 @@ class BatchSource(Protocol):
 
 
 class MethodGroups:
-    """The groups the method's rule chooses (its hooks' ``select``), by default the oldest eligible."""
+    """The groups the method's rule chooses (its hooks' ``select``), by default the oldest eligible
+    ones that the view ``drops`` (``Method.drops``) does not list."""
 
     quota = None
 
-    def __init__(self, store: Store, run_id: int, select: Callable[[int, int], Selection] | None = None):
-        self.select = select or (lambda n, min_version: eligible_group_ids(store, run_id, n, min_version=min_version))
+    def __init__(self, store: Store, run_id: int, select: Callable[[int, int], Selection] | None = None,
+                 drops: str | None = None):
+        self.select = select or (lambda n, min_version: eligible_group_ids(store, run_id, n, min_version=min_version,
+                                                                           drops=drops))
 
     def take(self, n: int, min_version: int) -> Selection:
         return self.select(n, min_version)

@@ -4,7 +4,9 @@
   LTE group), then ``group``;
 - **batch** (``select``): the oldest eligible groups, except that a none-pass group waits for its
   hint stage (at most ``hint_timeout_s``, then it is released and trains as it is) and a group
-  whose stage wrote an LTE group is never taken: the LTE group trains in its place (reflexdb/lte.py);
+  whose stage wrote an LTE group is never taken: the LTE group trains in its place (stages.py);
+  under ``unsolved: skip`` a group whose stage found nothing is never taken either, and is listed
+  for admission control in ``Method.drops`` (view ``lte_group_drops``);
 - **loss**: two terms (Eq. 8): the clipped GRPO surrogate on the on-policy rows with 1/Z
   (``agg: token-mean`` unless ``learner.loss_params`` says otherwise), and ``lte_shaped``
   (f(r') = r'/(r'+γ), no clip, 1/Z') on the hinted rows; advantages are the group's after
@@ -147,6 +149,9 @@ class LTEHooks:
 METHOD = Method(
     "lte", "LTE: hints from the model's own wrong answers, mixed-policy loss (LTE.md)", "grpo",
     config=LTEConfig, workflows=_workflows, terms=_terms, settings=_settings, check=_check, hooks=LTEHooks,
+    # the groups LTE never trains (a stage that found nothing, under lte.unsolved: skip; LTE's branch,
+    # lte_0004): collectors' admission control does not count them, as the batch rule never takes them
+    drops="lte_group_drops",
 )
 
 #: The package as reflexdb loads it (its entry point names this object; reflexdb/plugins.py).

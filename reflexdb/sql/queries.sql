@@ -91,10 +91,13 @@ ORDER BY trajectory_id, turn_index;
 -- snapshot this statement saw (recorded with the step; view untrained_groups). min_version (the
 -- learner's version minus max_staleness) only narrows the scan to the staleness window. Imported
 -- groups come only through eligible_imported_groups (at most learner.imported_per_step a step).
+-- {drops}: the groups the run's method never trains (the view its Method.drops names, column
+-- group_id; an empty relation otherwise), left out.
 SELECT array_agg(group_id ORDER BY group_id), pg_current_snapshot()::text
-FROM (SELECT group_id FROM learner_eligible
-      WHERE run_id = %(run_id)s AND eligible AND policy_version >= %(min_version)s AND kind <> 'imported'
-      ORDER BY group_id LIMIT %(n)s) x;
+FROM (SELECT e.group_id FROM learner_eligible e
+      WHERE e.run_id = %(run_id)s AND e.eligible AND e.policy_version >= %(min_version)s AND e.kind <> 'imported'
+        AND NOT EXISTS (SELECT 1 FROM {drops} d WHERE d.group_id = e.group_id)
+      ORDER BY e.group_id LIMIT %(n)s) x;
 
 -- name: eligible_imported_groups
 -- The n oldest eligible imported groups of a run (reflexdb import; view learner_eligible: no
@@ -114,20 +117,20 @@ SELECT coalesce(max(id), 0) FROM groups WHERE run_id = %(run_id)s;
 
 -- name: latest_policy
 -- The newest policy version of a run.
-SELECT run_id, version, checkpoint_uri, sha256, step, meta, created_at
+SELECT run_id, version, checkpoint_uri, sha256, step, meta, created_at, manifest_sha256
 FROM policy_versions WHERE run_id = %(run_id)s ORDER BY version DESC LIMIT 1;
 
 -- name: latest_state_policy
 -- The newest policy version of a run that has a learner state (where resume starts).
-SELECT run_id, version, checkpoint_uri, sha256, step, meta, created_at
+SELECT run_id, version, checkpoint_uri, sha256, step, meta, created_at, manifest_sha256
 FROM policy_versions WHERE run_id = %(run_id)s AND meta ? 'learner_state' ORDER BY version DESC LIMIT 1;
 
 -- name: insert_policy
 -- Publish a policy version and wake the collectors (NOTIFY is delivered at commit).
 WITH p AS (
-    INSERT INTO policy_versions (run_id, version, checkpoint_uri, sha256, step, meta)
-    VALUES (%(run_id)s, %(version)s, %(checkpoint_uri)s, %(sha256)s, %(step)s, %(meta)s)
-    RETURNING run_id, version, checkpoint_uri, sha256, step, meta, created_at
+    INSERT INTO policy_versions (run_id, version, checkpoint_uri, sha256, step, meta, manifest_sha256)
+    VALUES (%(run_id)s, %(version)s, %(checkpoint_uri)s, %(sha256)s, %(step)s, %(meta)s, %(manifest_sha256)s)
+    RETURNING run_id, version, checkpoint_uri, sha256, step, meta, created_at, manifest_sha256
 ), n AS (
     SELECT pg_notify('reflexdb_policy',
                      json_build_object('run_id', p.run_id, 'version', p.version)::text)

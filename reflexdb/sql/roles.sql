@@ -37,13 +37,13 @@ GRANT SELECT ON ALL TABLES IN SCHEMA public TO reflexdb_reader;
 -- Collectors on other machines: claim tasks and replay requests, write groups, read policy
 -- versions and the settings admission control needs. Never: DELETE anything; UPDATE trained data
 -- (groups, trajectories, payloads, embeddings, turns); read another run's config (runs.config);
--- touch the learner's tables (learner_steps, consumption, policy_versions beyond reading).
+-- touch the learner's tables (learner_steps, consumption, policy_versions beyond reading); INSERT
+-- or UPDATE runs (a run's config names where `reflexdb runs delete` used to delete: the learner
+-- creates the run and records its embedding dimension, and a collector waits for both).
 GRANT SELECT ON alembic_version, policy_versions, run_settings, tasks, groups, trajectories, turns,
                 token_bytes, token_payloads, trajectory_tokens, embeddings, collectors, origins, group_kinds
     TO reflexdb_collector;
 GRANT SELECT (id, name, algorithm, embedding_dim, embedding_model, created_at) ON runs TO reflexdb_collector;
-GRANT INSERT (name, algorithm, config) ON runs TO reflexdb_collector;
-GRANT UPDATE (embedding_dim, embedding_model) ON runs TO reflexdb_collector;
 GRANT INSERT ON tasks, groups, trajectories, turns, token_bytes, embeddings, collectors TO reflexdb_collector;
 GRANT UPDATE (claimed_by, claimed_at, times_collected, times_passed) ON tasks TO reflexdb_collector;
 GRANT UPDATE (host, pid, engine, model, policy_version, status, started_at, last_seen, stopped_at, groups_written,

@@ -74,6 +74,27 @@ WHERE r.name = %(name)s::text AND c.status = 'running' AND c.last_seen > now() -
 -- tasks, groups, steps, versions, collectors, ... (sql/functions/drop_run_partitions.sql).
 SELECT drop_run_partitions(%(run_id)s);
 
+-- name: run_owner
+-- A run's name and creation time: with its id, who owns a checkpoint prefix (reflexdb/storage.py,
+-- Owner; the marker reflexdb-run.json at the top of the run's prefix says the same).
+SELECT name, created_at FROM runs WHERE id = %(run_id)s;
+
+-- name: run_published
+-- What the learner recorded as published for a run, version by version: the URI collectors read,
+-- the weights' sha256, and its meta (stored_at: where it was uploaded, when collectors read it by
+-- another URL; learner_state and state_tag: its learner state). `reflexdb runs delete` deletes only
+-- what these name (reflexdb/ops/published.py), never what the run's config names.
+SELECT version, checkpoint_uri, sha256, meta FROM policy_versions WHERE run_id = %(run_id)s ORDER BY version;
+
+-- name: find_run
+-- A run by name and its embedding dimension (NULL: not recorded yet). A collector whose login may
+-- neither create runs nor record the dimension (the collector role) waits until both exist.
+SELECT id, embedding_dim FROM runs WHERE name = %(name)s;
+
+-- name: run_privileges
+-- Whether this login may create a run and record its embedding dimension (the collector role may not).
+SELECT has_column_privilege('runs', 'name', 'INSERT'), has_column_privilege('runs', 'embedding_dim', 'UPDATE');
+
 -- name: run_sizes
 -- Disk size of each run's partitions (`reflexdb db status`), largest first.
 SELECT r.name, r.id, run_partitions_size(r.id) AS bytes,

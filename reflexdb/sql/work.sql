@@ -68,12 +68,15 @@ UPDATE collectors SET status = %(status)s, stopped_at = now(), last_seen = now()
 
 -- name: produced_groups
 -- Groups the collectors produce for the learner (kinds that hold the policy's rollouts of a task,
--- group_kinds.rollouts: fresh and replay) written so far for a run, plus the ones other
--- collectors hold task claims for (in flight): the admission check counts both, and the claims of
--- other work a method's workflow counts itself (reflexdb.work.admission's in_flight).
+-- group_kinds.rollouts: fresh and replay) written so far for a run, except those the run's method
+-- never trains ({drops}: the view its Method.drops names, column group_id; none otherwise), plus
+-- the ones other collectors hold task claims for (in flight): the admission check counts both,
+-- and the claims of other work a method's workflow counts itself (reflexdb.work.admission's
+-- in_flight).
 SELECT
-    (SELECT count(*) FROM groups WHERE run_id = %(run_id)s
-       AND kind IN (SELECT name FROM group_kinds WHERE rollouts)),
+    (SELECT count(*) FROM groups g WHERE g.run_id = %(run_id)s
+       AND g.kind IN (SELECT name FROM group_kinds WHERE rollouts)
+       AND NOT EXISTS (SELECT 1 FROM {drops} d WHERE d.group_id = g.id)),
     (SELECT count(*) FROM tasks WHERE run_id = %(run_id)s AND claimed_by IS NOT NULL
        AND claimed_by <> %(collector)s AND claimed_at >= now() - make_interval(secs => %(ttl)s));
 

@@ -30,8 +30,8 @@ def install(site: Path) -> str:
 
 def test_the_selfcheck_plugin_upgrades_a_database_and_runs_end_to_end(store, db_url, tmp_path, model_cache):
     # made before the plug-in: the heads of the built-in branches (Alembic keeps the heads no other
-    # implies: reflexdb's 0026 is newer than the 0024 LTE's lte_0003 depends on)
-    assert sorted(rows(store, "SELECT version_num FROM alembic_version")) == [("0028",), ("lte_0003",), ("r3l_0002",)]
+    # implies: reflexdb's 0026 is newer than the 0024 LTE's lte_0003 depends on, below lte_0004)
+    assert sorted(rows(store, "SELECT version_num FROM alembic_version")) == [("0029",), ("lte_0004",), ("r3l_0002",)]
     env = child_env(db_url, tmp_path, model_cache)
     env["PYTHONPATH"] = install(tmp_path / "site")
 
@@ -40,7 +40,7 @@ def test_the_selfcheck_plugin_upgrades_a_database_and_runs_end_to_end(store, db_
     assert rows(store, "SELECT pi_old, pass_at_1, sampled, method FROM origins WHERE name = 'verification'") == [
         ("policy", False, True, "selfcheck")]
     assert sorted(rows(store, "SELECT version_num FROM alembic_version")) == [
-        ("0028",), ("lte_0003",), ("r3l_0002",), ("selfcheck_0001",)]
+        ("0029",), ("lte_0004",), ("r3l_0002",), ("selfcheck_0001",)]
 
     run = subprocess.run(REFLEXDB + [
         "run", str(PLUGIN / "selfcheck.yaml"), "--max-steps", "2", "--no-eval",

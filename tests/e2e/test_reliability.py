@@ -184,7 +184,7 @@ def test_a_rerun_that_trains_nothing_publishes_nothing(store, db_url, tmp_path, 
     assert first.returncode == 0, first.stderr[-3000:]
     # v1 at step 2 (publish_every), v2 at step 3 (the clean stop publishes what it trained).
     assert rows(store, "SELECT version, step FROM policy_versions ORDER BY 1") == [(0, 0), (1, 2), (2, 3)]
-    ckpt = tmp_path / "home" / "checkpoints" / "learn-test"
+    ckpt = _run_dir(store, tmp_path)
     before = _state_files(ckpt)
     again = subprocess.run(REFLEXDB + ["learn", "-c", str(cfg), "--max-steps", "3"], env=env, capture_output=True,
                            text=True, timeout=600)
@@ -197,6 +197,12 @@ def test_a_rerun_that_trains_nothing_publishes_nothing(store, db_url, tmp_path, 
     assert rows(store, "SELECT count(DISTINCT meta->>'state_tag') FROM policy_versions") == [(3,)]
 
 
+def _run_dir(store, tmp_path, run: str = "learn-test"):
+    """The run's own checkpoint directory: $REFLEXDB_HOME/checkpoints/<name>.r<id>."""
+    [(run_id,)] = rows(store, "SELECT id FROM runs WHERE name = :n", n=run)
+    return tmp_path / "home" / "checkpoints" / f"{run}.r{run_id}"
+
+
 def test_backup_of_a_live_run_restores_and_resumes_with_nothing_lost(store, db_url, pg_server_url, tmp_path,
                                                                      model_cache):
     """docs/operations.md, "Back up a live run": pg_dump while training goes on, a hard-link copy of
@@ -207,7 +213,6 @@ def test_backup_of_a_live_run_restores_and_resumes_with_nothing_lost(store, db_u
 
     cfg = write_config(tmp_path, dict(config_data(keep_states=2, keep_policies=3), max_staleness=1))
     env = child_env(db_url, tmp_path, model_cache)
-    ckpt = tmp_path / "home" / "checkpoints" / "learn-test"
     backup = tmp_path / "backup"
     backup.mkdir()
     bin_dir = Path(admin.bin_dir())
@@ -217,6 +222,7 @@ def test_backup_of_a_live_run_restores_and_resumes_with_nothing_lost(store, db_u
                                stderr=subprocess.PIPE, text=True)
     try:
         _wait_for_step(store, learner, 3)
+        ckpt = _run_dir(store, tmp_path)
         # 1. the dump, while training goes on, then at once a hard-link copy of the checkpoints
         dump = backup / "reflexdb.dump"
         subprocess.run([str(bin_dir / "pg_dump"), "-Fc", "-f", str(dump), libpq_url(db_url)], check=True, timeout=120)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+import time
 
 from sqlalchemy.engine import make_url
 
@@ -12,19 +13,38 @@ from tests.store.test_roles import PASSWORD, _as, _refused, roles  # noqa: F401
 
 
 def test_a_collector_works_under_its_role_and_is_refused_the_rest(roles, store, db_url, tmp_path, model_cache):
+    """Started before the learner: the collector role may not create the run (nor record its
+    embedding dimension), so the collector says so and waits; once the learner's side has done both
+    it collects."""
     cfg = write_config(tmp_path, config_data())
     env = child_env(roles["collector"], tmp_path, model_cache)
-    out = subprocess.run(REFLEXDB + ["collect", "-c", str(cfg), "--max-groups", "2"], env=env, capture_output=True,
-                         text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-3000:]
+    err = tmp_path / "collect.err"
+    with open(err, "w") as sink:
+        proc = subprocess.Popen(REFLEXDB + ["collect", "-c", str(cfg), "--max-groups", "2"], env=env, text=True,
+                                stdout=subprocess.PIPE, stderr=sink)
+    try:
+        deadline = time.monotonic() + 180
+        while "waiting for `reflexdb learn`" not in err.read_text():
+            assert proc.poll() is None and time.monotonic() < deadline, err.read_text()[-3000:]
+            time.sleep(0.2)
+        assert ("run 'learn-test' does not exist yet, and this login may not create runs (the collector role): "
+                "waiting for `reflexdb learn` of the run to start (it does both)") in err.read_text()
+        run = store.create_run("learn-test")  # what the learner does at start
+        store.record_embedding_dim(run, 64, "tiny")
+        out, _ = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err.read_text()[-3000:]
     assert rows(store, "SELECT count(*), min(collector) IS NOT NULL FROM groups") == [(2, True)]
-    assert PASSWORD not in out.stdout + out.stderr
+    assert PASSWORD not in out + err.read_text()
     refused = [
         "DELETE FROM trajectories", "DELETE FROM groups", "DELETE FROM tasks", "UPDATE trajectories SET reward = 0",
         "UPDATE groups SET kind = 'eval'", "UPDATE token_bytes SET logprobs = logprobs",
         "UPDATE embeddings SET dim = dim", "SELECT config FROM runs", "SELECT * FROM learner_steps",
         "SELECT * FROM consumption", "INSERT INTO policy_versions (run_id, version, checkpoint_uri) VALUES (1, 99, 'x')",
         "UPDATE run_settings SET value = '1'", "SELECT * FROM learner_eligible", "TRUNCATE trajectories",
+        "INSERT INTO runs (name) VALUES ('planted')", "UPDATE runs SET embedding_dim = 1",
     ]
     assert _refused(roles["collector"], refused) == refused
     # ... while what a collector does is allowed (rolled back here).

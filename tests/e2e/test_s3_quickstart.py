@@ -3,7 +3,7 @@
 the collector each have their own ``REFLEXDB_HOME``, and the collector is given only the database
 URL and the storage's credentials and endpoint in its environment (docs/operations.md, "A remote
 collector in two commands"). Checked: every version the collector loaded came from s3:// and was
-verified against the recorded sha256; its cache holds the newest few, as the rows say; the
+verified against the recorded digest of its manifest (and so every file); its cache holds the newest few, as the rows say; the
 learner's checkpoint directory never appears in its output; ``reflexdb eval`` on the collector's
 side fetches the version it evaluates the same way.
 
@@ -58,18 +58,23 @@ def test_a_collector_with_no_access_to_the_learners_disk_trains_through_s3(store
     finally:
         collector.kill()
     assert collector.returncode == 0, cerr[-3000:]
-    # Every version is recorded with its S3 URI, uploaded before its row.
-    versions = rows(store, "SELECT version, checkpoint_uri, sha256 FROM policy_versions ORDER BY 1")
-    assert [(v, u) for v, u, _ in versions] == [(v, f"s3://quickstart/run/v{v}") for v in range(4)]
-    sha = {v: s for v, _, s in versions}
-    assert "published policy v3 at step 3 (s3://quickstart/run/v3)" in learner.stderr
+    # Every version is recorded with its S3 URI under the run's own prefix, uploaded before its row.
+    [(run_id,)] = rows(store, "SELECT id FROM runs WHERE name = 'learn-test'")
+    base = f"s3://quickstart/run/learn-test.r{run_id}"
+    versions = rows(store, "SELECT version, checkpoint_uri, sha256, manifest_sha256 FROM policy_versions ORDER BY 1")
+    assert [(v, u) for v, u, _, _ in versions] == [(v, f"{base}/v{v}") for v in range(4)]
+    sha = {v: s for v, _, s, _ in versions}
+    manifest = {v: m for v, _, _, m in versions}  # the digest of each uploaded manifest.json (0029)
+    assert all(m is not None for m in manifest.values())
+    assert f"published policy v3 at step 3 ({base}/v3)" in learner.stderr
     # The collector loaded at least two new versions, each from S3, each verified against its row.
     loaded = re.findall(r"loaded policy v(\d+) from (\S+) (.*) in [\d.]+s", cerr)
     assert len(loaded) >= 2, cerr[-3000:]
     for v, uri, how in loaded:
         v = int(v)
-        assert uri == f"s3://quickstart/run/v{v}", uri
-        assert how == f"(sha256 {sha[v][:12]}… verified, cached in {collector_home}/cache/learn-test/v{v})", how
+        assert uri == f"{base}/v{v}", uri
+        assert how == (f"(manifest sha256 {manifest[v][:12]}… verified, and every file against it, cached in "
+                       f"{collector_home}/cache/learn-test/v{v})"), how
     assert learner_home not in cerr and "file://" not in cerr
     # Its cache: the newest checkpoint_cache_versions (2) whole versions, each what its row recorded.
     cache = tmp_path / "collector" / "home" / "cache" / "learn-test"
@@ -78,7 +83,8 @@ def test_a_collector_with_no_access_to_the_learners_disk_trains_through_s3(store
     assert kept[-1] == f"v{newest}" and len(kept) <= 2 and not any(k.endswith(".partial") for k in kept), kept
     for name in kept:
         v = int(name[1:])
-        assert json.loads((cache / name / ".source").read_text()) == {"uri": f"s3://quickstart/run/v{v}", "sha256": sha[v]}
+        assert json.loads((cache / name / ".source").read_text()) == {
+            "uri": f"{base}/v{v}", "sha256": sha[v], "manifest_sha256": manifest[v]}
         assert not list((cache / name).glob("*.part"))
     # Samples came from the versions it loaded; everything consumed traces back, staleness within eta.
     assert rows(store, "SELECT count(DISTINCT policy_version) >= 2 FROM groups") == [(True,)]
@@ -87,11 +93,12 @@ def test_a_collector_with_no_access_to_the_learners_disk_trains_through_s3(store
         FROM consumption c JOIN trajectories t ON t.id = c.trajectory_id JOIN groups g ON g.id = t.group_id
         JOIN learner_steps s ON s.id = c.step_id""")
     assert traced == [(24, 24, 24, True)]
-    # The learner pruned storage as keep_policies says: v1..v3 left.
+    # The learner pruned storage as keep_policies says: v1..v3 left, beside the run's marker.
     import s3fs
 
     fs = s3fs.S3FileSystem(endpoint_url=s3.endpoint, key="testing", secret="testing-secret")
-    assert sorted(p.rsplit("/", 1)[-1] for p in fs.ls("quickstart/run")) == ["v1", "v2", "v3"]
+    assert sorted(p.rsplit("/", 1)[-1] for p in fs.ls(base.removeprefix("s3://"))) == [
+        "reflexdb-run.json", "v1", "v2", "v3"]
     # reflexdb eval on the collector's machine: the version comes from S3 the same way.
     ev = subprocess.run(REFLEXDB + ["eval", "-c", str(cfg), "--checkpoint", "v3", "--max-tasks", "1"],
                         env=dict(collector_env, REFLEXDB_HOME=collector_home), capture_output=True, text=True,

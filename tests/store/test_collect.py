@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
@@ -181,6 +182,45 @@ def test_admission_control_waits_for_the_learner(store, tiny_engine):
     c.run(max_seconds=10)  # generous: two groups take seconds on a loaded machine
     assert rows(store, "SELECT count(*) FROM groups") == [(2,)]
     assert any("waiting for policy v1" in m for m in msgs)
+
+
+def test_admission_uses_the_max_staleness_the_learner_published_and_says_when_the_config_differs(
+        store, tiny_engine):
+    """Issue 60, item 3: the bound is the run's (``learner.max_staleness`` in run_settings, which the
+    views and the learner enforce), like the three settings beside it; this collector's config only
+    counts while nothing is published, and a config that disagrees is said in one line."""
+    from reflexdb.collector.runner import Collector
+    from tests.factories import make_group
+
+    cfg = parse_config({"run": "inproc", "model": "tiny", "max_staleness": 0,
+                        "learner": {"groups_per_step": 2, "publish_every": 1},
+                        "collector": {"group_size": 2, "progress_every_s": 0.001, "poll_interval_s": 0.05}})
+    msgs: list[str] = []
+    c = Collector(cfg, store, tiny_engine, echo=msgs.append)
+    c.setup()
+    assert not any("max_staleness" in m for m in msgs)  # nothing published yet: the config's bound, silently
+    [task] = rows(store, "SELECT id FROM tasks LIMIT 1")[0]
+    rng = np.random.default_rng(0)
+    for _ in range(2):
+        store.write_group(make_group(rng, c.run_id, task, size=2))
+    assert c._admitted(wait_s=0.05) == 0  # eta 0: group 2 (step 1, v1) waits for v1
+    assert msgs[-1] == "waiting for policy v1: group 2 would be 1 versions stale when consumed (max_staleness 0)"
+
+    store.set_settings(c.run_id, {"learner.max_staleness": 1})  # what the learner publishes at start
+    assert c._admitted(wait_s=0.05) == 2  # groups 2 and 3 (step 1, v1) are within the run's bound
+    said = [m for m in msgs if "differs" in m]
+    assert said == ["max_staleness 0 in this collector's config differs from the run's learner.max_staleness 1, "
+                    "which the learner published: admission control uses 1"]
+    for _ in range(2):
+        store.write_group(make_group(rng, c.run_id, task, size=2))
+    assert c._admitted(wait_s=0.05) == 0
+    assert msgs[-1] == "waiting for policy v1: group 4 would be 2 versions stale when consumed (max_staleness 1)"
+    assert len([m for m in msgs if "differs" in m]) == 1  # said once
+
+    msgs.clear()  # a collector started after the learner says it at its start
+    again = Collector(cfg, store, tiny_engine, echo=msgs.append)
+    again.setup()
+    assert [m for m in msgs if "differs" in m] == said
 
 
 def test_reload_picks_up_published_weights(store, tiny_engine, tmp_path, model_cache):

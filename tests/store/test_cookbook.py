@@ -695,8 +695,9 @@ def test_the_storage_migrations_change_no_query_result(store, db_url, data):
 
     # what revision 0017 added (the tool calls' records and their view) does not exist at 0013
     since_0017 = {"The slowest tool calls", "The most common tool errors", "tool_calls"}
-    # the methods' parts of the composed views (0021; LTE's lte_group_hold_ends since 0024)
-    since_0021 = {"lte_group_holds", "r3l_failure_notes", "lte_group_hold_ends"}
+    # the methods' parts of the composed views (0021; LTE's lte_group_hold_ends since 0024), and LTE's
+    # Method.drops view (lte_0004)
+    since_0021 = {"lte_group_holds", "r3l_failure_notes", "lte_group_hold_ends", "lte_group_drops"}
     since_0023 = {"The advantages a learner step gave its rows"}  # the step's advantages: dropped going down
 
     def results() -> dict[str, list[str]]:

@@ -290,7 +290,7 @@ def test_state_every_publishes_weights_and_resumes_from_the_newest_state(store, 
     lr.run(max_steps=4)  # no finish(): as if killed after publishing v4
     versions = rows(store, "SELECT version, step, meta ? 'learner_state', sha256 FROM policy_versions ORDER BY 1")
     assert [v[:3] for v in versions] == [(0, 0, True), (1, 1, False), (2, 2, False), (3, 3, True), (4, 4, False)]
-    states = tmp_path / "home" / "checkpoints" / "learn-test" / "states"
+    states = tmp_path / "home" / "checkpoints" / f"learn-test.r{lr.run_id}" / "states"
     assert sorted(p.name for p in states.iterdir()) == ["v0", "v3"]
     [(step4_groups,)] = rows(store, "SELECT array_agg(DISTINCT c.group_id ORDER BY c.group_id) FROM consumption c "
                                     "JOIN learner_steps s ON s.id = c.step_id WHERE s.step = 4")

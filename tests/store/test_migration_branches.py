@@ -40,7 +40,7 @@ def downgrade() -> None:
 
 
 #: The head without the test's branch: reflexdb's chain and the built-in methods' branches.
-BUILT_IN = "0028, lte_0003, r3l_0002"
+BUILT_IN = "0029, lte_0004, r3l_0002"
 
 
 @pytest.fixture

@@ -77,6 +77,24 @@ def test_a_learner_steps_under_its_role(roles, store, tmp_path, monkeypatch, mod
     assert _refused(roles["learner"], refused) == refused
 
 
+def test_the_collector_role_may_not_create_or_change_runs(roles, store):
+    """A run's config once named the directory `reflexdb runs delete` removed (issue 60): a
+    collector's login creates no run and changes none; the learner's creates them and records the
+    embedding dimension collectors wait for."""
+    planted = ("INSERT INTO runs (name, config) VALUES ('planted', "
+               "'{\"learner\": {\"checkpoint_dir\": \"/srv/other-run\"}}')")
+    refused = [planted, "INSERT INTO runs (name) VALUES ('p')", "UPDATE runs SET embedding_dim = 1",
+               "UPDATE runs SET config = '{}'", "UPDATE runs SET embedding_model = 'x'"]
+    assert _refused(roles["collector"], refused) == refused
+    assert _refused(roles["learner"], [planted, "UPDATE runs SET embedding_dim = 1"]) == []
+    run = Store.open(roles["learner"])
+    try:
+        run_id = run.create_run("made-by-the-learner")
+        assert run.record_embedding_dim(run_id, 64, "tiny") == 64 and run.record_embedding_dim(run_id, 32, "x") == 64
+    finally:
+        run.close()
+
+
 def test_upgrade_regrants_when_the_roles_exist(roles, db_url):
     """A migration that adds a table would leave it ungranted; `db upgrade` grants again."""
     from reflexdb.db import make_engine
@@ -105,6 +123,7 @@ def test_each_method_grants_its_own_tables(roles, store):
               ("reflexdb_collector", "trajectory_hints", "INSERT", True),
               ("reflexdb_collector", "lte_stages", "INSERT", True),
               ("reflexdb_collector", "lte_hint_pool", "SELECT", True),
+              ("reflexdb_collector", "lte_group_drops", "SELECT", True),  # LTE's Method.drops: admission reads it
               ("reflexdb_collector", "nexgrpo_retired_tasks", "SELECT", True),
               ("reflexdb_collector", "replay_requests", "INSERT", False),
               ("reflexdb_collector", "reflections", "DELETE", False),
@@ -119,3 +138,4 @@ def test_each_method_grants_its_own_tables(roles, store):
              "hint_id = NULL, lte_group_id = NULL, n_sampled = 0, n_correct = 0, completed_at = now()")
     assert _refused(roles["collector"], [claim, "UPDATE replay_requests SET status = 'done'"]) == []
     assert _refused(roles["collector"], ["UPDATE lte_stages SET run_id = 0"]) == ["UPDATE lte_stages SET run_id = 0"]
+    assert _refused(roles["collector"], ["SELECT group_id FROM lte_group_drops"]) == []

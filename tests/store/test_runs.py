@@ -24,9 +24,10 @@ def _runs(args, db_url, home, stdin=subprocess.DEVNULL):
     return subprocess.run(RUNS + args, env=env, capture_output=True, text=True, timeout=120, stdin=stdin)
 
 
-def _a_run(store, name="demo"):
+def _a_run(store, name="demo", published="file:///x"):
     """4 training groups of 4 at versions 0..1, 2 steps, and held-out evals at v0 (1 of 4 right per
-    task: 0.25) and v2 (3 of 4: 0.75), plus a 3-attempt eval at v2 that the list leaves out."""
+    task: 0.25) and v2 (3 of 4: 0.75), plus a 3-attempt eval at v2 that the list leaves out.
+    Versions 1 and 2 are recorded at ``<published>/vK``."""
     rng = np.random.default_rng(0)
     run, tasks = setup_run(store, name, n_tasks=2)
     evals = store.add_tasks(run, [TaskIn(prompt=f"held out {i}", ground_truth="1", split="eval") for i in range(2)])
@@ -36,7 +37,7 @@ def _a_run(store, name="demo"):
             ids += store.write_group(make_group(rng, run, t, size=4, version=v)).trajectory_ids
     for v, step in ((1, 1), (2, 2)):
         store.record_step(run, step, v - 1, ids[:4])
-        store.publish_policy(run, v, f"file:///x/v{v}", step=step)
+        store.publish_policy(run, v, f"{published}/v{v}", step=step)
     for v, right, attempts in ((0, 1, 1), (2, 3, 1), (2, 4, 3)):
         for t in evals:
             g = make_group(rng, run, t, size=4, version=v, n_correct=right)
@@ -67,9 +68,10 @@ def test_list_and_show(store, db_url, tmp_path):
 
 
 def test_delete_is_refused_while_the_run_is_alive(store, db_url, tmp_path):
-    run = _a_run(store)
-    ckpt = tmp_path / "checkpoints" / "demo"
+    ckpt = tmp_path / "checkpoints" / "demo"  # where runs published before they had <name>.r<id>
+    run = _a_run(store, published=f"file://{ckpt}")
     (ckpt / "v1").mkdir(parents=True)
+    (ckpt / "states" / "v1").mkdir(parents=True)
     # a learner of the run, connected (processes name their sessions `reflexdb <role> <run>`)
     with psycopg.connect(libpq_url(db_url), application_name="reflexdb learn demo"):
         busy = _runs(["delete", "demo", "--yes"], db_url, tmp_path)
@@ -110,3 +112,19 @@ def test_delete_of_a_run_publishing_to_storage_keeps_its_objects_with_keep_files
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "deleted run 'remote': 0 trajectories, 0 steps; files kept"
     assert rows(store, "SELECT count(*) FROM runs WHERE id = :r", r=run) == [(0,)] and (ckpt / "v1").exists()
+
+
+def test_a_planted_config_names_no_directory_runs_delete_removes(store, db_url, tmp_path):
+    """A runs row inserted with a config that names someone else's directory (as the collector role
+    could before issue 60): `runs delete` removes only what the run's policy_versions rows recorded
+    in the run's own places; a row naming a place that is not one (here /x/vK) is left."""
+    victim = tmp_path / "victim"
+    (victim / "v1").mkdir(parents=True)
+    store.create_run("planted", config={"run": "planted", "learner": {"checkpoint_dir": str(victim)}})
+    done = _runs(["delete", "planted", "--yes"], db_url, tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "deleted run 'planted': 0 trajectories, 0 steps" and (victim / "v1").is_dir()
+    _a_run(store, "elsewhere", published=f"file://{victim}")  # rows naming a directory that is not the run's own
+    done = _runs(["delete", "elsewhere", "--yes"], db_url, tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert (victim / "v1").is_dir()  # no weights there match the recorded ones: left

@@ -168,21 +168,22 @@ def test_a_collector_loads_a_version_from_s3_and_samples_on_while_one_cannot_be_
             p.add_(torch.randn_like(p) * 0.5)
     model.save_pretrained(tmp_path / "v1")
     options = {"endpoint_url": s3_env.endpoint}
-    storage.upload(tmp_path / "v1", "s3://ckpt/collect/v1", options, limit_s=30)
+    manifest_sha = storage.upload(tmp_path / "v1", "s3://ckpt/collect/v1", options, limit_s=30)
     cfg = parse_config({"run": "collect-s3", "model": "tiny", "max_staleness": 100,
                         "collector": {"group_size": 2, "sampling": {"max_new_tokens": 4}, "poll_interval_s": 0.1},
                         "learner": {"checkpoint_url": "s3://ckpt/collect/", "checkpoint_storage_options": options}})
     msgs = []
     c = Collector(cfg, store, make_engine("hf", model=src, device="cpu"), echo=msgs.append)
     c.setup()
-    store.publish_policy(c.run_id, 1, "s3://ckpt/collect/v1", sha256=storage.weights_sha256(tmp_path / "v1"), step=1)
+    store.publish_policy(c.run_id, 1, "s3://ckpt/collect/v1", sha256=storage.weights_sha256(tmp_path / "v1"), step=1,
+                         manifest_sha256=manifest_sha)
     deadline = time.monotonic() + 60
     while c.version < 1 and time.monotonic() < deadline:  # fetched in the background, loaded between groups
         c._maybe_reload()
         time.sleep(0.05)
     [loaded] = [m for m in msgs if m.startswith("loaded policy v1")]
-    assert re.match(r"loaded policy v1 from s3://ckpt/collect/v1 \(sha256 \w{12}… verified, cached in .*/collector-home/"
-                    r"cache/collect-s3/v1\)", loaded), loaded
+    assert re.match(r"loaded policy v1 from s3://ckpt/collect/v1 \(manifest sha256 \w{12}… verified, and every file "
+                    r"against it, cached in .*/collector-home/cache/collect-s3/v1\)", loaded), loaded
     store.publish_policy(c.run_id, 2, "s3://ckpt/collect/v2", sha256="0" * 64, step=2)  # nothing uploaded there
     t0 = time.monotonic()
     while c.stats.fetch_failures < 2 and time.monotonic() - t0 < 60:
@@ -209,35 +210,241 @@ def test_with_a_read_url_the_row_names_the_version_as_collectors_reach_it(store,
     assert sorted(storage.versions_in("s3://ckpt/read-url/", {"endpoint_url": s3_env.endpoint})) == [0]
 
 
-def test_deleting_a_run_deletes_its_versions_in_storage(store, db_url, tmp_path, s3_env):
-    """`reflexdb runs delete` of a run that published to S3: its vK prefixes go with its rows,
-    with this environment's credentials; other objects under the prefix stay."""
+def _delete(name, db_url, home, *extra):
     import subprocess
 
     from tests.processes import REFLEXDB
 
-    files = tmp_path / "weights"
-    files.mkdir()
-    (files / "model.safetensors").write_bytes(b"w" * 1000)
-    for v in (1, 2):
-        storage.upload(files, f"s3://ckpt/gone/v{v}", None, limit_s=30)
-    fs, _ = storage.filesystem("s3://ckpt/gone/", None)
-    fs.pipe_file("ckpt/gone/notes.txt", b"not a version")
-    store.create_run("gone", config={"run": "gone", "learner": {"checkpoint_url": "s3://ckpt/gone/"}})
-    env = dict(os.environ, REFLEXDB_DATABASE_URL=db_url, REFLEXDB_HOME=str(tmp_path / "home"))
-    done = subprocess.run(REFLEXDB + ["runs", "delete", "gone", "--yes"], env=env, capture_output=True, text=True,
-                          timeout=120)
+    env = dict(os.environ, REFLEXDB_DATABASE_URL=db_url, REFLEXDB_HOME=str(home))
+    return subprocess.run(REFLEXDB + ["runs", "delete", name, "--yes", *extra], env=env, capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_deleting_a_run_deletes_its_versions_in_storage(store, db_url, tmp_path, s3_env):
+    """`reflexdb runs delete` of a run that published to S3: the vK versions under its own prefix
+    (<url>/<name>.r<id>/) go with its rows, then the prefix's marker, with this environment's
+    credentials; other objects under the prefix stay."""
+    from reflexdb.trainer.checkpointer import run_places
+
+    run_id = store.create_run("gone", config={"run": "gone", "learner": {"checkpoint_url": "s3://ckpt/gone/"}})
+    home = tmp_path / "home"
+    directory, url, _ = run_places(run_id, "gone", home / "checkpoints", "s3://ckpt/gone/")
+    assert url == f"s3://ckpt/gone/gone.r{run_id}" and directory == home / "checkpoints" / f"gone.r{run_id}"
+    ck = Checkpointer(store, run_id, "gone", directory, FakeEngine(), state_every=100, keep_states=1, keep_policies=2,
+                      main=True, db=lambda fn: fn(), echo=lambda m: None, url=url)
+    ck.prepare()
+    for step in range(3):
+        ck.publish(step)
+    fs, _ = storage.filesystem(url, None)
+    fs.pipe_file(f"ckpt/gone/gone.r{run_id}/notes.txt", b"not a version")
+    assert json.loads(fs.cat_file(f"ckpt/gone/gone.r{run_id}/reflexdb-run.json"))["run_id"] == run_id
+    done = _delete("gone", db_url, home)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "deleted run 'gone': 0 trajectories, 0 steps, its versions in s3://ckpt/gone/ (2 there)"
-    assert storage.versions_in("s3://ckpt/gone/", None) == {}
+    assert done.stdout.strip() == (f"deleted run 'gone': 0 trajectories, 0 steps, {directory}, its versions in "
+                                   f"s3://ckpt/gone/gone.r{run_id} (2 there)")
+    assert storage.versions_in(url, None) == {} and storage.read_owner(url, None) is None and not directory.exists()
     fs.invalidate_cache()
-    assert fs.cat_file("ckpt/gone/notes.txt") == b"not a version"
+    assert fs.cat_file(f"ckpt/gone/gone.r{run_id}/notes.txt") == b"not a version"
     assert rows(store, "SELECT count(*) FROM runs WHERE name = 'gone'") == [(0,)]
 
 
 def test_storage_that_does_not_answer_fails_the_deletion_with_its_cause(s3_env, fail_fast):
+    from datetime import datetime, timezone
+
     from tests.s3server import free_port
 
     nowhere = {**fail_fast, "client_kwargs": {"endpoint_url": f"http://127.0.0.1:{free_port()}"}}
+    owner = storage.Owner.of("x", 1, datetime.now(timezone.utc))
     with pytest.raises(storage.StorageError, match=r"could not delete the versions in s3://ckpt/x/: .*"):
-        storage.remove_versions("s3://ckpt/x/", nowhere)
+        storage.remove_versions("s3://ckpt/x/", nowhere, owner=owner)
+
+
+# ---------------------------------------------------------------- runs that share a URL or a directory (issue 60)
+
+
+@pytest.mark.model
+def test_two_learners_on_one_url_and_directory_keep_their_own_versions(store, db_url, tmp_path, s3_env,
+                                                                      monkeypatch, model_cache):
+    """Two runs whose configs name the same learner.checkpoint_url and checkpoint_dir: each learner
+    publishes under its own <name>.r<id>, prunes only its own, and `runs delete` of one leaves every
+    version (and learner state) of the other, which a collector still fetches and verifies. (A
+    local checkpoint_url alone: the next test.)"""
+    where = "s3"
+    from reflexdb.trainer.learner import Learner
+    from tests.store.test_learn import config_data
+
+    monkeypatch.setenv("REFLEXDB_HOME", str(tmp_path / "home"))
+    shared = tmp_path / "shared-ckpt"
+    learner = {"checkpoint_dir": str(shared), "keep_policies": 2, "keep_states": 1}
+    if where == "s3":
+        learner.update(checkpoint_url="s3://ckpt/shared/", checkpoint_storage_options={"endpoint_url": s3_env.endpoint})
+    learners = {}
+    for run in ("twin-a", "twin-b"):
+        lr = Learner(parse_config(dict(config_data(**learner), run=run, max_staleness=100)), store, echo=lambda m: None)
+        lr.setup()  # publishes v0
+        for step in (1, 2, 3):
+            lr.checkpoints.publish(step, state=step == 3)
+        lr.checkpoints.close()
+        lr.tracker.close()
+        learners[run] = lr
+    a, b = learners["twin-a"], learners["twin-b"]
+    options = {"endpoint_url": s3_env.endpoint}
+
+    def published(lr):
+        return rows(store, "SELECT version, checkpoint_uri, sha256 FROM policy_versions WHERE run_id = :r ORDER BY 1",
+                    r=lr.run_id)
+
+    for lr in (a, b):
+        key = f"{lr.cfg.run}.r{lr.run_id}"
+        assert lr.ckpt_dir == shared / key
+        base = f"s3://ckpt/shared/{key}" if where == "s3" else f"file://{shared / key}"
+        assert [u for _, u, _ in published(lr)] == [f"{base}/v{v}" for v in range(4)]
+        assert sorted(p.name for p in lr.ckpt_dir.glob("v*")) == ["v2", "v3"]  # each pruned its own only
+        if where == "s3":
+            assert sorted(storage.versions_in(base, options)) == [2, 3]
+    b_before = published(b)
+    done = _delete("twin-a", db_url, tmp_path / "home")
+    assert done.returncode == 0, done.stderr
+    assert "not deleted" not in done.stdout, done.stdout
+    assert not a.ckpt_dir.exists() and b.ckpt_dir.is_dir()
+    assert sorted(p.name for p in b.ckpt_dir.glob("v*")) == ["v2", "v3"] and (b.ckpt_dir / "states" / "v3").is_dir()
+    assert published(b) == b_before
+    _, uri, sha = b_before[-1]
+    if where == "s3":
+        assert storage.versions_in(f"s3://ckpt/shared/twin-a.r{a.run_id}", options) == {}
+        monkeypatch.setenv("REFLEXDB_HOME", str(tmp_path / "collector-home"))
+        got = storage.CheckpointCache(storage.cache_root("twin-b"), options).fetch(uri, 3, sha)
+        assert storage.weights_sha256(got) == sha
+    else:
+        assert storage.weights_sha256(storage.local_path(uri)) == sha
+
+
+def test_a_learner_is_refused_a_prefix_or_directory_another_run_owns(store, tmp_path, s3_env):
+    """A second learner aimed at a prefix (or a local directory) that another run publishes to —
+    through a copied config, or a run of another database with the same name and id — is refused
+    before it writes or prunes anything there; the message names the run that owns it."""
+    options = {"endpoint_url": s3_env.endpoint}
+    a_id = store.create_run("owner-a")
+    b_id = store.create_run("intruder-b")
+    a = Checkpointer(store, a_id, "owner-a", tmp_path / "a", FakeEngine(), state_every=100, keep_states=1,
+                     keep_policies=2, main=True, db=lambda fn: fn(), echo=lambda m: None, url="s3://ckpt/owned/",
+                     storage_options=options)
+    a.prepare()
+    for step in range(3):
+        a.publish(step)
+    before = storage.versions_in("s3://ckpt/owned/", options)
+    said = []
+    b = Checkpointer(store, b_id, "intruder-b", tmp_path / "b", FakeEngine(), state_every=100, keep_states=1,
+                     keep_policies=2, main=True, db=lambda fn: fn(), echo=said.append, url="s3://ckpt/owned/",
+                     storage_options=options)
+    b.prepare()
+    with pytest.raises(PublishFailed, match=r"publishing policy v0 at step 0 failed: s3://ckpt/owned belongs to run "
+                                            rf"'owner-a' \(id {a_id}, created .*\) \(reflexdb-run.json there\), not to "
+                                            rf"run 'intruder-b' \(id {b_id}, .*refusing to publish there"):
+        b.publish(0)
+    assert rows(store, "SELECT count(*) FROM policy_versions WHERE run_id = :r", r=b_id) == [(0,)]
+    assert storage.prune("s3://ckpt/owned/", options, 10, 1, echo=said.append, owner=b.owner) == []
+    assert any("could not prune old versions in s3://ckpt/owned/ (PrefixOwned: " in m and "not pruning" in m
+               for m in said), said
+    assert storage.versions_in("s3://ckpt/owned/", options) == before  # nothing written over or pruned
+    # the same for a local directory: refused before its temporary files are cleaned
+    (tmp_path / "a" / "v9.tmp-123").mkdir()
+    c = Checkpointer(store, b_id, "intruder-b", tmp_path / "a", FakeEngine(), state_every=100, keep_states=1,
+                     keep_policies=2, main=True, db=lambda fn: fn(), echo=lambda m: None)
+    with pytest.raises(PublishFailed, match=rf"learner.checkpoint_dir: {tmp_path / 'a'} belongs to run 'owner-a'"):
+        c.prepare()
+    assert (tmp_path / "a" / "v9.tmp-123").is_dir() and sorted(p.name for p in (tmp_path / "a").glob("v?")) == ["v1", "v2"]
+
+
+def test_versions_recorded_before_runs_had_prefixes_are_pruned_and_deleted_only_while_still_theirs(
+        store, db_url, tmp_path, s3_env):
+    """Rows recorded before per-run prefixes name <url>/vK, which two runs may have shared: a run
+    that resumes publishes under its own prefix from then on; its old versions are still fetched,
+    and are pruned and deleted only while their weights are the ones its rows record (the other
+    run's v1, uploaded over it, stays)."""
+    from reflexdb.trainer.checkpointer import run_places
+
+    options = {"endpoint_url": s3_env.endpoint}
+    old = "s3://ckpt/old"
+    cfg = {"learner": {"checkpoint_url": old + "/", "checkpoint_storage_options": options}}
+    a_id, b_id = store.create_run("old-a", config=cfg), store.create_run("old-b", config=cfg)
+    shas = {}
+    for run, version, seed in ((a_id, 0, 1), (a_id, 1, 2), (b_id, 1, 3)):  # old-b's v1 written over old-a's
+        d = tmp_path / f"w{seed}"
+        d.mkdir()
+        (d / "model.safetensors").write_bytes(np.random.default_rng(seed).bytes(1000))
+        storage.upload(d, f"{old}/v{version}", options, limit_s=30)
+        shas[run, version] = storage.weights_sha256(d)
+        store.publish_policy(run, version, f"{old}/v{version}", sha256=shas[run, version], step=version)
+    cache = storage.CheckpointCache(tmp_path / "cache", options)
+    assert storage.weights_sha256(cache.fetch(f"{old}/v0", 0, shas[a_id, 0])) == shas[a_id, 0]  # still fetched
+    directory, url, _ = run_places(a_id, "old-a", tmp_path / "ckpt", old + "/")
+    said = []
+    a = Checkpointer(store, a_id, "old-a", directory, FakeEngine(), state_every=100, keep_states=1, keep_policies=2,
+                     main=True, db=lambda fn: fn(), echo=said.append, url=url, storage_options=options)
+    a.prepare()
+    a.adopt(store.latest_policy(a_id))
+    for step in (2, 3, 4):
+        a.publish(step, state=step == 4)  # v2, v3, v4 under s3://ckpt/old/old-a.r<id>/; v0..v2 pruned
+    assert sorted(storage.versions_in(url, options)) == [3, 4]
+    assert sorted(storage.versions_in(old, options)) == [1]  # old-a's v0 pruned; v1 is old-b's now: kept
+    assert storage.weights_sha256(cache.fetch(f"{old}/v1", 1, shas[b_id, 1])) == shas[b_id, 1]
+    done = _delete("old-a", db_url, tmp_path / "home")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(f"deleted run 'old-a': 0 trajectories, 0 steps, {directory}, its versions in {url}, "
+                                  "2 version(s) recorded before it had a place of its own (where their weights are "
+                                  "still its own) (2 there)\n")
+    assert (f"not deleted: v1 at {old}/v1: its weights are not the ones this run recorded (another run on the same "
+            "place published over it?)") in done.stdout
+    assert storage.versions_in(url, options) == {} and sorted(storage.versions_in(old, options)) == [1]
+
+
+def test_a_planted_run_config_aims_runs_delete_at_nothing(store, db_url, tmp_path, s3_env):
+    """A runs row whose config names someone else's directory and prefix (inserted by a login that
+    could insert runs, before the collector role lost that right): `runs delete` deletes only what
+    the run's own policy_versions rows recorded, here nothing."""
+    victim = tmp_path / "victim"
+    (victim / "v1").mkdir(parents=True)
+    (victim / "v1" / "model.safetensors").write_bytes(b"precious")
+    files = tmp_path / "weights"
+    files.mkdir()
+    (files / "model.safetensors").write_bytes(b"w" * 1000)
+    for v in (1, 2):
+        storage.upload(files, f"s3://ckpt/victim/v{v}", None, limit_s=30)
+    store.create_run("planted", config={"run": "planted", "learner": {"checkpoint_dir": str(victim),
+                                                                      "checkpoint_url": "s3://ckpt/victim/"}})
+    done = _delete("planted", db_url, tmp_path / "home")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "deleted run 'planted': 0 trajectories, 0 steps"
+    assert (victim / "v1" / "model.safetensors").read_bytes() == b"precious"
+    assert sorted(storage.versions_in("s3://ckpt/victim/", None)) == [1, 2]
+
+
+def test_two_runs_publishing_to_one_local_directory_keep_their_own_versions(store, db_url, tmp_path):
+    """learner.checkpoint_url (or checkpoint_dir) a local directory two runs share: each publishes
+    under <dir>/<name>.r<id>/ (rows file://…), prunes only its own, and `runs delete` of one leaves
+    the other's versions and learner states."""
+    from reflexdb.trainer.checkpointer import run_places
+
+    shared = tmp_path / "shared"
+    cks = {}
+    for run in ("local-a", "local-b"):
+        run_id = store.create_run(run, config={"run": run, "learner": {"checkpoint_url": str(shared)}})
+        directory, _, _ = run_places(run_id, run, shared)
+        cks[run] = Checkpointer(store, run_id, run, directory, FakeEngine(), state_every=2, keep_states=1,
+                                keep_policies=2, main=True, db=lambda fn: fn(), echo=lambda m: None)
+        cks[run].prepare()
+    for step in range(4):  # interleaved: a's v0, b's v0, a's v1, ...
+        for ck in cks.values():
+            ck.publish(step)
+    a, b = cks["local-a"], cks["local-b"]
+    for ck in (a, b):
+        assert rows(store, "SELECT checkpoint_uri FROM policy_versions WHERE run_id = :r ORDER BY version",
+                    r=ck.run_id) == [(f"file://{ck.dir}/v{v}",) for v in range(4)]
+        assert sorted(p.name for p in ck.dir.glob("v*")) == ["v2", "v3"]
+    b_files = sorted(str(p.relative_to(b.dir)) for p in b.dir.rglob("*"))
+    done = _delete("local-a", db_url, tmp_path / "home")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == f"deleted run 'local-a': 0 trajectories, 0 steps, {a.dir}"
+    assert not a.dir.exists() and sorted(str(p.relative_to(b.dir)) for p in b.dir.rglob("*")) == b_files
+    assert "states/v2" in b_files and "reflexdb-run.json" in b_files

@@ -203,3 +203,15 @@ def test_reflexdb_plugins_lists_them_and_p_no_name_leaves_one_out_in_its_childre
     assert p.returncode != 0 and "algorithm 'nexgrpo' is not a registered method" in p.stderr + p.stdout
     p = subprocess.run(cmd + ["-p", "nexgrpo", "plugins"], env=env, capture_output=True, text=True)
     assert p.returncode == 2 and "-p takes no:NAME" in p.stderr
+
+
+def test_a_methods_drops_view_must_be_a_name():
+    """``Method.drops`` (issue 60): the view of the groups a method never trains goes into SQL as an
+    identifier; anything else is refused when the method is declared, naming it."""
+    from reflexdb.trainer.method_api import Method
+
+    assert Method("m", "a method", "grpo", drops="m_group_holds").drops == "m_group_holds"
+    assert Method("m", "a method", "grpo", drops="analysis.m_drops").drops == "analysis.m_drops"
+    for bad in ("m drops", "m_drops; DROP TABLE runs", "", "a.b.c", "1st", 7):
+        with pytest.raises(ValueError, match=r"method 'm': drops .* is not the name of a view or table"):
+            Method("m", "a method", "grpo", drops=bad)

@@ -5,6 +5,8 @@ A :class:`Method` says
 - which collection **workflows** its collectors run, in priority order (``collector/workflows/``);
 - which groups a batch takes (``select``: a view behind a query; default: the oldest eligible
   groups of ``learner_eligible``), and any auxiliary rows beside them (``Selection.extra``);
+- which groups it never trains (``drops``: a view), so that collectors' admission control counts
+  only the groups a step can take;
 - how advantages are computed: the group scale and the **transforms** after it;
 - its **loss terms**: each a registered loss (``trainer/losses/registry.py``) applied to a subset
   of the batch's rows (and, optionally, of their loss tokens), with that loss's own normaliser and
@@ -130,7 +132,9 @@ class Hooks(Protocol):
         """The next step's batch (rank 0): up to ``n`` group ids whose policy version is at least
         ``min_version`` (the learner's version minus ``max_staleness``), and any auxiliary rows
         (``Selection.extra``). Fewer than ``n`` ids: the learner waits for new groups and asks
-        again. Without it: ``eligible_group_ids``, the oldest eligible groups."""
+        again. Without it: ``eligible_group_ids``, the oldest eligible groups that ``Method.drops``
+        does not list. Every group this leaves out for good must be listed by ``Method.drops``:
+        collectors' admission control counts the others as the groups coming steps take."""
 
     def metrics(self, batch: Batch, groups: Sequence[Group]) -> dict[str, float]:
         """The method's metrics of a step (every rank, after the update): ``batch`` is the step's
@@ -173,6 +177,23 @@ class Method:
         settings: ``cfg -> {key: value}`` written to the run's settings at learner start.
         check: ``cfg -> None``; raise ValueError naming the keys when they do not fit together.
         hooks: ``(cfg, learner) -> Hooks``, built once per learner; ``None``: none.
+        drops: the view (or table; ``schema.name`` allowed) whose column ``group_id`` lists the
+            groups of the method's runs that it never trains; ``None``: it trains every eligible
+            group. Collectors' admission control counts only the groups it does not list
+            (the n-th group a step can take is consumed by step ``n // groups_per_step``): counted,
+            dropped groups make a collector wait at ``max_staleness: 1`` for a version the learner,
+            waiting for groups, never trains. The learner's default batch rule (no ``select``
+            hook) leaves them out; a ``select`` of the method's own must leave them out too
+            (``eligible_group_ids(..., drops=...)`` does). The method's migration branch creates
+            the view and its ``sql/roles.sql`` grants ``SELECT`` on it to ``reflexdb_collector``;
+            processes refuse to start when they cannot read it. List a group once it is written
+            and for good (a rule over its own rows, such as zero reward variance): a group listed
+            late was counted meanwhile (a collector waits longer than it must, never starts a
+            group too stale). Admission reads the view before each batch, joined on ``group_id``:
+            keep that cheap. Made the method's part of the composed view ``group_holds`` (columns
+            ``group_id, reason``), it also gives ``untrained_groups`` the reason, where the group
+            would otherwise be ``passed_over``, which the failure drill counts as a defect
+            (docs/design.md, "Adding a method").
     """
 
     name: str
@@ -186,6 +207,15 @@ class Method:
     settings: Callable[[Config], dict[str, Any]] = _no_settings
     check: Callable[[Config], None] = _no_check
     hooks: Callable[[Config, LearnerContext], Hooks] | None = None
+    drops: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.drops is not None:
+            from reflexdb.sqlfile import relation_name_problem
+
+            problem = relation_name_problem(self.drops)
+            if problem:
+                raise ValueError(f"method {self.name!r}: drops {problem}")
 
     def loss_terms(self, cfg: Config, main_params: BaseModel) -> list[LossTerm]:
         """The terms of the step's loss: ``terms(cfg, main_params)``, or the main family
