@@ -1,6 +1,6 @@
 """The cost of turns: the rollout driver with K = 3 attempts against single-turn generation.
 
-One process, one SmolLM2 engine (``hf``, CPU), the arithmetic tasks of the quickstart (level 1),
+One process, one SmolLM2 engine (``--engine hf`` or ``fast``, CPU), the arithmetic tasks of the quickstart (level 1),
 ``--tasks`` tasks x ``--group`` episodes per driver call (the collector's ``tasks_per_batch`` x
 ``group_size``), sampling as in the quickstart (temperature 1, 48 new tokens), the ``math``
 reward. No database: this measures generation and the driver's bookkeeping only.
@@ -14,6 +14,10 @@ b. **multi**: ``multi_attempt`` with K = 3 and the engine's defaults: each row's
 c. **multi_no_kv**: the same episodes, prefix sharing only (``keep_kv_tokens = 0``: each turn
    prefills its whole conversation, a prefix shared by several rows once);
 d. **multi_no_reuse**: neither (every turn re-prefills every conversation in full).
+
+With ``--engine fast`` (the paged engine, issue 61) arm d is left out: its blocks are always
+shared by content, and ``keep_kv_tokens = 0`` (arm c) keeps no conversation, so turn k + 1 finds
+only the full blocks of its conversation still cached.
 
 Each arm runs the same task batches with the same seeds. Reported per arm: sampled tokens,
 seconds, sampled tokens/s (the throughput to compare: "the same number of tokens" costs
@@ -44,6 +48,7 @@ def main() -> None:
     ap.add_argument("--attempts", type=int, default=3)
     ap.add_argument("--max-new-tokens", type=int, default=48)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--engine", choices=("hf", "fast"), default="hf")
     ap.add_argument("--json-out")
     args = ap.parse_args()
 
@@ -57,7 +62,7 @@ def main() -> None:
     from reflexdb.collector.rewards import get_reward
     from reflexdb.collector.tasks.arithmetic import arithmetic_tasks
 
-    engine = make_engine("hf", model=resolve_model("smollm2"), device="cpu")
+    engine = make_engine(args.engine, model=resolve_model("smollm2"), device="cpu")
     reward = get_reward("math")
     tasks = [EnvTask(i, t.prompt, t.ground_truth) for i, t in
              enumerate(arithmetic_tasks(args.tasks * args.batches * args.rounds, level=1, split="train", seed=0))]
@@ -68,6 +73,8 @@ def main() -> None:
         "multi_no_kv": (*multi, True, 0),
         "multi_no_reuse": (*multi, False, 0),
     }
+    if args.engine == "fast":
+        del arms["multi_no_reuse"]
     totals = {name: dict(tokens=0, seconds=0.0, calls=0, episodes=0, turns=0, env_tokens=0, prompt_tokens=0,
                          prefilled=0, correct=0) for name in arms}
     for rnd in range(args.rounds):
@@ -109,7 +116,9 @@ def main() -> None:
         "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch threads {args.threads}",
         "load_before": os.getloadavg()[0], "args": vars(args), "arms": rows,
         "ratios": {name: rows[name]["tokens_per_s"] / single for name in rows},
-        "reuse_speedup": rows["multi"]["tokens_per_s"] / rows["multi_no_reuse"]["tokens_per_s"],
+        "engine": args.engine,
+        "reuse_speedup": (rows["multi"]["tokens_per_s"] / rows["multi_no_reuse"]["tokens_per_s"]
+                          if "multi_no_reuse" in rows else None),
     }
     print(f"{'arm':<18}{'tokens':>8}{'s':>8}{'tok/s':>8}{'calls':>7}{'att/ep':>8}{'solved':>8}{'env tok':>9}"
           f"{'prompt tok':>11}{'prefilled':>10}{'saved':>7}")
@@ -118,7 +127,7 @@ def main() -> None:
               f"{r['attempts_per_episode']:>8.2f}{r['solved']:>8.3f}{r['env_tokens']:>9}{r['prompt_tokens']:>11}"
               f"{r['prefilled']:>10}{r['prefill_saved']:>7.1%}")
     print("tokens/s relative to single:", {k: round(v, 3) for k, v in result["ratios"].items()},
-          f"reuse speedup (multi / multi_no_reuse) {result['reuse_speedup']:.3f}")
+          f"reuse speedup (multi / multi_no_reuse) {result['reuse_speedup']}")
     if args.json_out:
         with open(args.json_out, "w") as fh:
             json.dump(result, fh, indent=2)

