@@ -85,7 +85,8 @@ ACTIONS = ("stall-collector-write", "kill-collector-write", "kill-learner-step",
            "term-learner")
 
 #: ``--storage s3``: versions go through a local S3 server; timeouts short enough that a stopped
-#: server fails a call within seconds (the learner retries its upload for upload_retry_s).
+#: server fails a call within seconds (the learner retries its upload for upload_retry_s,
+#: collectors their fetch; reflexdb/storage.py caps s3fs's own nested tries, S3_TRIES).
 S3_LEARNER = {"upload_retry_s": 300,
               "checkpoint_storage_options": {"config_kwargs": {"connect_timeout": 1, "read_timeout": 2,
                                                                "retries": {"max_attempts": 1}}}}

@@ -65,6 +65,12 @@ CHUNK = 128 << 20
 LOCAL_SCHEMES = ("", "file", "local")
 #: the extra that installs each scheme's filesystem (``pip install -e '.[s3]'`` in reflexdb's clone)
 EXTRAS = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs", "http": "http", "https": "http"}
+#: s3fs's own tries of a call, at most: its ranged reads nest them (``cat_file`` with a range tries
+#: its read 5 times, each read a call that tries 5 times), so through a 30 s outage a marker or a
+#: manifest read hung about 2 minutes and then succeeded, where every other call fails within
+#: seconds and reflexdb's own retries (with backoff and a time budget: learner.upload_retry_s, the
+#: collectors' fetch) ride the outage out and say so. 2 x 2 tries is 4 reads at most.
+S3_TRIES = 2
 #: schemes fsspec can read but not write (a collector may load from them; the learner cannot publish there)
 READ_ONLY = ("http", "https")
 
@@ -292,11 +298,14 @@ def filesystem(url: str, options: dict[str, Any] | None = None):
     import fsspec.core
 
     try:
-        return fsspec.core.url_to_fs(url, **(options or {}))
+        fs, path = fsspec.core.url_to_fs(url, **(options or {}))
     except ImportError as exc:
         extra = EXTRAS.get(scheme(url))
         hint = f"pip install -e '.[{extra}]' in reflexdb's clone" if extra else "install the fsspec filesystem for it"
         raise StorageError(f"{mask(url)} needs a filesystem that is not installed ({exc}): {hint}") from None
+    if isinstance(getattr(fs, "retries", None), int) and fs.retries > S3_TRIES:
+        fs.retries = S3_TRIES  # s3fs: see S3_TRIES
+    return fs, path
 
 
 def reason(exc: BaseException, url: str = "") -> str:

@@ -349,3 +349,12 @@ def test_the_read_url_is_checked_and_needs_an_upload_url():
     # the storage options are checkpoint_url's: a version read over https gets none
     assert storage.options_for("https://ckpt.example.com/run/v1", "s3://b/run/", {"endpoint_url": "x"}) == {}
     assert storage.options_for("s3://b/run/v1", "s3://b/run/", {"endpoint_url": "x"}) == {"endpoint_url": "x"}
+
+
+def test_s3fs_own_tries_are_capped_so_an_outage_fails_calls_within_seconds():
+    """s3fs nests its own tries in ranged reads (5 x 5): a 30 s outage then hung a marker or manifest
+    read for ~2 minutes and nothing was reported (the storage drill's outage went unfelt); reflexdb's
+    own retries, with backoff and a time budget, are what ride an outage out."""
+    pytest.importorskip("s3fs")
+    fs, _ = storage.filesystem("s3://bucket/run", {"endpoint_url": "http://127.0.0.1:9"})
+    assert fs.retries == storage.S3_TRIES == 2
