@@ -80,6 +80,8 @@ def main() -> None:
     for rnd in range(args.rounds):
         for name, (env_name, options, share, kept) in arms.items():
             engine.share_prefixes, engine.keep_kv_tokens = share, kept
+            if hasattr(engine, "clear_prefix_cache"):  # fast: blocks cached by an earlier arm's same tasks
+                engine.clear_prefix_cache()
             make_env = environment_factory(env_name, parse_options(env_name, options), reward, "plain")
             for b in range(args.batches):
                 start = (rnd * args.batches + b) * args.tasks

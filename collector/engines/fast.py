@@ -281,6 +281,10 @@ class FastEngine(ModelFacade):
         """New weights in place: no rebuild, no graph recapture; cached blocks hold the old
         weights' keys and values, so they are forgotten."""
         self.lm.load_weights(path)
+        self.clear_prefix_cache()
+
+    def clear_prefix_cache(self) -> None:
+        """Forget every kept conversation and every cached block (a benchmark's arms start equal)."""
         self.scheduler.forget()
         bm = self.scheduler.bm
         bm.by_hash.clear()

@@ -538,3 +538,33 @@ def test_engine_options_match_the_constructors_and_reach_the_engine(tmp_path):
     with pytest.raises(ConfigError, match="'check_every' is not an option of the hf engine; its options: max_batch_size"):
         parse_config({"run": "r", "collector": {"engine": "hf", "engine_options": {"check_every": 2}}})
     assert CollectorConfig(engine="sglang", engine_options={"tp_size": 2}).engine_options == {"tp_size": 2}
+
+
+def test_clean_ers_tool_episodes_are_the_same_on_both_engines(pair):
+    """CLEANER's rollout (SAAR over tool_python episodes, kept caches on) through both engines: the
+    same raw and purified trajectories. (The random model writes no Python block, so its episodes
+    end at their first turn; the engine calls of a rollback are the test above, of later turns the
+    multi-attempt driver's.)"""
+    import itertools
+
+    from reflexdb.collector.environments import EnvTask, parse_options
+    from reflexdb.collector.episodes import environment_factory
+    from reflexdb.collector.rewards import get_reward
+    from reflexdb.methods.cleaner.saar import SaarRollout
+
+    make_env = environment_factory("tool_python", parse_options("tool_python", {"timeout_s": 2.0, "cpu_s": 2,
+                                                                                "max_tool_calls": 2}),
+                                   get_reward("math"), "tool_python")
+    out = []
+    for engine in pair:
+        seeds = itertools.count(50)
+        r = SaarRollout(engine, make_env, lambda: SamplingParams(temperature=1.0, max_new_tokens=12, seed=next(seeds)),
+                        0, share=1.0, rng=np.random.default_rng(0))
+        rows = r.saar_episodes([EnvTask(1, "What is 48 * 77?", "3696")], 3)
+        out.append([t for se in rows[0] for t in (se.ep.trajectory(), se.raw.trajectory())])
+    same = sum(np.array_equal(x.response_ids, y.response_ids) for x, y in zip(*out))
+    assert same >= 5  # of 6
+    for x, y in zip(*out):
+        if np.array_equal(x.response_ids, y.response_ids):
+            np.testing.assert_allclose(x.logprobs, y.logprobs, atol=2e-5, rtol=5e-6)
+            assert [(u.role, u.text) for u in x.turns] == [(u.role, u.text) for u in y.turns]
