@@ -154,6 +154,15 @@ def _decode_step(model: PagedModel, forward: Callable[..., torch.Tensor], pool: 
     b.pos.add_(b.live.long())  # a row that ended stays put: its position must stay inside the context
 
 
+def bucket(blocks: int) -> int:
+    """The block-table width a decode step reads for rows of at most ``blocks`` blocks: rounded up to
+    a multiple of ``2 ** (bit_length - 3)`` (1, 2, 3, 4, ..., 8, 10, 12, 14, 16, 20, ...): each row
+    reads its table to that width, so the bucket is what a step costs beyond the rows' own blocks,
+    and each bucket is one captured graph."""
+    q = 1 << max(0, blocks.bit_length() - 3)
+    return max(1, -(-blocks // q) * q)
+
+
 def plan_pool(model: PagedModel, dtype: torch.dtype, device: torch.device, block_size: int, *,
               kv_tokens: int | None, kv_memory_fraction: float) -> int:
     """Blocks of the KV pool: ``kv_tokens`` when given; on CUDA, ``kv_memory_fraction`` of the
@@ -566,9 +575,10 @@ class FastEngine(ModelFacade):
         b.bitmask.index_copy_(0, idx, scratch.to(b.bitmask.device))
 
     def _graph(self, b: _Buffers, holder: list[Row | None], k: int, masked: bool) -> StepGraph:
-        """The decode step for this look's shapes: block-table width bucketed to a power of two."""
+        """The decode step for this look's shapes: the block-table width rounded up to a multiple of
+        a quarter of its power of two (at most a third read in vain, four graphs per doubling)."""
         need = max(len(h.blocks) for h in holder if h is not None)
-        width = min(1 << max(0, need - 1).bit_length(), b.table.shape[1])
+        width = min(bucket(need), b.table.shape[1])
         any_top_p = any(h.params.top_p < 1 and not h.params.greedy for h in holder if h is not None)
         any_greedy = any(h.params.greedy for h in holder if h is not None)
         key = (width, masked, any_top_p, any_greedy)

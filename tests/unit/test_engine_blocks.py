@@ -156,3 +156,12 @@ def test_reserve_keeps_headroom_for_the_decoding_rows():
     assert not sch.reserve(job, headroom=3)  # 2 blocks leave 2 free, not 3
     assert sch.bm.free_blocks == 4  # nothing held
     assert sch.reserve(job, headroom=2)
+
+
+def test_the_decode_steps_block_table_width_wastes_at_most_a_quarter():
+    from reflexdb.collector.engines.fast import bucket
+
+    assert [bucket(n) for n in (1, 2, 3, 8, 9, 17, 33, 72, 1000)] == [1, 2, 3, 8, 10, 20, 40, 80, 1024]
+    for n in range(1, 5000):
+        assert n <= bucket(n) < n * 1.25 + 1  # rounded up to a multiple of 2 ** (bit_length - 3)
+    assert len({bucket(n) for n in range(1, 4097)}) <= 4 * 13  # a few graphs per doubling
