@@ -33,7 +33,7 @@ from typing import Callable, Literal
 
 import torch
 
-from reflexdb.logprobs import hidden_response_logprobs, response_logprobs
+from reflexdb.logprobs import hidden_response_logprobs
 from reflexdb.storage import weights_sha256 as _weights_sha256
 
 from .batch import concat_rows
@@ -269,8 +269,9 @@ class TrainingEngine:
         """Log-probs (and entropies) of the response tokens of a right-padded micro-batch.
 
         The model's forward pass on the rows, padded or packed (``settings.packing``,
-        :func:`hidden_logprobs`), then the vocabulary head in chunks; under ZeRO-3 padded rows and
-        the model's logits (:func:`reflexdb.logprobs.response_logprobs`).
+        :func:`hidden_logprobs`; ZeRO-3 padded), then the vocabulary head in chunks of
+        ``settings.head_chunk_tokens`` positions: no ``[tokens, vocabulary]`` logits for the whole
+        micro-batch on any ZeRO stage.
 
         Args:
             input_ids: `[B, L]` prompt ⊕ response, right-padded.
@@ -283,24 +284,14 @@ class TrainingEngine:
         ctx = torch.enable_grad() if grad else torch.no_grad()
         module = self.ds if grad else self.ds.module
         with ctx:
-            if self.settings.zero_stage < 3:
-                # The final hidden states, then the vocabulary projection a chunk of response
-                # positions at a time (reflexdb.logprobs.hidden_response_logprobs): the [B, T, V]
-                # logits of long rows were the learner's largest tensors (docs/benchmarks.md,
-                # "Memory"). ZeRO-3 partitions the head's weight outside the model's own forward,
-                # so it keeps the model's logits.
-                return hidden_logprobs(module, self.ds.module.get_output_embeddings(), input_ids, attention_mask,
-                                       prompt_lengths, response_lengths, packed=self.packed, device=self.device,
-                                       temperature=temperature, with_entropy=with_entropy,
-                                       chunk_tokens=self.settings.head_chunk_tokens)
-            # Logits only from the first position that predicts a response token: the vocabulary
-            # projection (49,152-way for SmolLM2) of the prompt positions before it is never used.
-            start = max(int(prompt_lengths.min()) - 1, 0)
-            ids, attn = input_ids.to(self.device), attention_mask.to(self.device)
-            logits = module(input_ids=ids, attention_mask=attn, logits_to_keep=input_ids.shape[1] - start).logits
-            logprobs, entropy = response_logprobs(logits, input_ids, prompt_lengths, response_lengths,
-                                                  temperature=temperature, with_entropy=with_entropy, offset=start)
-        return logprobs, entropy
+            # The final hidden states, then the vocabulary projection a chunk of response positions
+            # at a time (reflexdb.logprobs.hidden_response_logprobs): the [B, T, V] logits of long
+            # rows were the learner's largest tensors (docs/benchmarks.md, "Memory"). Under ZeRO-3
+            # the head is called as a module, whose hooks gather its partitioned weight.
+            return hidden_logprobs(module, self.ds.module.get_output_embeddings(), input_ids, attention_mask,
+                                   prompt_lengths, response_lengths, packed=self.packed, device=self.device,
+                                   temperature=temperature, with_entropy=with_entropy,
+                                   chunk_tokens=self.settings.head_chunk_tokens)
 
     def backward(self, loss: torch.Tensor) -> None:
         # Our losses are already weighted for their share of the step; no 1/GAS scaling on top.
