@@ -148,6 +148,7 @@ class Learner:
             accumulation_steps=self.n_micro, lr=self.L.lr, weight_decay=self.L.weight_decay,
             grad_clip=self.L.grad_clip, dtype=self.L.dtype, fsync=self.L.fsync_publish,
             activation_checkpointing=self.L.activation_checkpointing, packing=self.L.packing,
+            offload_optimizer=self.L.offload_optimizer, offload_params=self.L.offload_params,
         )
         latest, stateful = find_resume(self.store, self.run_id, self.cfg.run, self.db)
         resume = stateful is not None
