@@ -38,6 +38,7 @@ from reflexdb.logprobs import hidden_response_logprobs
 from reflexdb.storage import weights_sha256 as _weights_sha256
 
 from .batch import concat_rows
+from .fit import FitCheck, check_start
 
 log = logging.getLogger(__name__)
 
@@ -224,12 +225,20 @@ def _fsync_dir(path: Path) -> None:
 class TrainingEngine:
     """A model and its optimizer under DeepSpeed."""
 
-    def __init__(self, model_path: str | Path, settings: EngineSettings, *, say: Callable[[str], None] = _to_stderr):
+    def __init__(self, model_path: str | Path, settings: EngineSettings, *, say: Callable[[str], None] = _to_stderr,
+                 fit: FitCheck | None = None):
+        """Load the model and start DeepSpeed; with ``fit``, first refuse a config whose estimated
+        memory passes the device's (:func:`reflexdb.trainer.fit.check_start`, raising
+        :class:`~reflexdb.trainer.fit.LearnerDoesNotFit`)."""
         import deepspeed
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         settings = resolve_settings(settings)
         init_distributed(settings.device, say)
+        if fit is not None:  # before the model is loaded and DeepSpeed starts
+            world = torch.distributed.get_world_size()
+            check_start(str(model_path), settings, fit, world_size=world, say=say,
+                        ranks_per_host=int(os.environ.get("LOCAL_WORLD_SIZE", world)))
         self.settings = settings
         self.model_path = str(model_path)
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
