@@ -151,7 +151,10 @@ class LearnerConfig(_Section):
     packing: Literal["auto", "on", "off"] = Field("auto", description="Feed each pass's rows to the model concatenated, without padding (position ids restart at each row, attention stays inside it), instead of right-padded to the longest: the same log-probs and gradient, no compute spent on padding. auto: off on every device, as measured: on an H200 packed passes through SDPA's dense block mask took 2-4x the time and 2-3x the memory of padded ones (docs/benchmarks.md); 'on' with zero_stage 3 is refused (ZeRO-3 takes padded rows).")
     record_token_signals: bool = Field(True, description="Record what each step's loss used at each token of each row it trained on (table token_signals: the advantage, the log of the importance ratio, whether the clip was active, the policy's entropy; float16), which the explorer shades a trajectory's tokens by. It costs 7.5 bytes a response token for each step that trains the row, and on CPU 20-50 ms a step, under 0.5 % of it (docs/benchmarks.md, 'Per-token learner signals'); off, none are computed or written.")
     activation_checkpointing: bool = Field(False, description="Recompute each decoder layer's activations in the backward pass instead of keeping them (HF gradient checkpointing): less memory for long rows, about a third more compute per step.")
-    zero_stage: int = Field(0, ge=0, le=3, description="DeepSpeed ZeRO stage.")
+    zero_stage: int = Field(0, ge=0, le=3, description="DeepSpeed ZeRO stage: 1 shards the optimizer state over the learner ranks, 2 also the gradients, 3 also the weights (docs/learner.md).")
+    offload_optimizer: bool = Field(False, description="Keep the optimizer state (float32 master weights, AdamW's two moments, the float32 gradients) in host memory and step it there (DeepSpeed's ZeRO-Offload with its CPU Adam, a C++ op built once per machine): about 12-16 bytes a parameter off the device, for a slower step. Needs zero_stage 1-3 (with 1, the 16-bit gradients stay on the device; 2 or 3 move them too).")
+    offload_params: bool = Field(False, description="Keep the weights in host memory between their uses (DeepSpeed's ZeRO-3 parameter offload): the device holds only the layers being computed, for a much slower step. Needs zero_stage 3.")
+    fit_check: bool = Field(True, description="Before the model is loaded, estimate the learner's memory (weights, gradients, optimizer state, one pass's activations and vocabulary head) and refuse a config that does not fit its device (or its host's memory), naming the keys that would make it fit (docs/learner.md, \"Will it fit?\"). false: start anyway.")
     dtype: Literal["auto", "float32", "bfloat16"] = Field("auto", description="Training precision. bfloat16: DeepSpeed's bf16 (bfloat16 weights and activations, float32 master weights in the optimizer); auto: bfloat16 with a CUDA device that supports it, float32 otherwise (CPU).")
     device: str = Field("cpu", description="cpu or cuda (DeepSpeed uses gloo on CPU, nccl on GPU).")
     max_reuse: int = Field(1, ge=1, le=1000, description="A group is consumed by at most this many steps (samples-per-insert limit per group).")
@@ -201,6 +204,16 @@ class LearnerConfig(_Section):
         if self.packing == "on" and self.zero_stage == 3:
             raise ValueError("learner.packing 'on' needs learner.zero_stage 0-2: ZeRO-3 takes padded rows "
                              "(use packing: auto or off)")
+        return self
+
+    @model_validator(mode="after")
+    def _offload(self) -> LearnerConfig:
+        if self.offload_optimizer and self.zero_stage < 1:
+            raise ValueError("learner.offload_optimizer needs learner.zero_stage 1, 2 or 3: DeepSpeed offloads the "
+                             "optimizer state ZeRO partitions (2 is the usual choice)")
+        if self.offload_params and self.zero_stage != 3:
+            raise ValueError(f"learner.offload_params needs learner.zero_stage 3 (it is {self.zero_stage}): only "
+                             "ZeRO-3 partitions the weights")
         return self
 
 

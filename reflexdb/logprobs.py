@@ -81,10 +81,12 @@ def response_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, prompt_leng
     return logprobs, entropy
 
 
-def _head_chunk(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, targets: torch.Tensor,
-                temperature: float, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """One chunk of positions: the vocabulary projection, ``log_softmax`` and the target's entry."""
-    logits = torch.nn.functional.linear(hidden, weight, bias)[None]  # [1, c, V]
+def _head_chunk(hidden: torch.Tensor, head: torch.nn.Module, targets: torch.Tensor, temperature: float,
+                with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """One chunk of positions: the vocabulary projection, ``log_softmax`` and the target's entry.
+    The head is called as a module, so that ZeRO-3's hooks gather its partitioned weight (for
+    the forward pass and the checkpoint's recomputation alike) and release it after."""
+    logits = head(hidden)[None]  # [1, c, V]
     lp, ent = token_logprobs(logits, targets[None], temperature=temperature, with_entropy=with_entropy)
     return lp[0], (ent[0] if ent is not None else torch.zeros_like(lp[0]))
 
@@ -131,11 +133,10 @@ def hidden_response_logprobs(hidden: torch.Tensor, head: torch.nn.Module, input_
     at = starts.to(device)[rows] + prompt_lengths.to(device)[rows] - 1 + cols  # [n] the position that predicts each
     targets = input_ids.to(device).reshape(-1)[at + 1]  # [n]
     h = hidden.reshape(-1, hidden.shape[-1])[at]  # [n, D]
-    weight, bias = head.weight, getattr(head, "bias", None)
     lps, ents = [], []
-    grad = torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad)
+    grad = torch.is_grad_enabled() and (h.requires_grad or head.weight.requires_grad)
     for s in range(0, h.shape[0], max(1, chunk_tokens)):
-        args = (h[s:s + chunk_tokens], weight, bias, targets[s:s + chunk_tokens], temperature, with_entropy)
+        args = (h[s:s + chunk_tokens], head, targets[s:s + chunk_tokens], temperature, with_entropy)
         lp, ent = checkpoint(_head_chunk, *args, use_reentrant=False) if grad else _head_chunk(*args)
         lps.append(lp)
         ents.append(ent.detach())

@@ -43,16 +43,17 @@ def extensions_root() -> Path:
     return Path(get_default_build_root()) / f"py{sys.version_info.major}{sys.version_info.minor}{sys.abiflags}_{accel}"
 
 
-def op_to_build(root: Path) -> tuple[str, Path] | None:
-    """The op DeepSpeed's start will JIT-build here, and the folder it builds it in
-    (``root/<op>``); ``None`` when it builds none: no such op on this accelerator (CUDA), one
-    installed prebuilt with DeepSpeed, or one built already (its ``.so`` is there)."""
+def op_to_build(root: Path, builder: str = "ShareMemCommBuilder") -> tuple[str, Path] | None:
+    """The op DeepSpeed's start will JIT-build here (``builder``: its op builder's class name; by
+    default the communication op, or ``CPUAdamBuilder`` for an offloaded optimizer), and the folder
+    it builds it in (``root/<op>``); ``None`` when it builds none: no such op on this accelerator
+    (CUDA), one installed prebuilt with DeepSpeed, or one built already (its ``.so`` is there)."""
     try:
         import deepspeed.ops
         from deepspeed.accelerator import get_accelerator
         from deepspeed.git_version_info import installed_ops
 
-        builder = get_accelerator().create_op_builder("ShareMemCommBuilder")  # deepspeed/comm/torch.py
+        builder = get_accelerator().create_op_builder(builder)
         if builder is None or not deepspeed.ops.__compatible_ops__.get(builder.NAME, False):
             return None
         if installed_ops.get(builder.NAME, False):
@@ -100,12 +101,15 @@ class BuildLockWatch:
 
     Args:
         say: where the lines go (the learner's echo).
+        builder: the op builder whose first build is announced (:func:`op_to_build`).
         root: the extensions directory (default: :func:`extensions_root`).
         interval: seconds between looks.
     """
 
-    def __init__(self, say: Callable[[str], None], *, root: Path | None = None, interval: float = 1.0):
+    def __init__(self, say: Callable[[str], None], *, builder: str = "ShareMemCommBuilder", root: Path | None = None,
+                 interval: float = 1.0):
         self.say = say
+        self.builder = builder
         self.root = root
         self.interval = interval
         self._stop = threading.Event()
@@ -114,7 +118,7 @@ class BuildLockWatch:
 
     def __enter__(self) -> BuildLockWatch:
         self.root = self.root or extensions_root()
-        building = op_to_build(self.root)
+        building = op_to_build(self.root, self.builder)
         if building:  # the first start on this machine: a minute or so that would be silent
             name, folder = building
             self.say(f"building DeepSpeed's {name} extension in {folder} (once: a minute or so; later starts "

@@ -33,10 +33,12 @@ from typing import Callable, Literal
 
 import torch
 
-from reflexdb.logprobs import hidden_response_logprobs, response_logprobs
+from reflexdb.errors import ReflexdbError
+from reflexdb.logprobs import hidden_response_logprobs
 from reflexdb.storage import weights_sha256 as _weights_sha256
 
 from .batch import concat_rows
+from .fit import FitCheck, check_start
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +107,8 @@ class EngineSettings:
     head_chunk_tokens: int = 1024  # response positions projected onto the vocabulary at once
     activation_checkpointing: bool = False  # recompute each layer's activations in the backward pass
     packing: Literal["auto", "on", "off"] = "off"  # a micro-batch's rows concatenated, no padding (hidden_logprobs)
+    offload_optimizer: bool = False  # AdamW's state and step in host memory (ZeRO >= 1, DeepSpeedCPUAdam)
+    offload_params: bool = False  # the weights in host memory between their uses (ZeRO-3)
 
 
 def resolve_settings(settings: EngineSettings) -> EngineSettings:
@@ -115,7 +119,7 @@ def resolve_settings(settings: EngineSettings) -> EngineSettings:
     Packing ``auto`` is off on every device (measured; see the comment below).
 
     Raises:
-        ValueError: ``packing: on`` with ZeRO-3.
+        ValueError: ``packing: on`` with ZeRO-3; an offload its ZeRO stage does not allow.
     """
     cuda = torch.device(settings.device).type == "cuda"
     dtype, packing = settings.dtype, settings.packing
@@ -128,6 +132,10 @@ def resolve_settings(settings: EngineSettings) -> EngineSettings:
         packing = "off"
     if packing == "on" and settings.zero_stage == 3:
         raise ValueError("packing 'on' needs ZeRO stage 0-2: ZeRO-3 takes padded rows")
+    if settings.offload_optimizer and settings.zero_stage < 1:
+        raise ValueError("offload_optimizer needs ZeRO stage 1-3 (DeepSpeed offloads the optimizer's partition)")
+    if settings.offload_params and settings.zero_stage != 3:
+        raise ValueError("offload_params needs ZeRO stage 3 (only ZeRO-3 partitions the weights)")
     return replace(settings, dtype=dtype, packing=packing)
 
 
@@ -217,12 +225,20 @@ def _fsync_dir(path: Path) -> None:
 class TrainingEngine:
     """A model and its optimizer under DeepSpeed."""
 
-    def __init__(self, model_path: str | Path, settings: EngineSettings, *, say: Callable[[str], None] = _to_stderr):
+    def __init__(self, model_path: str | Path, settings: EngineSettings, *, say: Callable[[str], None] = _to_stderr,
+                 fit: FitCheck | None = None):
+        """Load the model and start DeepSpeed; with ``fit``, first refuse a config whose estimated
+        memory passes the device's (:func:`reflexdb.trainer.fit.check_start`, raising
+        :class:`~reflexdb.trainer.fit.LearnerDoesNotFit`)."""
         import deepspeed
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         settings = resolve_settings(settings)
         init_distributed(settings.device, say)
+        if fit is not None:  # before the model is loaded and DeepSpeed starts
+            world = torch.distributed.get_world_size()
+            check_start(str(model_path), settings, fit, world_size=world, say=say,
+                        ranks_per_host=int(os.environ.get("LOCAL_WORLD_SIZE", world)))
         self.settings = settings
         self.model_path = str(model_path)
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
@@ -234,13 +250,12 @@ class TrainingEngine:
             # (about a third more compute): the activations of long multi-turn rows dominate the
             # learner's memory (docs/benchmarks.md, "Memory").
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        optimizer = torch.optim.AdamW(model.parameters(), lr=settings.lr, betas=settings.betas,
-                                      weight_decay=settings.weight_decay)
+        optimizer = _optimizer(model, settings, say)
         ds_config = {
             "train_micro_batch_size_per_gpu": settings.micro_batch_size,
             "gradient_accumulation_steps": settings.accumulation_steps,
             "gradient_clipping": settings.grad_clip,
-            "zero_optimization": {"stage": settings.zero_stage},
+            "zero_optimization": _zero_config(settings),
             "zero_allow_untested_optimizer": True,  # torch AdamW: DeepSpeed's fused Adam needs CUDA
             "bf16": {"enabled": settings.dtype == "bfloat16"},
             "steps_per_print": 10**9,
@@ -269,8 +284,9 @@ class TrainingEngine:
         """Log-probs (and entropies) of the response tokens of a right-padded micro-batch.
 
         The model's forward pass on the rows, padded or packed (``settings.packing``,
-        :func:`hidden_logprobs`), then the vocabulary head in chunks; under ZeRO-3 padded rows and
-        the model's logits (:func:`reflexdb.logprobs.response_logprobs`).
+        :func:`hidden_logprobs`; ZeRO-3 padded), then the vocabulary head in chunks of
+        ``settings.head_chunk_tokens`` positions: no ``[tokens, vocabulary]`` logits for the whole
+        micro-batch on any ZeRO stage.
 
         Args:
             input_ids: `[B, L]` prompt ⊕ response, right-padded.
@@ -283,24 +299,14 @@ class TrainingEngine:
         ctx = torch.enable_grad() if grad else torch.no_grad()
         module = self.ds if grad else self.ds.module
         with ctx:
-            if self.settings.zero_stage < 3:
-                # The final hidden states, then the vocabulary projection a chunk of response
-                # positions at a time (reflexdb.logprobs.hidden_response_logprobs): the [B, T, V]
-                # logits of long rows were the learner's largest tensors (docs/benchmarks.md,
-                # "Memory"). ZeRO-3 partitions the head's weight outside the model's own forward,
-                # so it keeps the model's logits.
-                return hidden_logprobs(module, self.ds.module.get_output_embeddings(), input_ids, attention_mask,
-                                       prompt_lengths, response_lengths, packed=self.packed, device=self.device,
-                                       temperature=temperature, with_entropy=with_entropy,
-                                       chunk_tokens=self.settings.head_chunk_tokens)
-            # Logits only from the first position that predicts a response token: the vocabulary
-            # projection (49,152-way for SmolLM2) of the prompt positions before it is never used.
-            start = max(int(prompt_lengths.min()) - 1, 0)
-            ids, attn = input_ids.to(self.device), attention_mask.to(self.device)
-            logits = module(input_ids=ids, attention_mask=attn, logits_to_keep=input_ids.shape[1] - start).logits
-            logprobs, entropy = response_logprobs(logits, input_ids, prompt_lengths, response_lengths,
-                                                  temperature=temperature, with_entropy=with_entropy, offset=start)
-        return logprobs, entropy
+            # The final hidden states, then the vocabulary projection a chunk of response positions
+            # at a time (reflexdb.logprobs.hidden_response_logprobs): the [B, T, V] logits of long
+            # rows were the learner's largest tensors (docs/benchmarks.md, "Memory"). Under ZeRO-3
+            # the head is called as a module, whose hooks gather its partitioned weight.
+            return hidden_logprobs(module, self.ds.module.get_output_embeddings(), input_ids, attention_mask,
+                                   prompt_lengths, response_lengths, packed=self.packed, device=self.device,
+                                   temperature=temperature, with_entropy=with_entropy,
+                                   chunk_tokens=self.settings.head_chunk_tokens)
 
     def backward(self, loss: torch.Tensor) -> None:
         # Our losses are already weighted for their share of the step; no 1/GAS scaling on top.
@@ -418,6 +424,46 @@ class TrainingEngine:
         if path is None:
             raise StateUnreadable(f"no DeepSpeed checkpoint {tag!r} in {directory}")
         return client_state or {}
+
+
+def _zero_config(settings: EngineSettings) -> dict:
+    """DeepSpeed's ``zero_optimization``: the stage, and the offloads to host memory (pinned with a GPU)."""
+    zero: dict = {"stage": settings.zero_stage}
+    pin = torch.device(settings.device).type == "cuda"
+    if settings.offload_optimizer:
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": pin}
+    if settings.offload_params:
+        zero["offload_param"] = {"device": "cpu", "pin_memory": pin}
+    return zero
+
+
+class OffloadUnavailable(ReflexdbError):
+    """``learner.offload_optimizer`` needs DeepSpeed's CPU Adam op, which could not be built or loaded here."""
+
+    exit_code = 2
+
+
+def _optimizer(model, settings: EngineSettings, say: Callable[[str], None]) -> torch.optim.Optimizer:
+    """AdamW: torch's; with the optimizer offloaded, DeepSpeed's CPU Adam (the same update, in
+    AdamW mode: ZeRO-Offload steps the float32 partition in host memory and refuses other
+    optimizers there), whose C++ op is JIT-built once per machine (about a minute, under torch's
+    build lock, watched as the communication op's is)."""
+    if not settings.offload_optimizer:
+        return torch.optim.AdamW(model.parameters(), lr=settings.lr, betas=settings.betas,
+                                 weight_decay=settings.weight_decay)
+    from .buildlock import BuildLockWatch
+
+    try:
+        from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+        with BuildLockWatch(say, builder="CPUAdamBuilder"):
+            return DeepSpeedCPUAdam(model.parameters(), lr=settings.lr, betas=settings.betas,
+                                    weight_decay=settings.weight_decay, adamw_mode=True)
+    except Exception as exc:  # noqa: BLE001 - a failed JIT build raises RuntimeError, ImportError, CalledProcessError
+        raise OffloadUnavailable(f"learner.offload_optimizer needs DeepSpeed's CPU Adam op, which could not be built "
+                                 f"or loaded here ({type(exc).__name__}: {str(exc)[:300]}); it needs a C++ compiler "
+                                 "and ninja (or DeepSpeed installed with DS_BUILD_CPU_ADAM=1): install them, or set "
+                                 "learner.offload_optimizer: false") from None
 
 
 class _Null:

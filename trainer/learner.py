@@ -56,6 +56,7 @@ from .advantages import advantage_stages
 from .batch import AUXILIARY, Batch, Selection, pack
 from .checkpointer import Checkpointer, find_resume, run_places
 from .engine import EngineSettings, TrainingEngine
+from .fit import FitCheck, tokens_per_pass
 from .losses.registry import get_loss_spec
 from .scoring import Scorer
 from .sources import BatchSource, ImportedGroups, MethodGroups, choose
@@ -148,10 +149,15 @@ class Learner:
             accumulation_steps=self.n_micro, lr=self.L.lr, weight_decay=self.L.weight_decay,
             grad_clip=self.L.grad_clip, dtype=self.L.dtype, fsync=self.L.fsync_publish,
             activation_checkpointing=self.L.activation_checkpointing, packing=self.L.packing,
+            offload_optimizer=self.L.offload_optimizer, offload_params=self.L.offload_params,
         )
         latest, stateful = find_resume(self.store, self.run_id, self.cfg.run, self.db)
         resume = stateful is not None
-        self.engine = TrainingEngine(self.base_model, settings, say=lambda msg: self.echo(msg))
+        uses_ref = any(spec.uses_reference(t.params) for spec, t in zip(self.specs, self.terms))
+        longest = self.cfg.collector.sampling.max_new_tokens  # the prompt is not counted (trainer/fit.py)
+        fit = FitCheck(tokens_per_pass(self.L.micro_batch_tokens, micro, longest), longest_row=longest,
+                       reference_model=uses_ref) if self.L.fit_check else None
+        self.engine = TrainingEngine(self.base_model, settings, say=lambda msg: self.echo(msg), fit=fit)
         # Where the time goes (PHASES). On a GPU each phase boundary synchronises, so kernels are
         # charged to the phase that queued them; the micro-batches within a phase run unsynchronised.
         device = torch.device(self.engine.device)
@@ -161,7 +167,6 @@ class Learner:
         self.main = self.rank == 0
         if not self.main:
             self.echo = lambda msg: None
-        uses_ref = any(spec.uses_reference(t.params) for spec, t in zip(self.specs, self.terms))
         self.ref = self._reference_model() if uses_ref else None
         self.checkpoints = Checkpointer(
             self.store, self.run_id, self.cfg.run, self.ckpt_dir, self.engine, state_every=self.L.state_every,

@@ -81,3 +81,71 @@ def test_a_step_cut_by_the_token_budget_makes_the_same_update(model_cache, check
     assert norm_b == pytest.approx(norm_a, rel=1e-4)
     for a, b in zip(w_a, w_b):  # AdamW's first step moves each weight by about lr = 1e-3: 1% of it
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("zero_stage", [0, 3])
+def test_no_pass_holds_the_logits_of_the_whole_micro_batch(model_cache, zero_stage):
+    """A forward and backward pass of 6 rows (69 response tokens) with head_chunk_tokens 16: every
+    tensor any operation makes (recorded by a dispatch mode, the backward pass and the chunks'
+    recomputation included) that ends in the 49,152-way vocabulary holds at most 16 positions,
+    on ZeRO-0 and on ZeRO-3 (whose head is gathered by its hooks; it used to take the model's
+    [6, 31, V] logits). The log-probs, with and without gradients, are the model's own."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Widest(TorchDispatchMode):
+        rows = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for t in (out if isinstance(out, (tuple, list)) else (out,)):
+                if isinstance(t, torch.Tensor) and t.dim() >= 2 and t.shape[-1] == vocab and \
+                        tuple(t.shape) != (hidden, vocab):  # the head's weight transposed, [H, V]
+                    self.rows = max(self.rows, t.numel() // vocab)
+            return out
+
+    engine = _engine(model_cache, head_chunk_tokens=16, zero_stage=zero_stage)
+    vocab, hidden = engine.ds.module.config.vocab_size, engine.ds.module.config.hidden_size
+    b = _batch(engine.pad_id)
+    with Widest() as probe:
+        lp, _ = engine.token_logprobs(b.input_ids, b.attention_mask, b.prompt_lengths, b.response_lengths,
+                                      with_entropy=True)
+        engine.backward(-(lp.sum()) / 100)
+    assert int(b.response_lengths.sum()) == 69 and 0 < probe.rows <= 16
+    with torch.no_grad():
+        logits = engine.ds.module(input_ids=b.input_ids, attention_mask=b.attention_mask).logits
+    ref = response_logprobs(logits, b.input_ids, b.prompt_lengths, b.response_lengths)[0]
+    torch.testing.assert_close(lp.detach(), ref, rtol=1e-5, atol=1e-5)
+    no_grad, _ = engine.token_logprobs(b.input_ids, b.attention_mask, b.prompt_lengths, b.response_lengths, grad=False)
+    torch.testing.assert_close(no_grad, ref, rtol=1e-5, atol=1e-5)  # the scorer's and π_old's passes
+
+
+def test_a_step_with_the_optimizer_and_the_weights_offloaded_makes_the_same_update(model_cache):
+    """learner.offload_optimizer (DeepSpeed's CPU Adam on the host's float32 partition) under ZeRO-2,
+    and both offloads under ZeRO-3, against torch's AdamW under ZeRO-0: two steps of the same
+    batch, float32. AdamW's first steps move each weight by about lr = 1e-3; the weights after two
+    steps agree within 2e-5 (2% of a step: the order of float sums in the partitions), the
+    gradient norms within 1e-4 relative."""
+    import deepspeed
+    from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+    def two_steps(**kw):
+        engine = _engine(model_cache, **kw)
+        b = _batch(engine.pad_id)
+        norms = []
+        for _ in range(2):
+            lp, _ = engine.token_logprobs(b.input_ids, b.attention_mask, b.prompt_lengths, b.response_lengths)
+            engine.backward(-(lp * b.response_mask).sum() / 100)
+            norms.append(engine.step())
+        params = list(engine.ds.module.parameters())
+        with deepspeed.zero.GatheredParameters(params, enabled=kw.get("zero_stage") == 3):
+            weights = [p.detach().clone() for p in params]
+        return engine, norms, weights
+
+    _, norms, weights = two_steps()
+    for kw in ({"zero_stage": 2, "offload_optimizer": True},
+               {"zero_stage": 3, "offload_optimizer": True, "offload_params": True}):
+        engine, n, w = two_steps(**kw)
+        assert isinstance(engine.ds.optimizer.optimizer, DeepSpeedCPUAdam)
+        assert n == pytest.approx(norms, rel=1e-4)
+        for a, b in zip(weights, w):
+            torch.testing.assert_close(a, b, rtol=0, atol=2e-5)
