@@ -482,6 +482,11 @@ def test_a_publish_records_its_manifest_and_a_copy_in_shared_memory_for_collecto
     assert any("published policy v3 at step 3" in s and "in shared memory" in s for s in said)
     ck.close()
     assert not shared.directory.exists() and shm.locate(meta) is None
+    # `reflexdb eval --checkpoint v3` reads the version in place: checked as a collector checks it
+    assert resolve_checkpoint(store, run_id, "v3", "base-model") == ("v3", ck.dir / "v3", 3)
+    (ck.dir / "v3" / "model.safetensors").write_bytes(b"torn")
+    with pytest.raises(storage.TornVersion, match=r"^not evaluating policy v3: .*/v3/model.safetensors: holds 4 bytes"):
+        resolve_checkpoint(store, run_id, "v3", "base-model")
 
 
 def test_a_version_of_many_files_is_fetched_from_s3_with_reads_in_flight_at_once(tmp_path, s3_env, monkeypatch):
