@@ -1218,7 +1218,8 @@ def verify_version(directory: str | Path, sha256: str | None, manifest_sha256: s
     directory = Path(directory)
     where = str(directory)
     if not directory.is_dir():
-        raise TornVersion(f"{where}: not a directory (gone: pruned, or deleted)")
+        raise TornVersion(f"{where}: no such directory on this machine (pruned, deleted, or on a disk this "
+                          "machine does not mount)")
     if manifest_sha256 is None:
         for shard in _index_shards(directory, where):
             if not (directory / shard).is_file():

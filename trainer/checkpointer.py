@@ -6,6 +6,14 @@ HF safetensors, what collectors load) are new directories, written under tempora
 and renamed into place when complete, so a published version's files are never rewritten and a
 publish that is killed or fails leaves no row, only temporary files that the next start removes.
 
+Each version's weights are the module's dtype in shards with their index and a ``manifest.json``
+(each file's size and sha256; ``export_hf``); the row records the manifest's digest
+(``manifest_sha256``) with the weights', so collectors check every file, wherever they read it,
+before loading it. With shared memory (``shared``: ``learner.shared_memory_publish``,
+:mod:`reflexdb.shm`) each version is also copied there before its row, which says where and on
+which machine; collectors on this machine load it from there. The newest two copies are kept,
+and removed by :meth:`Checkpointer.close`.
+
 Resume starts from the newest version with a learner state (``learner.state_every``); steps
 recorded after it are rolled back (:meth:`reflexdb.Store.roll_back_steps`), so nothing is consumed
 twice or skipped.
