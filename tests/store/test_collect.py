@@ -287,7 +287,6 @@ def test_a_torn_version_is_never_loaded_and_the_next_good_one_is(store, tiny_eng
     parameter compared before and after), and loads the next good version; a copy in shared memory
     on this machine is loaded from there, and a torn one is said and read from disk instead."""
     import torch
-    from reflexdb import shm
     from reflexdb.models import resolve_model
 
     src = resolve_model("tiny")
@@ -330,6 +329,8 @@ def test_a_torn_version_is_never_loaded_and_the_next_good_one_is(store, tiny_eng
     c._maybe_reload()
     assert c.version == 5 and not torch.equal(weight(), good)
     # a copy in shared memory on this machine: loaded from there; a torn one: said, and read from disk
+    from reflexdb import shm
+
     for k, torn in [(6, False), (7, True)]:
         copy = tmp_path / "shm" / f"v{k}"
         durable, name = publish(k, meta={shm.META_KEY: {"path": str(copy), **shm.identity()}})
