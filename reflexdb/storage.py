@@ -1094,7 +1094,7 @@ class CheckpointCache:
                 dest = partial / name
                 part = dest.with_name(dest.name + ".part")
                 if writing != name:
-                    out, writing = open(part, "ab"), name
+                    out, writing = open(part, "ab"), name  # noqa: SIM115 - closed when the file ends, or below
                 if len(data) != end - start:
                     out.close()
                     out = None

@@ -293,7 +293,8 @@ def test_a_torn_version_is_never_loaded_and_the_next_good_one_is(store, tiny_eng
     c = _collector({"collector": {"group_size": 2, "sampling": {"max_new_tokens": 4}}}, store, tiny_engine)
     msgs = []
     c.echo = msgs.append
-    weight = lambda: tiny_engine.model.model.layers[0].mlp.up_proj.weight.detach().clone()  # noqa: E731
+    def weight():
+        return tiny_engine.model.model.layers[0].mlp.up_proj.weight.detach().clone()
 
     def publish(k: int, tear=None, meta=None):
         d, sha, man_sha = _version(tmp_path, src, k)

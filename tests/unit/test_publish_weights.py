@@ -13,10 +13,9 @@ from reflexdb.models import resolve_model
 
 
 def test_export_writes_bfloat16_shards_with_index_and_manifest_and_the_engine_loads_them(tmp_path, model_cache):
-    from safetensors import safe_open
-
     from reflexdb.collector.engines import make_engine
     from reflexdb.trainer.engine import EngineSettings, TrainingEngine
+    from safetensors import safe_open
 
     torch.manual_seed(0)
     src = resolve_model("tiny", model_cache)
@@ -34,7 +33,7 @@ def test_export_writes_bfloat16_shards_with_index_and_manifest_and_the_engine_lo
     assert sorted(set(index.values())) == [p.name for p in shards]
     for f in shards:  # the training dtype, as the module holds it: half of float32
         with safe_open(str(f), framework="pt") as fh:
-            assert {fh.get_slice(k).get_dtype() for k in fh.keys()} == {"BF16"}
+            assert {fh.get_slice(k).get_dtype() for k in fh.keys()} == {"BF16"}  # noqa: SIM118 - not a dict
     man = json.loads((out / "manifest.json").read_bytes())
     assert man["weights_sha256"] == sha == storage.weights_sha256(out)
     assert {f["name"] for f in man["files"]} == {p.name for p in out.iterdir()} - {"manifest.json"}
