@@ -190,7 +190,8 @@ class Drill:
             self.s3.make_bucket(S3_BUCKET)
             s3_env = self.s3.env()
             os.environ.update(s3_env)  # the checks fetch from it too
-            cfg["learner"].update(json.loads(json.dumps(S3_LEARNER)), checkpoint_url=f"s3://{S3_BUCKET}/{cfg['run']}/")
+            cfg["learner"].update(json.loads(json.dumps(S3_LEARNER)), checkpoint_url=f"s3://{S3_BUCKET}/{cfg['run']}/",
+                                  shared_memory_publish="off")  # its collectors play remote ones: no copy in /dev/shm
         self.config = self.home / "chaos.yaml"
         self.config.write_text(yaml.safe_dump(cfg))
         self.cfg = cfg

@@ -67,6 +67,10 @@ def resolve_checkpoint(store: Store, run_id: int, spec: str, base_model, cfg: Co
             raise NotFound(f"the weights of policy v{policy.version} ({path}) are gone: the learner keeps only the "
                            "newest learner.keep_policies versions; evaluate a newer one, or set keep_policies: null "
                            "to keep them all")
+        try:  # read in place: checked against the row as a collector checks it (a torn shard is never loaded)
+            storage.verify_version(path, policy.sha256, policy.manifest_sha256)
+        except storage.TornVersion as exc:
+            raise storage.TornVersion(f"not evaluating policy v{policy.version}: {exc}") from None
         return f"v{policy.version}", path, policy.version
     path = checkpoint_path(spec)
     if not path.is_dir():

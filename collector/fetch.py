@@ -11,6 +11,9 @@ bytes storage holds other than published (:class:`reflexdb.storage.Rejected`: a 
 that fails its digest, sizes beyond the run's model) is checked again only every 60 s, and the
 cache downloads nothing of it until its row or its objects change; the same refusal is said once,
 then only logged.
+
+A version read in place (``file://``, or the learner's copy in shared memory on this machine) is
+checked against its row before it is loaded (:class:`InPlace`): a torn one is never loaded.
 """
 
 from __future__ import annotations
@@ -117,3 +120,72 @@ class Fetcher:
         self.echo(f"could not fetch policy v{policy.version} from {storage.mask(policy.checkpoint_uri)} ({why})"
                   f"{meanwhile}, {again} in {wait_s:.0f} s ({self.failures} failed fetch(es) so far)")
         return None
+
+
+#: how long a version refused for its files (read in place) waits before it is checked again
+RECHECK_S = 60.0
+
+
+class InPlace:
+    """Versions a collector reads in place: the learner's directory (``file://``), or its copy in
+    shared memory on this machine (:mod:`reflexdb.shm`). Each is checked against its row
+    (:func:`reflexdb.storage.verify_version`: the manifest's digest, every shard there, whole and
+    the one listed) before anything of it is loaded; one that is torn is refused: the collector
+    keeps its weights, says why once (naming the version and the file), and checks it again every
+    :data:`RECHECK_S` seconds (an operator may put the files back; the next version is checked as
+    soon as it is published). A torn copy in shared memory is said once and the durable place read
+    instead.
+
+    ``refusals``: versions refused so far (each counted once).
+    """
+
+    def __init__(self, echo: Callable[[str], None]):
+        self.echo = echo
+        self.refusals = 0
+        self._refused: dict[int, tuple[float, str]] = {}  # version -> (check again at, why)
+        self._torn_copies: set[int] = set()  # versions whose copy in shared memory was torn
+
+    def shared(self, policy: PolicyVersion) -> tuple[Path, str] | None:
+        """``(the copy's directory, what was checked)`` when ``policy`` has a whole copy in shared
+        memory on this machine; ``None`` otherwise (then the durable place is read)."""
+        from reflexdb import shm
+
+        if policy.version in self._torn_copies:
+            return None
+        path = shm.locate(policy.meta)
+        if path is None:
+            return None
+        try:
+            return path, storage.verify_version(path, policy.sha256, policy.manifest_sha256)
+        except storage.TornVersion as exc:
+            self._torn_copies.add(policy.version)
+            self.echo(f"policy v{policy.version}: its copy in shared memory is torn ({exc}); reading it from "
+                      f"{storage.mask(policy.checkpoint_uri)} instead")
+            return None
+
+    def check(self, policy: PolicyVersion, path: Path, current: int, *, sampling: bool = True) -> str | None:
+        """What was checked of ``policy`` at ``path`` (its directory, read in place), or ``None``
+        when it is refused (said) or still waits to be checked again; ``current``: the version the
+        collector keeps meanwhile, ``sampling``: whether it samples with it."""
+        now = time.monotonic()
+        refused = self._refused.get(policy.version)
+        if refused is not None and now < refused[0]:
+            return None
+        try:
+            checked = storage.verify_version(path, policy.sha256, policy.manifest_sha256)
+        except storage.TornVersion as exc:
+            why = str(exc)
+            self._refused[policy.version] = (now + RECHECK_S, why)
+            log.warning("not loading policy v%s: %s", policy.version, why)
+            if refused is not None and refused[1] == why:
+                return None  # said already
+            if refused is None:
+                self.refusals += 1
+            meanwhile = (f"sampling with policy v{current} meanwhile" if sampling else
+                         f"policy v{current} stays loaded, but nothing is sampled meanwhile: admission control holds "
+                         "new groups until a newer version loads")
+            self.echo(f"not loading policy v{policy.version} from {storage.mask(policy.checkpoint_uri)}: {why}; "
+                      f"{meanwhile}, checking again in {RECHECK_S:.0f} s")
+            return None
+        self._refused.pop(policy.version, None)
+        return checked

@@ -43,7 +43,7 @@ from reflexdb.timing import PhaseTimer
 from .engines import Engine, Sample, SamplingParams, make_engine, timed
 from .engines.base import checkpoint_path
 from .environments import EnvTask
-from .fetch import Fetcher
+from .fetch import Fetcher, InPlace
 from .episodes import Episode, Rollout, RolloutStats, Start, environment_factory
 from reflexdb.models import model_display_name, resolve_model
 from .deadline import Deadline
@@ -171,6 +171,7 @@ class Collector:
         self.drops = cfg.method.drops
         self.version = 0
         self.fetcher: Fetcher | None = None  # made when a version lies in storage (learner.checkpoint_url)
+        self.in_place = InPlace(lambda msg: self.echo(msg))  # versions read in place (file://, shared memory): checked first
         self.stopping = False
         self.stats = Stats()
         self.rng = np.random.default_rng([cfg.seed, os.getpid()])
@@ -324,22 +325,35 @@ class Collector:
             self._load(latest)
 
     def _load(self, policy, *, wait: bool = False) -> None:
-        """Load ``policy``'s weights. A version in storage is fetched first, in the background
-        (``wait``: here, at start-up); until it is whole and verified the collector keeps its current
-        version, and a fetch that fails is reported and tried again (collector/fetch.py). The
-        cache refuses a version larger than the run's model can be (:func:`reflexdb.storage.size_bound`)."""
+        """Load ``policy``'s weights. A copy in shared memory on this machine (the learner's,
+        reflexdb/shm.py) is loaded from there; a version in storage is fetched first, in the
+        background (``wait``: here, at start-up); until it is whole and verified the collector keeps
+        its current version, and a fetch that fails is reported and tried again (collector/fetch.py).
+        The cache refuses a version larger than the run's model can be (:func:`reflexdb.storage.size_bound`).
+        A version read in place (shared memory, ``file://``) is checked against its row first: a torn
+        one is refused and the collector keeps its weights (:class:`~.fetch.InPlace`)."""
         path, fetched = checkpoint_path(policy.checkpoint_uri), ""
-        if storage.is_remote(policy.checkpoint_uri):
+        shared = self.in_place.shared(policy)
+        if shared is not None:
+            path, checked = shared
+            fetched = f" (in shared memory, {path}: {checked})"
+        elif storage.is_remote(policy.checkpoint_uri):
             if self.fetcher is None:
                 cache = storage.CheckpointCache(storage.cache_root(self.cfg.run), storage.options_for(
                     policy.checkpoint_uri, self.cfg.learner.checkpoint_url, self.cfg.learner.checkpoint_storage_options),
-                    keep=self.c.checkpoint_cache_versions, max_bytes=storage.size_bound(self.model_location))
+                    keep=self.c.checkpoint_cache_versions, max_bytes=storage.size_bound(self.model_location),
+                    concurrency=self.c.checkpoint_fetch_concurrency)
                 self.fetcher = Fetcher(cache, self.echo)
             path = self.fetcher.ready(policy, None if wait else self.version, wait=wait, sampling=not self._held)
             self.stats.fetch_failures = self.fetcher.failures
             if path is None:
                 return
             fetched = f"{_checked(policy)}, cached in {path})"
+        else:
+            checked = self.in_place.check(policy, path, self.version, sampling=not self._held)
+            if checked is None:  # torn: refused (said), checked again later
+                return
+            fetched = f" ({checked})"
         drill.phase("reload")
         t0 = time.monotonic()
         self.engine.load_weights(path)

@@ -58,9 +58,12 @@ from .errors import NotFound, ReflexdbError
 from .settings import mask_url
 
 MANIFEST = "manifest.json"
-#: how much one ranged read (download) asks for: a broken download resumes at a multiple of it.
-#: 128 MiB fetched SmolLM2's 0.5 GiB from moto's S3 server in 5.8 s, 32 MiB in 10.2 s (docs/benchmarks.md)
-CHUNK = 128 << 20
+#: how much one ranged read (download) asks for. One read after another, 128 MiB fetched SmolLM2's
+#: 0.5 GiB from moto's S3 server in 5.8 s, 32 MiB in 10.2 s (docs/benchmarks.md, issue 54); with
+#: FETCH_CONCURRENCY reads in flight (issue 62) host memory holds at most that many ranges
+CHUNK = 64 << 20
+#: ranged reads in flight at once while a version downloads (``collector.checkpoint_fetch_concurrency``)
+FETCH_CONCURRENCY = 8
 #: schemes that are a local path: the collector reads the directory itself, nothing is copied
 LOCAL_SCHEMES = ("", "file", "local")
 #: the extra that installs each scheme's filesystem (``pip install -e '.[s3]'`` in reflexdb's clone)
@@ -316,36 +319,96 @@ def reason(exc: BaseException, url: str = "") -> str:
 
 
 def weights_sha256(directory: str | Path) -> str:
-    """sha256 over the directory's ``*.safetensors`` files, in name order (``policy_versions.sha256``)."""
+    """sha256 over the directory's ``*.safetensors`` files, in name order (``policy_versions.sha256``).
+
+    One definition for every version, sharded or not: shards are named ``model-00001-of-0000N``, so
+    name order is shard order. It is one serial pass (about 1 GB/s with SHA-NI); a version's
+    ``manifest.json`` also holds each file's own sha256, which readers check in parallel
+    (:func:`verify_version`)."""
     h = hashlib.sha256()
     for f in sorted(Path(directory).glob("*.safetensors")):
         with open(f, "rb") as fh:
-            for chunk in iter(lambda: fh.read(1 << 20), b""):
+            for chunk in iter(lambda: fh.read(HASH_READ), b""):
                 h.update(chunk)
     return h.hexdigest()
 
 
-def _digests(directory: Path, names: list[str]) -> tuple[dict[str, str], str]:
-    """Each file's sha256 and the weights' (:func:`weights_sha256`), in one read of every file."""
-    weights = hashlib.sha256()
-    out = {}
-    for name in sorted(names):
+#: bytes read per call while hashing (hashlib releases the GIL on large updates: threads hash in parallel)
+HASH_READ = 4 << 20
+#: files hashed at once (:func:`_digests`): each is one thread reading and hashing a file
+HASH_WORKERS = max(1, min(8, os.cpu_count() or 1))
+
+
+def _file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(HASH_READ), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _digests(directory: Path, names: list[str], *, weights: bool = True,
+             workers: int | None = None) -> tuple[dict[str, str], str | None]:
+    """Each file's sha256 and (``weights``) the weights' (:func:`weights_sha256`: the top-level
+    ``*.safetensors`` in name order), ``None`` without it. The files are hashed in parallel
+    (``workers`` threads, default :data:`HASH_WORKERS`), the weights' serial digest in a thread of
+    its own beside them, so the whole takes about as long as that one serial pass."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    names = sorted(names)
+    shards = [directory / n for n in names if "/" not in n and n.endswith(".safetensors")]
+
+    def concat() -> str:
         h = hashlib.sha256()
-        with open(directory / name, "rb") as fh:
-            for chunk in iter(lambda: fh.read(1 << 20), b""):
-                h.update(chunk)
-                if "/" not in name and name.endswith(".safetensors"):
-                    weights.update(chunk)
-        out[name] = h.hexdigest()
-    return out, weights.hexdigest()
+        for f in shards:
+            with open(f, "rb") as fh:
+                for chunk in iter(lambda: fh.read(HASH_READ), b""):
+                    h.update(chunk)
+        return h.hexdigest()
+
+    with ThreadPoolExecutor(max_workers=workers or HASH_WORKERS, thread_name_prefix="sha256") as pool:
+        whole = pool.submit(concat) if weights else None
+        # the largest first, so the pool ends together
+        order = sorted(names, key=lambda n: -(directory / n).stat().st_size)
+        futures = {n: pool.submit(_file_sha256, directory / n) for n in order}
+        out = {n: futures[n].result() for n in names}
+        return out, (whole.result() if whole is not None else None)
 
 
 def manifest(directory: Path) -> dict[str, Any]:
-    """What :func:`upload` writes last: each file's name (relative, ``/``-separated), size and sha256."""
-    names = sorted(p.relative_to(directory).as_posix() for p in directory.rglob("*") if p.is_file())
+    """What :func:`upload` writes last and :func:`write_manifest` writes beside a version's files:
+    each file's name (relative, ``/``-separated), size and sha256, and the weights' sha256
+    (:func:`weights_sha256`). A ``manifest.json`` already there is not listed."""
+    names = sorted(rel for p in directory.rglob("*") if p.is_file()
+                   and (rel := p.relative_to(directory).as_posix()) != MANIFEST)
     digests, weights = _digests(directory, names)
     return {"files": [{"name": n, "size": (directory / n).stat().st_size, "sha256": digests[n]} for n in names],
             "weights_sha256": weights}
+
+
+def write_manifest(directory: Path) -> tuple[str, str]:
+    """Write ``directory/manifest.json`` (:func:`manifest`); ``(the weights' sha256, the sha256 of
+    the manifest's bytes)``: ``policy_versions.sha256`` and ``manifest_sha256``. The learner writes
+    it with every version (export_hf, before the files are flushed and renamed into place), so a
+    collector reading the version in place, from shared memory or through storage checks every
+    file through one digest the database holds. Written under a temporary name and renamed."""
+    directory = Path(directory)
+    man = manifest(directory)
+    body = json.dumps(man, indent=1).encode()
+    tmp = directory / f".{MANIFEST}.tmp-{os.getpid()}"
+    tmp.write_bytes(body)
+    os.replace(tmp, directory / MANIFEST)
+    return man["weights_sha256"], hashlib.sha256(body).hexdigest()
+
+
+def manifest_digest(directory: Path) -> tuple[str | None, str | None]:
+    """``(weights' sha256, manifest sha256)`` of the ``manifest.json`` a version's directory holds
+    (written by :func:`write_manifest`); ``(None, None)`` when it holds none."""
+    try:
+        body = (Path(directory) / MANIFEST).read_bytes()
+    except FileNotFoundError:
+        return None, None
+    return json.loads(body).get("weights_sha256"), hashlib.sha256(body).hexdigest()
 
 
 def _retrying(limit_s: float, what: str, url: str, echo: Callable[[str], None]):
@@ -474,7 +537,8 @@ def _parent(url: str) -> str:
 
 def upload(directory: Path, url: str, options: dict[str, Any] | None, *, limit_s: float,
            echo: Callable[[str], None] = print, owner: Owner | None = None) -> str:
-    """Put the files of ``directory`` under ``url`` (``<prefix>/v<K>``), then its manifest, retrying
+    """Put the files of ``directory`` under ``url`` (``<prefix>/v<K>``), then its manifest (its own
+    ``manifest.json`` when it has one, :func:`write_manifest`; else made here), retrying
     for ``limit_s`` seconds with backoff. With ``owner``, the prefix is claimed for that run first
     (:func:`claim`) and an upload into another run's prefix is refused. Whatever lay at ``url``
     before is removed first: no row names it (a version is recorded only after its upload).
@@ -490,8 +554,12 @@ def upload(directory: Path, url: str, options: dict[str, Any] | None, *, limit_s
     fs, root = filesystem(url, options)
     root = root.rstrip("/")
     local = isinstance(fs, LocalFileSystem)
-    man = manifest(directory)
-    body = json.dumps(man, indent=1).encode()
+    try:  # the one the learner wrote beside the files (write_manifest): its digest is the row's
+        body = (directory / MANIFEST).read_bytes()
+        man = json.loads(body)
+    except FileNotFoundError:
+        man = manifest(directory)
+        body = json.dumps(man, indent=1).encode()
     done: set[str] = set()
     cleared = [False]
 
@@ -791,12 +859,15 @@ class CheckpointCache:
     for) holding only the files its manifest lists; ``v<K>.partial/`` a download under way or broken
     off, resumed by the next :meth:`fetch`; ``.v<K>.rejected`` what was refused of a version (see
     :class:`Rejected`). A lock file per version lets collectors that share a home fetch it once.
-    ``max_bytes``: the most a version may hold (:func:`size_bound`), checked before downloading.
+    ``max_bytes``: the most a version may hold (:func:`size_bound`), checked before downloading;
+    ``concurrency``: ranged reads in flight at once (``collector.checkpoint_fetch_concurrency``:
+    across a version's files and within a large one).
     """
 
     def __init__(self, root: Path, options: dict[str, Any] | None = None, *, keep: int = 2,
-                 max_bytes: int | None = None):
+                 max_bytes: int | None = None, concurrency: int = FETCH_CONCURRENCY):
         self.root, self.options, self.keep, self.max_bytes = Path(root), options or {}, keep, max_bytes
+        self.concurrency = max(1, int(concurrency))
 
     def path(self, version: int) -> Path:
         return self.root / f"v{version}"
@@ -952,35 +1023,9 @@ class CheckpointCache:
         if need > free:
             raise FetchFailed(f"{where}: needs {_gib(need)} more in {partial.parent}, which has {_gib(free)} free; "
                               "free space there (collector.checkpoint_cache_versions keeps fewer versions)")
-        for name, size, _ in files:
-            dest = partial / name
-            if dest.is_file() and dest.stat().st_size == size:
-                continue  # downloaded whole by an earlier try (checked below with the others)
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            part = dest.with_name(dest.name + ".part")
-            offset = part.stat().st_size if part.exists() else 0
-            if offset > size:
-                part.unlink()
-                offset = 0
-            with open(part, "ab") as out:
-                while offset < size:  # ranged reads, from where the last try stopped
-                    end = min(offset + CHUNK, size)
-                    try:
-                        data = fs.cat_file(f"{root}/{name}", start=offset, end=end)
-                    except FileNotFoundError:
-                        raise FetchFailed(f"{where}/{name}: listed in {MANIFEST} but gone from storage (deleted, or "
-                                          "pruned meanwhile)") from None
-                    if len(data) != end - offset:
-                        out.close()
-                        part.unlink()
-                        raise FetchFailed(f"{where}/{name}: asked for bytes {offset}-{end}, got {len(data)}: the "
-                                          f"object is not the {size:,} bytes {MANIFEST} lists (rewritten meanwhile?), "
-                                          "or the server does not honour ranged reads")
-                    out.write(data)
-                    offset = end
-            os.replace(part, dest)
+        self._ranges(fs, root, where, partial, files)
         names = [name for name, _, _ in files]
-        digests, weights = _digests(partial, names)
+        digests, weights = _digests(partial, names, weights=sha256 is not None)
         wrong = [(name, want) for name, _, want in files if digests[name] != want]
         for name, _ in wrong:
             (partial / name).unlink()
@@ -995,6 +1040,77 @@ class CheckpointCache:
                     (partial / name).unlink()
             raise Rejected(f"{where}: the weights' sha256 {weights[:12]}… is not the recorded {sha256[:12]}… "
                            "(policy_versions.sha256): the files in storage are not the version that was published")
+
+    def _ranges(self, fs, root: str, where: str, partial: Path, files: list[tuple[str, int, str]]) -> None:
+        """Download what ``partial`` lacks of ``files`` with ranged reads of at most :data:`CHUNK`,
+        ``concurrency`` of them in flight at once (a thread pool), written in order: each file's
+        ``.part`` stays the prefix it has downloaded, so a broken download resumes from its end
+        (the ranges read past the one that failed are dropped). Host memory holds at most
+        ``concurrency`` ranges."""
+        from collections import deque
+        from concurrent.futures import ThreadPoolExecutor
+
+        ranges: list[tuple[str, int, int, int]] = []  # (name, start, end, size), files in order, each from its .part
+        for name, size, _ in files:
+            dest = partial / name
+            if dest.is_file() and dest.stat().st_size == size:
+                continue  # downloaded whole by an earlier try (checked later with the others)
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            part = dest.with_name(dest.name + ".part")
+            offset = part.stat().st_size if part.exists() else 0
+            if offset > size:
+                part.unlink()
+                offset = 0
+            if offset == size:  # whole already (or empty): only the rename is left
+                part.touch()
+                os.replace(part, dest)
+                continue
+            ranges += [(name, start, min(start + CHUNK, size), size) for start in range(offset, size, CHUNK)]
+
+        def read(name: str, start: int, end: int) -> bytes:
+            try:
+                return fs.cat_file(f"{root}/{name}", start=start, end=end)
+            except FileNotFoundError:
+                raise FetchFailed(f"{where}/{name}: listed in {MANIFEST} but gone from storage (deleted, or pruned "
+                                  "meanwhile)") from None
+
+        pool = ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="fetch-range")
+        queue: deque = deque()
+        todo = iter(ranges)
+        out, writing = None, None
+
+        def submit() -> None:
+            job = next(todo, None)
+            if job is not None:
+                queue.append((job, pool.submit(read, *job[:3])))
+
+        try:
+            for _ in range(self.concurrency):
+                submit()
+            while queue:
+                (name, start, end, size), future = queue.popleft()
+                data = future.result()
+                submit()
+                dest = partial / name
+                part = dest.with_name(dest.name + ".part")
+                if writing != name:
+                    out, writing = open(part, "ab"), name  # noqa: SIM115 - closed when the file ends, or below
+                if len(data) != end - start:
+                    out.close()
+                    out = None
+                    part.unlink()
+                    raise FetchFailed(f"{where}/{name}: asked for bytes {start}-{end}, got {len(data)}: the object is "
+                                      f"not the {size:,} bytes {MANIFEST} lists (rewritten meanwhile?), or the server "
+                                      "does not honour ranged reads")
+                out.write(data)
+                if end == size:
+                    out.close()
+                    out, writing = None, None
+                    os.replace(part, dest)
+        finally:
+            if out is not None:
+                out.close()
+            pool.shutdown(wait=False, cancel_futures=True)  # reads in flight after a failure: dropped
 
     def _prune(self, newest: int) -> None:
         """Keep the newest ``keep`` whole versions (and partial ones newer than those)."""
@@ -1036,3 +1152,123 @@ def fetch_with_retries(cache: CheckpointCache, uri: str, version: int, sha256: s
         raise StorageError(f"fetching policy v{version} from {mask(uri)} failed for "
                            f"{time.monotonic() - t0:.0f} s: {reason(exc, uri)}") from None
     raise AssertionError("unreachable")
+
+
+# ---------------------------------------------------------------------- a version read in place
+
+#: the index ``save_pretrained`` writes beside the shards of a sharded version: tensor -> shard
+INDEX = "model.safetensors.index.json"
+
+
+class TornVersion(ReflexdbError):
+    """A published version's files where a collector reads them in place (the learner's directory,
+    or its shared-memory copy) are not the ones its row recorded: a shard missing, truncated or
+    changed, a shard nothing lists, a manifest missing or not the recorded one. Nothing of it is
+    loaded; the collector keeps its weights."""
+
+    exit_code = 8
+
+
+def _index_shards(directory: Path, where: str) -> list[str]:
+    """The shard files ``directory``'s :data:`INDEX` names (``[]`` without one).
+
+    Raises:
+        TornVersion: the index is not one ``save_pretrained`` writes.
+    """
+    try:
+        data = (directory / INDEX).read_bytes()
+    except FileNotFoundError:
+        return []
+    try:
+        weight_map = json.loads(data)["weight_map"]
+        shards = sorted({str(v) for v in weight_map.values()})
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
+        raise TornVersion(f"{where}/{INDEX}: not an index of shards ({type(exc).__name__})") from None
+    if bad := [s for s in shards if _unsafe(s) is not None or "/" in s]:
+        raise TornVersion(f"{where}/{INDEX}: names {_show(bad[0])}, not a file of the version")
+    return shards
+
+
+def verify_version(directory: str | Path, sha256: str | None, manifest_sha256: str | None, *,
+                   workers: int | None = None) -> str:
+    """Check a version read in place (``file://``: the learner's directory; or its shared-memory
+    copy) against what its row recorded, before anything of it is loaded; return what was checked,
+    for the log line.
+
+    With ``manifest_sha256`` (the learner writes a ``manifest.json`` with every version since
+    issue 62: :func:`write_manifest`), in this order, so a missing or truncated shard is named
+    before anything is hashed:
+
+    1. ``manifest.json`` (at most :data:`MANIFEST_MAX_BYTES`) against ``manifest_sha256``, then its
+       form (:func:`parse_manifest`) and its ``weights_sha256`` against ``sha256``;
+    2. every ``*.safetensors`` in the directory is listed (a stray shard would be loaded too), and
+       every shard the index (:data:`INDEX`) names is listed;
+    3. each listed file is there, with its listed size;
+    4. each file's sha256 against the manifest, hashed in parallel (``workers`` threads).
+
+    The weights' serial digest is not computed again: the manifest is the one the database
+    recorded, it says the weights' digest is the row's, and each file is the one it lists.
+    Without ``manifest_sha256`` (a version published before): every shard the index names is
+    there, and the weights' sha256 (one serial pass) is ``sha256``. With neither recorded (a row
+    written by hand): nothing to check against.
+
+    Raises:
+        TornVersion: one line naming the file and what is wrong with it.
+    """
+    directory = Path(directory)
+    where = str(directory)
+    if not directory.is_dir():
+        raise TornVersion(f"{where}: no such directory on this machine (pruned, deleted, or on a disk this "
+                          "machine does not mount)")
+    if manifest_sha256 is None:
+        for shard in _index_shards(directory, where):
+            if not (directory / shard).is_file():
+                raise TornVersion(f"{where}/{shard}: missing ({INDEX} names it)")
+        if sha256 is None:
+            return "no sha256 recorded: nothing checked"
+        got = weights_sha256(directory)
+        if got != sha256:
+            raise TornVersion(f"{where}: the weights' sha256 {got[:12]}… is not the recorded {sha256[:12]}… "
+                              "(policy_versions.sha256): a shard is missing, truncated or changed")
+        return f"weights' sha256 {sha256[:12]}… verified"
+    try:
+        with open(directory / MANIFEST, "rb") as fh:
+            data = fh.read(MANIFEST_MAX_BYTES + 1)
+    except FileNotFoundError:
+        raise TornVersion(f"{where}/{MANIFEST}: missing (the version's files are incomplete)") from None
+    digest = hashlib.sha256(data).hexdigest()
+    if digest != manifest_sha256:
+        raise TornVersion(f"{where}/{MANIFEST}: sha256 {digest[:12]}… is not the recorded {manifest_sha256[:12]}… "
+                          "(policy_versions.manifest_sha256)")
+    try:
+        files, weights = parse_manifest(data, f"{where}/{MANIFEST}")
+    except Rejected as exc:
+        raise TornVersion(str(exc)) from None
+    if sha256 is not None and weights != sha256:
+        raise TornVersion(f"{where}/{MANIFEST}: the weights' sha256 {str(weights)[:12]}… is not the recorded "
+                          f"{sha256[:12]}… (policy_versions.sha256)")
+    listed = {name: size for name, size, _ in files}
+    for p in sorted(directory.glob("*.safetensors")):
+        if p.name not in listed:
+            raise TornVersion(f"{where}/{p.name}: a shard {MANIFEST} does not list (it would be loaded with the others)")
+    for shard in _index_shards(directory, where):
+        if shard not in listed:
+            raise TornVersion(f"{where}/{INDEX}: names {shard}, which {MANIFEST} does not list")
+    for name, size, _ in files:
+        try:
+            held = (directory / name).stat().st_size
+        except FileNotFoundError:
+            raise TornVersion(f"{where}/{name}: missing (listed in {MANIFEST}, {size:,} bytes)") from None
+        if held != size:
+            raise TornVersion(f"{where}/{name}: holds {held:,} bytes, {MANIFEST} lists {size:,} (truncated, or "
+                              "written over)")
+    try:
+        digests, _ = _digests(directory, list(listed), weights=False, workers=workers)
+    except OSError as exc:
+        raise TornVersion(f"{where}: could not read it ({reason(exc)})") from None
+    wrong = [(name, want) for name, _, want in files if digests[name] != want]
+    if wrong:
+        name, want = wrong[0]
+        more = f" (and {len(wrong) - 1} other file(s))" if len(wrong) > 1 else ""
+        raise TornVersion(f"{where}/{name}: sha256 {digests[name][:12]}… is not the manifest's {want[:12]}…{more}")
+    return f"manifest sha256 {manifest_sha256[:12]}… verified, and every file against it"

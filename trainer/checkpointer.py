@@ -6,6 +6,14 @@ HF safetensors, what collectors load) are new directories, written under tempora
 and renamed into place when complete, so a published version's files are never rewritten and a
 publish that is killed or fails leaves no row, only temporary files that the next start removes.
 
+Each version's weights are the module's dtype in shards with their index and a ``manifest.json``
+(each file's size and sha256; ``export_hf``); the row records the manifest's digest
+(``manifest_sha256``) with the weights', so collectors check every file, wherever they read it,
+before loading it. With shared memory (``shared``: ``learner.shared_memory_publish``,
+:mod:`reflexdb.shm`) each version is also copied there before its row, which says where and on
+which machine; collectors on this machine load it from there. The newest two copies are kept,
+and removed by :meth:`Checkpointer.close`.
+
 Resume starts from the newest version with a learner state (``learner.state_every``); steps
 recorded after it are rolled back (:meth:`reflexdb.Store.roll_back_steps`), so nothing is consumed
 twice or skipped.
@@ -46,7 +54,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from reflexdb import Store, drill, runs, storage
+from reflexdb import Store, drill, runs, shm, storage
 from reflexdb.errors import ReflexdbError
 from reflexdb.records import PolicyVersion
 from reflexdb.settings import make_dirs
@@ -117,11 +125,12 @@ class Checkpointer:
                  state_every: int, keep_states: int, keep_policies: int | None, main: bool,
                  db: Callable[[Callable[[], Any]], Any], echo: Callable[[str], None], background: bool = False,
                  url: str | None = None, storage_options: dict | None = None, upload_retry_s: float = 600.0,
-                 read_url: str | None = None):
+                 read_url: str | None = None, shared: shm.SharedCopies | None = None):
         self.store, self.run_id, self.run, self.dir, self.engine = store, run_id, run, directory, engine
         # where versions are uploaded before they are recorded (None: the local directory, read in place)
         self.url, self.storage_options, self.upload_retry_s = url, storage_options or {}, upload_retry_s
         self.read_url = read_url  # the same versions as collectors reach them (learner.checkpoint_read_url)
+        self.shared = shared  # copies in shared memory for collectors on this machine (learner.shared_memory_publish)
         self.state_every, self.keep_states, self.keep_policies = state_every, keep_states, keep_policies
         self.main, self.db, self.echo = main, db, echo
         # weights-only publishes written by a thread (ZeRO-3 gathers the weights collectively: never)
@@ -161,6 +170,23 @@ class Checkpointer:
                     storage.filesystem(self.url, self.storage_options)
                 except storage.StorageError as exc:
                     raise PublishFailed(f"learner.checkpoint_url: {exc}") from None
+            if self.shared is not None:
+                self._prepare_shared()
+
+    def _prepare_shared(self) -> None:
+        """Claim the run's folder in shared memory; one that cannot be used stops the learner with
+        ``on`` and is said (then not used) with ``auto``."""
+        try:
+            self.shared.prepare(self.owner)
+        except (OSError, storage.StorageError) as exc:
+            why = storage.reason(exc) if isinstance(exc, OSError) else str(exc)
+            if self.shared.required:
+                raise shm.SharedMemoryUnavailable(
+                    f"learner.shared_memory_publish is on, but {self.shared.directory} cannot be used ({why}): give "
+                    "learner.shared_memory_dir a tmpfs this user may write, or set shared_memory_publish: auto") from None
+            self.echo(f"shared memory: {self.shared.directory} cannot be used ({why}); collectors on this machine read "
+                      f"versions from {self.url or self.dir}")
+            self.shared = None
 
     def _own(self, uri: str) -> bool:
         """Whether ``uri`` lies in this run's own places (its directory, or its prefix in storage)."""
@@ -234,13 +260,16 @@ class Checkpointer:
         future.result()
 
     def close(self) -> None:
-        """Wait for the write in flight (its error raised) and stop the writer thread."""
+        """Wait for the write in flight (its error raised) and stop the writer thread; remove the
+        copies in shared memory (collectors read the versions from their durable place)."""
         try:
             self.wait()
         finally:
             if self._writer is not None:
                 self._writer.shutdown(wait=True)
                 self._writer = None
+            if self.shared is not None and self.main:
+                self.shared.remove()
 
     def _write(self, step: int, version: int, state: bool, previous: tuple[int, int], tracker,
                snapshot: dict | None, t0: float) -> None:
@@ -255,9 +284,15 @@ class Checkpointer:
             if state:
                 self.engine.save_state(states, tag, {"step": step, "version": version})
             sha = self.engine.export_hf(weights, state_dict=snapshot)
-        uri, manifest_sha = f"file://{weights}", None
+            if self.main:  # every version's manifest.json (export_hf writes it; an engine that did not, here):
+                # the row's manifest_sha256 checks each file wherever a collector reads it
+                manifest_sha = storage.manifest_digest(weights)[1] or storage.write_manifest(weights)[1]
+        uri, shared = f"file://{weights}", None
         if self.main:
             meta = {"mlflow_run_id": getattr(tracker, "run_id", None)}
+            shared = self._share(weights, version)  # before the row: a collector on this machine may load it at once
+            if shared is not None:
+                meta[shm.META_KEY] = shared
             if self.url is not None:  # uploaded whole before the row names it
                 uri, stored, manifest_sha = self._upload(weights, version, step, previous)
                 if stored != uri:  # read by collectors elsewhere (read_url): where `runs delete` deletes it
@@ -269,11 +304,27 @@ class Checkpointer:
             if state:
                 self._prune_states(states)
             self._prune_policies(version)
+            if self.shared is not None:
+                self.shared.prune(version)
         drill.phase("published")
         if tracker is not None:
             tracker.log_metrics({"perf/publish_seconds": time.monotonic() - t0, "policy/version": version}, step)
-        self.echo(f"published policy v{version} at step {step} ({storage.mask(uri) if self.url else weights})"
-                  + (" in the background" if snapshot is not None else ""))
+        self.echo(f"published policy v{version} at step {step} ({storage.mask(uri) if self.url else weights}"
+                  + ("; in shared memory for collectors on this machine" if shared is not None else "")
+                  + ")" + (" in the background" if snapshot is not None else ""))
+
+    def _share(self, weights: Path, version: int) -> dict | None:
+        """Copy the version into shared memory (:class:`reflexdb.shm.SharedCopies`); what the row's
+        meta says of the copy, or ``None`` (none configured, no room, or the copy failed: said, and
+        the version is published without one, its durable place being what every collector can read)."""
+        if self.shared is None:
+            return None
+        try:
+            return self.shared.place(weights, version)
+        except OSError as exc:
+            self.echo(f"shared memory: could not copy policy v{version} to {self.shared.directory} "
+                      f"({storage.reason(exc)}); collectors on this machine read it from its durable place")
+            return None
 
     def _upload(self, weights: Path, version: int, step: int, previous: tuple[int, int]) -> tuple[str, str, str]:
         """Upload version ``version``'s weights to ``<url>/vK`` (retried for ``upload_retry_s``) once

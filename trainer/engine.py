@@ -36,6 +36,7 @@ import torch
 from reflexdb.errors import ReflexdbError
 from reflexdb.logprobs import hidden_response_logprobs
 from reflexdb.storage import weights_sha256 as _weights_sha256
+from reflexdb.storage import write_manifest
 
 from .batch import concat_rows
 from .fit import FitCheck, check_start
@@ -109,6 +110,7 @@ class EngineSettings:
     packing: Literal["auto", "on", "off"] = "off"  # a micro-batch's rows concatenated, no padding (hidden_logprobs)
     offload_optimizer: bool = False  # AdamW's state and step in host memory (ZeRO >= 1, DeepSpeedCPUAdam)
     offload_params: bool = False  # the weights in host memory between their uses (ZeRO-3)
+    publish_shard_bytes: int = 1 << 30  # the largest safetensors shard export_hf writes (learner.publish_shard_mb)
 
 
 def resolve_settings(settings: EngineSettings) -> EngineSettings:
@@ -355,6 +357,9 @@ class TrainingEngine:
     def export_hf(self, out_dir: str | Path, state_dict: dict[str, torch.Tensor] | None = None) -> str:
         """Write an HF-loadable safetensors directory atomically; return the sha256 of its weights.
 
+        The weights in the module's dtype (bfloat16 on a GPU: what collectors load, half of float32),
+        in shards of at most ``publish_shard_bytes`` with ``save_pretrained``'s index, and a
+        ``manifest.json`` of every file's size and sha256 (:func:`reflexdb.storage.write_manifest`).
         Runs on every rank (ZeRO-3 gathers parameters collectively); rank 0 writes. With
         ``state_dict`` (a :meth:`snapshot_weights`), those weights are written instead of the
         module's live ones: rank 0 alone, from any thread.
@@ -371,11 +376,12 @@ class TrainingEngine:
             if self.rank == 0:
                 if tmp.exists():
                     shutil.rmtree(tmp)
-                module.save_pretrained(tmp, safe_serialization=True, state_dict=state_dict)
+                module.save_pretrained(tmp, safe_serialization=True, state_dict=state_dict,
+                                       max_shard_size=self.settings.publish_shard_bytes)
                 self.tokenizer.save_pretrained(tmp)
         digest = ""
         if self.rank == 0:
-            digest = weights_sha256(tmp)
+            digest, _ = write_manifest(tmp)  # each file's sha256 and the weights', in one read
             if self.settings.fsync:
                 fsync_tree(tmp)
             if out.exists():  # a directory no row names: left by a publish that never recorded it

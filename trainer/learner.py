@@ -43,7 +43,7 @@ from pathlib import Path
 
 import torch
 
-from reflexdb import Store, drill, storage, work
+from reflexdb import Store, drill, shm, storage, work
 from reflexdb.config import Config
 from reflexdb.errors import ReflexdbError
 from reflexdb.records import TokenSignals
@@ -150,6 +150,7 @@ class Learner:
             grad_clip=self.L.grad_clip, dtype=self.L.dtype, fsync=self.L.fsync_publish,
             activation_checkpointing=self.L.activation_checkpointing, packing=self.L.packing,
             offload_optimizer=self.L.offload_optimizer, offload_params=self.L.offload_params,
+            publish_shard_bytes=self.L.publish_shard_mb << 20,
         )
         latest, stateful = find_resume(self.store, self.run_id, self.cfg.run, self.db)
         resume = stateful is not None
@@ -173,7 +174,9 @@ class Learner:
             keep_states=self.L.keep_states, keep_policies=self.L.keep_policies, main=self.main, db=self.db,
             echo=lambda msg: self.echo(msg), background=self.L.publish_in_background,
             url=self.ckpt_url, storage_options=self.L.checkpoint_storage_options,
-            upload_retry_s=self.L.upload_retry_s, read_url=self.ckpt_read_url)
+            upload_retry_s=self.L.upload_retry_s, read_url=self.ckpt_read_url,
+            shared=shm.for_run(self.L.shared_memory_publish, self.L.shared_memory_dir, self.ckpt_dir.name,
+                               echo=lambda msg: self.echo(msg)))
         self.update = PolicyUpdate(self.engine, self.terms, self.specs, ref=self.ref, rank=self.rank, world=self.world,
                                    n_micro=self.n_micro, lr=self.L.lr, pi_old=self.L.pi_old, temperature=self.temperature,
                                    max_tokens=self.L.micro_batch_tokens, packed=self.engine.packed,

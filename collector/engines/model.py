@@ -37,6 +37,29 @@ def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype
     return getattr(torch, dtype)
 
 
+def _shards(path: Path) -> list[Path]:
+    """The safetensors files of checkpoint directory ``path``: those its index names (a sharded
+    ``save_pretrained``), else its ``*.safetensors``.
+
+    Raises:
+        ModelUnavailable: the index is unreadable or names a shard that is not there.
+    """
+    import json
+
+    index = path / "model.safetensors.index.json"
+    if not index.is_file():
+        return sorted(path.glob("*.safetensors"))
+    try:
+        names = sorted({str(v) for v in json.loads(index.read_text())["weight_map"].values()})
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise ModelUnavailable(f"checkpoint {path}: {index.name} is not an index of shards "
+                               f"({type(exc).__name__})") from None
+    gone = [n for n in names if "/" in n or not (path / n).is_file()]
+    if gone:
+        raise ModelUnavailable(f"checkpoint {path}: {gone[0]} is missing ({index.name} names it)")
+    return [path / n for n in names]
+
+
 class LoadedModel:
     """A transformers causal LM and its tokenizer on one device, in eval mode.
 
@@ -192,33 +215,43 @@ class LoadedModel:
         """Copy the weights of a safetensors checkpoint (a directory written by
         ``save_pretrained``, sharded or not, or one ``.safetensors`` file) into the model in place.
 
-        Every parameter must be present with the same shape (tied weights count once); otherwise
-        :class:`~reflexdb.collector.errors.CheckpointMismatch` is raised and the model is unchanged.
+        A sharded directory is read by its index (``model.safetensors.index.json``: the shards it
+        names), any other by its ``*.safetensors`` files. Every file is opened (safetensors maps it:
+        from a tmpfs, memory) and every parameter checked present with its shape (tied weights count
+        once) before the first is copied; otherwise :class:`~reflexdb.collector.errors.CheckpointMismatch`
+        (or :class:`~reflexdb.errors.ModelUnavailable` for a file that cannot be opened) is raised and
+        the model is unchanged. The parameters stay the same tensors, so CUDA graphs captured over
+        them (the ``fast`` engine) read the new weights with no rebuild or recapture.
         """
+        from contextlib import ExitStack
+
         from safetensors import safe_open
 
         path = checkpoint_path(path)
-        files = [path] if path.is_file() else sorted(path.glob("*.safetensors"))
+        files = [path] if path.is_file() else _shards(path)
         if not files:
             raise ModelUnavailable(f"no .safetensors files in checkpoint {path}")
         params = dict(self.model.named_parameters(remove_duplicate=False))
-        shapes: dict[str, tuple[Path, tuple[int, ...]]] = {}
-        for f in files:
-            with safe_open(str(f), framework="pt", device="cpu") as fh:
-                for key in fh.keys():
-                    shapes[key] = (f, tuple(fh.get_slice(key).get_shape()))
-        unexpected = sorted(k for k in shapes if k not in params)
-        covered = {id(params[k]) for k in shapes if k in params}
-        missing = sorted(k for k, v in self.model.named_parameters() if id(v) not in covered)
-        wrong = sorted(k for k, (_, s) in shapes.items() if k in params and tuple(params[k].shape) != s)
-        if unexpected or missing or wrong:
-            raise CheckpointMismatch(
-                f"checkpoint {path} does not fit the model: missing {missing[:5]}, "
-                f"unexpected {unexpected[:5]}, wrong shape {wrong[:5]}"
-            )
-        with torch.no_grad():
+        with ExitStack() as stack:
+            handles = []
             for f in files:
-                with safe_open(str(f), framework="pt", device="cpu") as fh:
+                try:
+                    handles.append(stack.enter_context(safe_open(str(f), framework="pt", device="cpu")))
+                except Exception as exc:  # noqa: BLE001 - safetensors' own error type: a torn or foreign file
+                    raise ModelUnavailable(f"checkpoint {path}: cannot open {f.name} "
+                                           f"({type(exc).__name__}: {str(exc)[:200]})") from None
+            shapes = {key: tuple(fh.get_slice(key).get_shape()) for fh in handles for key in fh.keys()}
+            unexpected = sorted(k for k in shapes if k not in params)
+            covered = {id(params[k]) for k in shapes if k in params}
+            missing = sorted(k for k, v in self.model.named_parameters() if id(v) not in covered)
+            wrong = sorted(k for k, s in shapes.items() if k in params and tuple(params[k].shape) != s)
+            if unexpected or missing or wrong:
+                raise CheckpointMismatch(
+                    f"checkpoint {path} does not fit the model: missing {missing[:5]}, "
+                    f"unexpected {unexpected[:5]}, wrong shape {wrong[:5]}"
+                )
+            with torch.no_grad():
+                for fh in handles:
                     for key in fh.keys():
                         params[key].copy_(fh.get_tensor(key))
         self.checkpoint = str(path)

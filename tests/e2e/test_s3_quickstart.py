@@ -37,7 +37,8 @@ def s3(tmp_path):
 
 def test_a_collector_with_no_access_to_the_learners_disk_trains_through_s3(store, db_url, tmp_path, model_cache, s3):
     data = config_data()
-    data["learner"].update(checkpoint_url="s3://quickstart/run/", keep_policies=3)
+    # no copy in shared memory: the collector plays one on another machine (it would load from there)
+    data["learner"].update(checkpoint_url="s3://quickstart/run/", keep_policies=3, shared_memory_publish="off")
     data["collector"]["checkpoint_cache_versions"] = 2
     data["tasks"] = {"eval_size": 2}
     cfg = write_config(tmp_path, data)

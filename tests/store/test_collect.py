@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -258,4 +259,92 @@ def test_reload_picks_up_published_weights(store, tiny_engine, tmp_path, model_c
     assert m["collector/generated_tokens"] == c.stats.tokens > 0
     assert m["collector/generated_tokens_per_s"] == c.stats.tokens / m["collector/seconds_generate"]
     assert re.search(r" \| gen \d+% rew \d+% write \d+%$", msgs[-1]), msgs[-1]  # the stopped line
+    tiny_engine.load_weights(src)  # leave the shared engine as it was
+
+
+# ---------------------------------------------------------------- versions read in place (issue 62)
+
+
+def _version(tmp_path, src, k: int, *, shards: bool = True) -> tuple:
+    """Version ``k`` of the tiny model as the learner writes one: its weights moved by ``k``, in
+    bfloat16 shards with their index and a manifest.json; ``(directory, sha256, manifest sha256)``."""
+    import torch
+    from reflexdb import storage
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(src)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.01 * k)
+    d = tmp_path / "ckpt" / f"v{k}"
+    model.to(torch.bfloat16).save_pretrained(d, max_shard_size="60KB" if shards else "50GB")
+    return d, *storage.write_manifest(d)
+
+
+def test_a_torn_version_is_never_loaded_and_the_next_good_one_is(store, tiny_engine, tmp_path, model_cache):
+    """A shard deleted, truncated or changed by a byte (a crash, a full disk, a bad sector): the
+    collector refuses the version in one line naming it and the shard, keeps its weights (a
+    parameter compared before and after), and loads the next good version; a copy in shared memory
+    on this machine is loaded from there, and a torn one is said and read from disk instead."""
+    import torch
+    from reflexdb.models import resolve_model
+
+    src = resolve_model("tiny")
+    c = _collector({"collector": {"group_size": 2, "sampling": {"max_new_tokens": 4}}}, store, tiny_engine)
+    msgs = []
+    c.echo = msgs.append
+    def weight():
+        return tiny_engine.model.model.layers[0].mlp.up_proj.weight.detach().clone()
+
+    def publish(k: int, tear=None, meta=None):
+        d, sha, man_sha = _version(tmp_path, src, k)
+        shards = sorted(d.glob("model-*.safetensors"), key=lambda p: p.stat().st_size)
+        assert len(shards) >= 3 and (d / "model.safetensors.index.json").is_file()
+        name = shards[0].name  # a shard of the decoder layers
+        if tear == "deleted":
+            shards[0].unlink()
+        elif tear == "truncated":
+            shards[0].write_bytes(shards[0].read_bytes()[:-7])
+        elif tear == "corrupted":
+            data = bytearray(shards[0].read_bytes())
+            data[-3] ^= 0x40
+            shards[0].write_bytes(bytes(data))
+        store.publish_policy(c.run_id, k, f"file://{d}", sha256=sha, step=k, manifest_sha256=man_sha, meta=meta or {})
+        return d, name
+
+    publish(1)
+    c._maybe_reload()
+    assert c.version == 1 and "loaded policy v1" in msgs[-1] and "manifest sha256" in msgs[-1]
+    good = weight()
+    for k, tear, why in [(2, "deleted", "missing (listed in manifest.json"), (3, "truncated", "holds"),
+                         (4, "corrupted", "is not the manifest's")]:
+        d, name = publish(k, tear)
+        msgs.clear()
+        c._maybe_reload()
+        c._maybe_reload()  # said once; checked again only after a minute
+        assert c.version == 1 and torch.equal(weight(), good), tear
+        assert len(msgs) == 1 and msgs[0].startswith(f"not loading policy v{k} from file://{d}: {d}/{name}: ") \
+            and why in msgs[0] and msgs[0].endswith("sampling with policy v1 meanwhile, checking again in 60 s"), msgs
+    # the next good version loads
+    publish(5)
+    c._maybe_reload()
+    assert c.version == 5 and not torch.equal(weight(), good)
+    # a copy in shared memory on this machine: loaded from there; a torn one: said, and read from disk
+    from reflexdb import shm
+
+    for k, torn in [(6, False), (7, True)]:
+        copy = tmp_path / "shm" / f"v{k}"
+        durable, name = publish(k, meta={shm.META_KEY: {"path": str(copy), **shm.identity()}})
+        shutil.copytree(durable, copy)
+        if torn:
+            (copy / name).unlink()
+        msgs.clear()
+        c._maybe_reload()
+        assert c.version == k
+        if torn:
+            assert msgs[0] == (f"policy v{k}: its copy in shared memory is torn ({copy}/{name}: missing (listed in "
+                               f"manifest.json, {(durable / name).stat().st_size:,} bytes)); reading it from "
+                               f"file://{durable} instead") and f"from file://{durable} (manifest sha256" in msgs[1]
+        else:
+            assert len(msgs) == 1 and f"(in shared memory, {copy}: manifest sha256" in msgs[0], msgs
     tiny_engine.load_weights(src)  # leave the shared engine as it was

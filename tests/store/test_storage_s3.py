@@ -448,3 +448,78 @@ def test_two_runs_publishing_to_one_local_directory_keep_their_own_versions(stor
     assert done.stdout.strip() == f"deleted run 'local-a': 0 trajectories, 0 steps, {a.dir}"
     assert not a.dir.exists() and sorted(str(p.relative_to(b.dir)) for p in b.dir.rglob("*")) == b_files
     assert "states/v2" in b_files and "reflexdb-run.json" in b_files
+
+
+# ---------------------------------------------------------------------- new weights in seconds (issue 62)
+
+def test_a_publish_records_its_manifest_and_a_copy_in_shared_memory_for_collectors_on_this_machine(
+        store, tmp_path, monkeypatch):
+    """Every version, local too, is recorded with the digest of its manifest.json; with shared
+    memory the version is copied there before its row, which says where and on which machine; the
+    newest two copies stay, and the learner removes them when it stops."""
+    from reflexdb import shm
+
+    monkeypatch.setenv("REFLEXDB_HOME", str(tmp_path / "home"))
+    (tmp_path / "home").mkdir()
+    run_id = store.create_run("shm-run")
+    said = []
+    shared = shm.SharedCopies(tmp_path / "shm", storage.run_key(run_id, "shm-run"), echo=said.append)
+    ck = Checkpointer(store, run_id, "shm-run", tmp_path / "learner-ckpt", FakeEngine(), state_every=100,
+                      keep_states=1, keep_policies=2, main=True, db=lambda fn: fn(), echo=said.append, shared=shared)
+    ck.prepare()
+    for step in range(4):
+        ck.publish(step)
+    got = rows(store, "SELECT version, checkpoint_uri, sha256, manifest_sha256, meta FROM policy_versions "
+                      "WHERE run_id = :r ORDER BY 1", r=run_id)
+    for version, uri, sha, man_sha, meta in got:
+        assert uri == f"file://{ck.dir}/v{version}" and man_sha is not None
+        assert meta[shm.META_KEY] == {"path": str(shared.directory / f"v{version}"), **shm.identity()}
+    assert sorted(p.name for p in shared.directory.glob("v*")) == ["v2", "v3"]
+    _, _, sha, man_sha, meta = got[-1]
+    copy = shm.locate(meta)
+    assert copy == shared.directory / "v3" and storage.verify_version(copy, sha, man_sha)
+    assert storage.verify_version(ck.dir / "v3", sha, man_sha)
+    assert any("published policy v3 at step 3" in s and "in shared memory" in s for s in said)
+    ck.close()
+    assert not shared.directory.exists() and shm.locate(meta) is None
+    # `reflexdb eval --checkpoint v3` reads the version in place: checked as a collector checks it
+    assert resolve_checkpoint(store, run_id, "v3", "base-model") == ("v3", ck.dir / "v3", 3)
+    (ck.dir / "v3" / "model.safetensors").write_bytes(b"torn")
+    with pytest.raises(storage.TornVersion, match=r"^not evaluating policy v3: .*/v3/model.safetensors: holds 4 bytes"):
+        resolve_checkpoint(store, run_id, "v3", "base-model")
+
+
+def test_a_version_of_many_files_is_fetched_from_s3_with_reads_in_flight_at_once(tmp_path, s3_env, monkeypatch):
+    """collector.checkpoint_fetch_concurrency (issue 62): the shards of a version are read from the
+    S3 server several at once, and the version is checked as before (manifest digest, sizes, every
+    file's sha256, the weights' sha256)."""
+    import s3fs
+
+    src = tmp_path / "learner" / "v1"
+    src.mkdir(parents=True)
+    for i in range(8):
+        (src / f"model-{i + 1:05d}-of-00008.safetensors").write_bytes(np.random.default_rng(i).bytes(200_000))
+    (src / "config.json").write_text("{}")
+    sha, man_sha = storage.write_manifest(src)
+    uri = "s3://ckpt/parallel/v1"
+    assert storage.upload(src, uri, None, limit_s=30) == man_sha
+    real, lock, now, most = s3fs.S3FileSystem.cat_file, threading.Lock(), [0], [0]
+
+    def counted(self, path, *a, **kw):
+        with lock:
+            now[0] += 1
+            most[0] = max(most[0], now[0])
+        try:
+            time.sleep(0.05)  # a read takes a moment: the others start meanwhile
+            return real(self, path, *a, **kw)
+        finally:
+            with lock:
+                now[0] -= 1
+
+    monkeypatch.setattr(s3fs.S3FileSystem, "cat_file", counted)
+    s3fs.S3FileSystem.clear_instance_cache()  # one made before mirrors the unpatched method on itself
+    cache = storage.CheckpointCache(tmp_path / "cache", concurrency=4)
+    got = cache.fetch(uri, 1, sha, man_sha)
+    assert most[0] == 4
+    assert storage.weights_sha256(got) == sha and all(
+        (got / p.name).read_bytes() == p.read_bytes() for p in src.iterdir() if p.name != "manifest.json")

@@ -494,9 +494,12 @@ def test_new_weights_reach_the_decode_step(tmp_path):
     with torch.no_grad():
         for p in hf.model.parameters():
             p.mul_(1.5)
-    hf.model.save_pretrained(tmp_path / "ckpt")
+    hf.model.save_pretrained(tmp_path / "ckpt", max_shard_size="200KB")  # shards and their index, as published
+    assert len(list((tmp_path / "ckpt").glob("model-*.safetensors"))) > 1
     hf.load_weights(tmp_path / "ckpt")
+    tensors = [p.data_ptr() for p in fast.model.parameters()]
     fast.load_weights(tmp_path / "ckpt")
+    assert [p.data_ptr() for p in fast.model.parameters()] == tensors  # in place: what captured graphs read
     after = fast.generate(_prompts(2), n=1, params=params)
     assert _compare(hf.generate(_prompts(2), n=1, params=params), after) == 2
     assert _compare(before, after, exact=False) < 2

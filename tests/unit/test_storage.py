@@ -8,8 +8,11 @@ import hashlib
 import io
 import json
 import os
+import re
+import shutil
 import time
 import uuid
+from pathlib import Path
 
 import fsspec
 import numpy as np
@@ -129,7 +132,10 @@ def test_upload_then_fetch_gives_the_same_files_verified(tmp_path, base):
     assert cache.fetch(uri, 1, sha) == got
 
 
-def test_a_broken_download_resumes_from_its_part_file_with_ranged_reads(tmp_path, base, monkeypatch):
+@pytest.mark.parametrize("concurrency", [1, 4])
+def test_a_broken_download_resumes_from_its_part_file_with_ranged_reads(tmp_path, base, monkeypatch, concurrency):
+    """One read after another, or several in flight (issue 62): the ranges are written in order, so
+    the .part file is what was downloaded without a gap, and the next try starts where it ends."""
     src = version_dir(tmp_path / "learner", size=3_000_000)
     sha = storage.weights_sha256(src)
     uri = storage.version_uri(base, 2)
@@ -143,21 +149,21 @@ def test_a_broken_download_resumes_from_its_part_file_with_ranged_reads(tmp_path
     def broken(self, path, start=None, end=None, **kw):
         if path.endswith("model.safetensors"):
             reads.append((path, start, end))
-            if len(reads) == 2 and drops[0]:
+            if start == 1_000_000 and drops[0]:
                 drops[0] = 0
                 raise ConnectionResetError("the connection dropped")
         return real(self, path, start=start, end=end, **kw)
 
     monkeypatch.setattr(type(fs), "cat_file", broken)
-    cache = storage.CheckpointCache(tmp_path / "cache")
+    cache = storage.CheckpointCache(tmp_path / "cache", concurrency=concurrency)
     with pytest.raises(ConnectionResetError):
         cache.fetch(uri, 2, sha)
     part = tmp_path / "cache" / "v2.partial" / "model.safetensors.part"
-    assert part.stat().st_size == 1_000_000  # the first range; the second broke off
+    assert part.stat().st_size == 1_000_000  # the first range; the second broke off (a third read meanwhile: dropped)
     reads.clear()
     got = cache.fetch(uri, 2, sha)
     # the next try asked only for what was missing, from where the part file ended
-    assert [(s, e) for _, s, e in reads] == [(1_000_000, 2_000_000), (2_000_000, 3_000_000)]
+    assert sorted((s, e) for _, s, e in reads) == [(1_000_000, 2_000_000), (2_000_000, 3_000_000)]
     assert storage.weights_sha256(got) == sha and (got / "model.safetensors").read_bytes() == \
         (src / "model.safetensors").read_bytes()
 
@@ -358,3 +364,114 @@ def test_s3fs_own_tries_are_capped_so_an_outage_fails_calls_within_seconds():
     pytest.importorskip("s3fs")
     fs, _ = storage.filesystem("s3://bucket/run", {"endpoint_url": "http://127.0.0.1:9"})
     assert fs.retries == storage.S3_TRIES == 2
+
+
+# ---------------------------------------------------------------------- a version read in place (issue 62)
+
+def sharded_version(tmp_path, name="v1", shards=3, size=50_000, seed=0):
+    """A sharded version as export_hf writes one: shards, their index, config, and manifest.json."""
+    d = tmp_path / name
+    d.mkdir(parents=True)
+    rng = np.random.default_rng(seed)
+    names = [f"model-{i + 1:05d}-of-{shards:05d}.safetensors" for i in range(shards)]
+    for n in names:
+        (d / n).write_bytes(rng.bytes(size))
+    (d / storage.INDEX).write_text(json.dumps({"metadata": {}, "weight_map": {f"w{i}": n for i, n in enumerate(names)}}))
+    (d / "config.json").write_text(json.dumps({"seed": seed}))
+    sha, man_sha = storage.write_manifest(d)
+    return d, sha, man_sha
+
+
+def test_the_manifest_lists_every_file_but_itself_and_upload_sends_the_one_written(tmp_path, base):
+    d, sha, man_sha = sharded_version(tmp_path)
+    man = json.loads((d / "manifest.json").read_bytes())
+    assert [f["name"] for f in man["files"]] == sorted(p.name for p in d.iterdir() if p.name != "manifest.json")
+    assert man["weights_sha256"] == sha == storage.weights_sha256(d)  # the shards in name order: one definition
+    assert storage.manifest_digest(d) == (sha, man_sha)
+    assert storage.write_manifest(d) == (sha, man_sha)  # written again over it: the same bytes
+    assert storage.upload(d, storage.version_uri(base, 1), None, limit_s=5) == man_sha
+    assert storage.verify_version(d, sha, man_sha).startswith(f"manifest sha256 {man_sha[:12]}… verified")
+
+
+def _tear(d: Path, how: str) -> str:
+    """Tear version ``d`` as a crash, a full disk or a bad sector would; the file it names."""
+    shard = d / "model-00002-of-00003.safetensors"
+    if how == "deleted":
+        shard.unlink()
+    elif how == "truncated":
+        shard.write_bytes(shard.read_bytes()[:1000])
+    elif how == "corrupted":
+        data = bytearray(shard.read_bytes())
+        data[123] ^= 0xFF
+        shard.write_bytes(bytes(data))
+    elif how == "stray":
+        shutil.copyfile(shard, d / "model-00004-of-00004.safetensors")
+        return "model-00004-of-00004.safetensors"
+    elif how == "manifest":
+        (d / "manifest.json").unlink()
+        return "manifest.json"
+    return shard.name
+
+
+@pytest.mark.parametrize("how,why", [
+    ("deleted", r"missing \(listed in manifest.json, 50,000 bytes\)"),
+    ("truncated", r"holds 1,000 bytes, manifest.json lists 50,000 \(truncated, or written over\)"),
+    ("corrupted", r"sha256 \w+… is not the manifest's \w+…"),
+    ("stray", "a shard manifest.json does not list"),
+    ("manifest", r"missing \(the version's files are incomplete\)"),
+])
+def test_a_torn_version_read_in_place_is_refused_naming_the_file(tmp_path, how, why):
+    d, sha, man_sha = sharded_version(tmp_path)
+    name = _tear(d, how)
+    with pytest.raises(storage.TornVersion, match=rf"^{re.escape(str(d))}/{re.escape(name)}: {why}"):
+        storage.verify_version(d, sha, man_sha)
+
+
+@pytest.mark.parametrize("how", ["deleted", "truncated", "corrupted"])
+def test_a_version_without_a_manifest_digest_is_checked_against_the_weights_sha256(tmp_path, how):
+    """Rows recorded before issue 62 name a local version by its weights' sha256 alone."""
+    d, sha, _ = sharded_version(tmp_path)
+    assert storage.verify_version(d, sha, None) == f"weights' sha256 {sha[:12]}… verified"
+    name = _tear(d, how)
+    match = f"{name}: missing" if how == "deleted" else r"the weights' sha256 \w+… is not the recorded"
+    with pytest.raises(storage.TornVersion, match=match):
+        storage.verify_version(d, sha, None)
+
+
+def test_a_manifest_other_than_the_recorded_one_is_refused_before_any_shard_is_read(tmp_path, monkeypatch):
+    d, sha, man_sha = sharded_version(tmp_path)
+    man = json.loads((d / "manifest.json").read_bytes())
+    man["files"][0]["size"] += 1
+    (d / "manifest.json").write_text(json.dumps(man))
+    hashed = []
+    monkeypatch.setattr(storage, "_file_sha256", lambda p: hashed.append(p) or "0" * 64)
+    with pytest.raises(storage.TornVersion, match=r"manifest.json: sha256 \w+… is not the recorded .*manifest_sha256"):
+        storage.verify_version(d, sha, man_sha)
+    assert hashed == []
+
+
+def test_the_fetch_keeps_reads_in_flight_across_the_files_of_a_version(tmp_path, base, monkeypatch):
+    """collector.checkpoint_fetch_concurrency: a version of several shards, each smaller than a
+    range, is fetched with several reads at once (the storage library's own calls overlap)."""
+    import threading
+
+    d, sha, man_sha = sharded_version(tmp_path / "learner", shards=6)
+    uri = storage.version_uri(base, 3)
+    storage.upload(d, uri, None, limit_s=5)
+    fs, _ = storage.filesystem(uri)
+    real, lock, now, most = type(fs).cat_file, threading.Lock(), [0], [0]
+
+    def slow(self, path, start=None, end=None, **kw):
+        with lock:
+            now[0] += 1
+            most[0] = max(most[0], now[0])
+        time.sleep(0.05)
+        try:
+            return real(self, path, start=start, end=end, **kw)
+        finally:
+            with lock:
+                now[0] -= 1
+
+    monkeypatch.setattr(type(fs), "cat_file", slow)
+    got = storage.CheckpointCache(tmp_path / "cache", concurrency=4).fetch(uri, 3, sha, man_sha)
+    assert most[0] == 4 and storage.weights_sha256(got) == sha
