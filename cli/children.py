@@ -44,3 +44,18 @@ def die_with_parent() -> None:  # pragma: no cover - runs in the child between f
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     except Exception:
         pass
+
+
+def child_pids(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (torchrun's ranks), from Linux's ``/proc``; [] elsewhere."""
+    from pathlib import Path
+
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()  # after "(comm)", which may hold spaces
+        except (OSError, IndexError):
+            continue
+        if len(fields) > 1 and fields[1] == str(pid):
+            found.append(int(stat.parent.name))
+    return found

@@ -59,6 +59,7 @@ from reflexdb.errors import ReflexdbError
 from reflexdb.records import PolicyVersion
 from reflexdb.settings import make_dirs
 
+from . import ranks
 from .engine import StateUnreadable, TrainingEngine, clean_partial_files
 
 
@@ -386,6 +387,8 @@ class Checkpointer:
             if self.main:
                 for path in partial:
                     shutil.rmtree(path, ignore_errors=True)
+            if ranks.peer_failure(exc) and ranks.rank_and_world()[1] > 1:
+                raise  # another rank is gone, not the disk: every rank stops with one line (trainer/ranks.py)
             raise PublishFailed(f"{what} failed: {_write_error(exc)} ({_free_space(self.dir)}). {then}") from None
 
     def _prune_states(self, states: Path) -> None:

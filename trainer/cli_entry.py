@@ -14,6 +14,8 @@ from reflexdb.config import load_config, parse_overrides
 from reflexdb.db import name_process
 from reflexdb.retry import DbRetry
 
+from . import ranks
+
 
 def run_learner(config_path: Path, *, max_steps: int | None = None, max_seconds: float | None = None,
                 url: str | None = None, overrides: list[str] | None = None) -> None:
@@ -29,6 +31,7 @@ def run_learner(config_path: Path, *, max_steps: int | None = None, max_seconds:
     # Started while the database is away (a restart after a crash, say): wait for it like any call.
     store = DbRetry(cfg.learner.db_retry_s, echo, who="the learner")(
         lambda: Store.open(url or cfg.database_url, create_schema=True))
+    learner = None
     try:
         learner = Learner(cfg, store, echo=echo)
         learner.setup()
@@ -36,14 +39,19 @@ def run_learner(config_path: Path, *, max_steps: int | None = None, max_seconds:
         def handler(signum, _frame):
             if learner.stopping:
                 raise KeyboardInterrupt
-            learner.stopping = True
-            echo(f"{signal.Signals(signum).name}: finishing the current step, publishing, then stopping "
-                 f"(resume with the same command)")
+            learner.stopping = True  # with several ranks, rank 0's flag decides for all (Learner.run)
+            if learner.world == 1:  # with ranks, rank 0 says so when it acts on it: torchrun's SIGTERM may
+                # instead mean that another rank died, and then every rank stops at once (trainer/ranks.py)
+                echo(f"{signal.Signals(signum).name}: finishing the current step, publishing, then stopping "
+                     f"(resume with the same command)")
 
         signal.signal(signal.SIGINT, handler)
         signal.signal(signal.SIGTERM, handler)
         learner.run(max_steps=max_steps, max_seconds=max_seconds if max_seconds is not None else cfg.learner.max_seconds)
         learner.finish()  # publishes the steps trained since the last publish (none: publishes nothing)
         learner.echo(f"stopped at step {learner.step_no}, policy v{learner.version}")
+    except Exception as exc:  # a collective failed because another rank is gone: one line on each rank left
+        ranks.raise_if_a_rank_is_lost(exc, learner.step_no if learner is not None else 0, cfg.learner.dist_timeout_s)
+        raise
     finally:
         store.close()

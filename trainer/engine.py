@@ -28,6 +28,7 @@ import shutil
 import socket
 import sys
 from dataclasses import dataclass, replace
+from datetime import timedelta
 from pathlib import Path
 from typing import Callable, Literal
 
@@ -54,12 +55,16 @@ def _to_stderr(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-def init_distributed(device: str, say: Callable[[str], None] = _to_stderr) -> None:
+def init_distributed(device: str, say: Callable[[str], None] = _to_stderr, *, timeout_s: float | None = None) -> None:
     """Initialise torch.distributed through DeepSpeed (gloo on CPU, nccl on CUDA).
 
     DeepSpeed builds (or checks) its shared-memory op here, under torch's build lock; a lock left
     by a killed process is detected and removed, and a wait on a live one is announced
     (:mod:`reflexdb.trainer.buildlock`).
+
+    Args:
+        timeout_s: how long a collective waits for the other ranks before it fails
+            (``learner.dist_timeout_s``; None: DeepSpeed's default, 10 minutes or ``DEEPSPEED_TIMEOUT``).
     """
     import deepspeed
 
@@ -68,10 +73,10 @@ def init_distributed(device: str, say: Callable[[str], None] = _to_stderr) -> No
     if torch.distributed.is_initialized():
         return
     with BuildLockWatch(say):
-        _init_process_group(device, deepspeed)
+        _init_process_group(device, deepspeed, timeout_s)
 
 
-def _init_process_group(device: str, deepspeed) -> None:
+def _init_process_group(device: str, deepspeed, timeout_s: float | None = None) -> None:
     # Under torchrun / deepspeed the launcher owns the rendezvous. A single process picks its own
     # port, even if it inherited MASTER_PORT from a parent that uses it (that port is taken).
     launched = int(os.environ.get("WORLD_SIZE", "1")) > 1 or "TORCHELASTIC_RUN_ID" in os.environ
@@ -79,13 +84,14 @@ def _init_process_group(device: str, deepspeed) -> None:
     for key, value in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0")):
         os.environ.setdefault(key, value)
     backend = "gloo" if device == "cpu" else "nccl"
+    kw = {} if timeout_s is None else {"timeout": timedelta(seconds=timeout_s)}
     for attempt in range(5):
         if not launched:
             os.environ["MASTER_PORT"] = str(_free_port())
         try:
             # DeepSpeed print()s "DeepSpeed deepspeed_shm_comm_op built successfully" here: not for people
             with contextlib.redirect_stdout(io.StringIO()):
-                deepspeed.init_distributed(dist_backend=backend)
+                deepspeed.init_distributed(dist_backend=backend, **kw)
             return
         except Exception as exc:  # torch.distributed.DistNetworkError on a port taken meanwhile
             if launched or "EADDRINUSE" not in str(exc) or attempt == 4:
@@ -111,6 +117,7 @@ class EngineSettings:
     offload_optimizer: bool = False  # AdamW's state and step in host memory (ZeRO >= 1, DeepSpeedCPUAdam)
     offload_params: bool = False  # the weights in host memory between their uses (ZeRO-3)
     publish_shard_bytes: int = 1 << 30  # the largest safetensors shard export_hf writes (learner.publish_shard_mb)
+    dist_timeout_s: float | None = None  # a collective's wait for the other ranks (None: DeepSpeed's 10 minutes)
 
 
 def resolve_settings(settings: EngineSettings) -> EngineSettings:
@@ -236,7 +243,7 @@ class TrainingEngine:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         settings = resolve_settings(settings)
-        init_distributed(settings.device, say)
+        init_distributed(settings.device, say, timeout_s=settings.dist_timeout_s)
         if fit is not None:  # before the model is loaded and DeepSpeed starts
             world = torch.distributed.get_world_size()
             check_start(str(model_path), settings, fit, world_size=world, say=say,

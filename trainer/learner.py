@@ -52,6 +52,7 @@ from reflexdb.settings import home
 from reflexdb.timing import PhaseTimer
 from reflexdb.tracking import Tracker
 
+from . import ranks
 from .advantages import advantage_stages
 from .batch import AUXILIARY, Batch, Selection, pack
 from .checkpointer import Checkpointer, find_resume, run_places
@@ -151,6 +152,7 @@ class Learner:
             activation_checkpointing=self.L.activation_checkpointing, packing=self.L.packing,
             offload_optimizer=self.L.offload_optimizer, offload_params=self.L.offload_params,
             publish_shard_bytes=self.L.publish_shard_mb << 20,
+            dist_timeout_s=self.L.dist_timeout_s,
         )
         latest, stateful = find_resume(self.store, self.run_id, self.cfg.run, self.db)
         resume = stateful is not None
@@ -255,16 +257,13 @@ class Learner:
         self._max_steps = max_steps
         deadline = None if max_seconds is None else time.monotonic() + max_seconds
         try:
-            while not self.stopping:
+            while self.world > 1 or not self.stopping:  # with ranks, rank 0 decides for all when to stop
                 if max_steps is not None and self.step_no >= max_steps:
                     break
-                chosen = None
-                if self.main and (deadline is None or time.monotonic() < deadline):  # rank 0 decides for all
-                    chosen = self.wait_for_groups(deadline)  # None: stopped, or out of time while waiting
-                if self.world > 1:  # every rank trains on the groups rank 0 chose
-                    box = [chosen]
-                    torch.distributed.broadcast_object_list(box, src=0)
-                    chosen = box[0]
+                # every rank trains on the groups rank 0 chose (None: stopped, or out of time while waiting);
+                # the others hear from it while it waits (trainer/ranks.py)
+                chosen = ranks.from_rank0(lambda until: self._choose(deadline, until), rank=self.rank,
+                                          world=self.world, beat_s=self.L.dist_timeout_s / 4)
                 if chosen is None:
                     break
                 result = self.step(chosen.group_ids, snapshot=chosen.snapshot, extra=chosen.extra)
@@ -283,6 +282,22 @@ class Learner:
         """On a clean stop: publish what was trained since the last publish, with the learner state
         (:meth:`Checkpointer.finish`)."""
         self.checkpoints.finish(self.step_no, tracker=self.tracker)
+
+    def _choose(self, deadline: float | None, until: float | None) -> Selection | str | None:
+        """Rank 0's choice of the step's groups: None to stop (stopped, out of time), or
+        ``ranks.WAITING`` at ``until`` if there are none yet (:func:`ranks.from_rank0`)."""
+        if not self.stopping and (deadline is None or time.monotonic() < deadline):
+            if until is None:
+                return self.wait_for_groups(deadline)
+            chosen = self.wait_for_groups(until if deadline is None else min(deadline, until))
+            if chosen is not None:
+                return chosen
+            if not self.stopping and (deadline is None or time.monotonic() < deadline):
+                return ranks.WAITING
+        if self.stopping and self.world > 1:  # a signal's handler says nothing with ranks (trainer/cli_entry.py)
+            self.echo(f"stopping after step {self.step_no}: every rank publishes, then stops (resume with the "
+                      "same command)")
+        return None
 
     def wait_for_groups(self, deadline: float | None) -> Selection | None:
         """Block until ``groups_per_step`` eligible groups exist in the batch sources
