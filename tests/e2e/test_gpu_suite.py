@@ -78,8 +78,9 @@ def test_dry_run_measures_every_stage_on_the_cpu(model_cache, tmp_path):
 
 def test_dry_run_of_the_end_to_end_and_async_stages(model_cache, tmp_path):
     """`reflexdb run` with an embedded PostgreSQL and MLflow, and async runs at two staleness
-    bounds, on the tiny model on the CPU."""
-    s, md = _dry_run(tmp_path, model_cache, "e2e,async")
+    bounds, on the tiny model on the CPU; and the scale stage (issue 62) on tiny Qwen2 and Qwen3
+    configs: the fit estimate, learner steps, publish to generating."""
+    s, md = _dry_run(tmp_path, model_cache, "e2e,async,scale")
     e = s["e2e"]
     assert e["status"] == "ok" and e["steps"] == 2 and e["trajectories"] > 0 and e["trajectories_per_s"] > 0
     assert e["learner_tokens_per_s"] > 0 and e["eval_versions"] == [0, 2] and e["engine"] == "hf"
@@ -93,3 +94,10 @@ def test_dry_run_of_the_end_to_end_and_async_stages(model_cache, tmp_path):
 
     for heading in ("End to end", "Async against sync"):
         assert heading in md
+    sc = s["scale"]
+    assert sc["status"] == "ok" and sc["pass"], json.dumps(sc, indent=1, default=str)[:4000]
+    assert {f["model"] for f in sc["fit"]} == {"Qwen2 (tiny)", "Qwen3 (tiny)"} and all(f["fits"] for f in sc["fit"])
+    assert [x["model"] for x in sc["learner"]] == ["Qwen2 (tiny)", "Qwen3 (tiny)"]
+    assert all(x["tokens_per_s"] > 0 for x in sc["learner"])
+    assert [x["route"] for x in sc["publish"]] == ["local", "shm", "local", "shm"] and all(x["total"] > 0 for x in sc["publish"])
+    assert "**Scale**" in md

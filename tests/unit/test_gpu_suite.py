@@ -49,7 +49,7 @@ def test_a_failed_stage_is_reported_with_its_error_and_the_others_still_render(t
 def test_unknown_stages_are_refused_with_the_list(tmp_path, capsys):
     suite = _suite()
     assert suite.main(["--stages", "probe,warp", "--out", str(tmp_path)]) == 2
-    assert "unknown stage(s) warp; stages: probe, correctness, engine, rollouts, learner, faiss, e2e, async, sglang" in capsys.readouterr().err
+    assert "unknown stage(s) warp; stages: probe, correctness, engine, rollouts, learner, scale, faiss, e2e, async, sglang" in capsys.readouterr().err
 
 
 def test_a_stage_without_its_modules_is_skipped_naming_them(monkeypatch):
